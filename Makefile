@@ -1,0 +1,62 @@
+# Two commands do all setup on a fresh machine: `make demo` and `make test`. Both call `setup` first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps kafka-jars demo test test-unit test-integration test-faults bench validate-deploy up down status clean
+
+setup: system-deps $(STAMP) kafka-jars
+
+# Java (the broker) and Maven (fetches its jars). Present on this machine kind; installed when missing.
+system-deps:
+	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+	  echo "installing Java and Maven (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null; \
+	  else echo "Java 17 and Maven are needed: sudo apt-get install -y openjdk-17-jre-headless maven" >&2; exit 1; fi; }
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	@touch $(STAMP)
+
+kafka-jars: $(STAMP)
+	@$(BIN)/python -c "from rolloutbus.local_kafka import fetch_jars; print('kafka jars in', fetch_jars())"
+
+demo: setup
+	$(BIN)/rolloutbus demo $(DEMO_ARGS)
+
+# Unit tests, then integration and fault tests against the real broker (started by the test session
+# in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB).
+test: setup validate-deploy
+	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS)
+
+# The longer fault suite (the CI run uses the bounded version inside `make test`).
+test-faults: setup
+	ROLLOUTBUS_FAULTS_LONG=1 $(BIN)/python -m pytest -q tests/faults $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/rolloutbus bench $(BENCH_ARGS)
+
+validate-deploy: setup
+	@if [ -x deploy/validate.sh ]; then PYTHON=$(BIN)/python bash deploy/validate.sh; fi
+
+up: setup
+	$(BIN)/rolloutbus up
+down:
+	$(BIN)/rolloutbus down
+status:
+	$(BIN)/rolloutbus status
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,236 @@
+"""The ``rolloutbus`` command: thin over the library.
+
+Every flag has an environment-variable fallback (``ROLLOUTBUS_*``); errors print one clear line and
+exit non-zero. Subcommands that belong to a component live next to it and expose
+``add_arguments(parser)`` and ``run(args) -> int``; this module only routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Any
+
+from rolloutbus.errors import RolloutbusError
+
+# subcommand → (module, help). The module provides add_arguments(parser) and run(args) -> int.
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "process": ("streams.cli", "run the stream processor: spans → trajectories → rewards → groups, into ClickHouse"),
+    "gateway": ("producers.gateway_cli", "run the OTLP/HTTP ingest gateway"),
+    "proxy": ("producers.proxy_cli", "run the OpenAI-compatible LLM proxy that records token ids"),
+    "run-agent": ("producers.runner_cli", "run an agent on tasks from rb.tasks"),
+    "tasks": ("producers.tasks_cli", "publish tasks to rb.tasks from a JSONL file"),
+    "train": ("trainer.cli", "run the GRPO trainer on rb.batches"),
+    "serve": ("trainer.serve_cli", "serve the policy over an OpenAI-compatible API, hot-reloading new versions"),
+    "demo": ("rolloutbus.demo", "watch an agent learn, end to end, on the local stack"),
+    "bench": ("rolloutbus.bench_cli", "measure the whole pipeline"),
+}
+
+
+def _common(args: argparse.Namespace) -> Any:
+    from rolloutbus.config import CommonSettings
+
+    overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None)}.items() if v is not None}
+    return CommonSettings(**overrides)
+
+
+# --------------------------------------------------------------------------- up / down / status
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from rolloutbus.clickhouse import open_store
+    from rolloutbus.kafka_admin import ensure_topics, topic_specs
+    from rolloutbus.local_kafka import LocalKafka
+
+    s = _common(args)
+    if s.uses_local_broker:
+        broker = LocalKafka(s.data_dir, s.kafka_port)
+        started = broker.start()
+        print(f"kafka    {'started' if started else 'already running'} on {broker.bootstrap} (pid {broker.pid()}, log {broker.log_file})")
+    else:
+        print(f"kafka    using {s.bootstrap} (ROLLOUTBUS_KAFKA_BOOTSTRAP); nothing started")
+    created = ensure_topics(s.kafka_conf(), topic_specs(s.topics, args.partitions))
+    print(f"topics   {len(created)} created: {', '.join(created)}" if created else "topics   all present")
+    if not args.no_clickhouse:
+        client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
+        client.close()
+        from rolloutbus.clickhouse import redact_dsn
+
+        print(f"clickhouse {redact_dsn(s.dsn)} database {s.clickhouse_database}: migrations applied")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from rolloutbus.local_kafka import LocalKafka
+
+    s = _common(args)
+    if not s.uses_local_broker:
+        print(f"kafka    {s.bootstrap} is not ours (ROLLOUTBUS_KAFKA_BOOTSTRAP); nothing stopped")
+        return 0
+    stopped = LocalKafka(s.data_dir, s.kafka_port).stop()
+    print("kafka    stopped" if stopped else "kafka    was not running")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rolloutbus.kafka_admin import cluster_status
+    from rolloutbus.local_kafka import LocalKafka
+
+    s = _common(args)
+    if s.uses_local_broker:
+        pid = LocalKafka(s.data_dir, s.kafka_port).pid()
+        if pid is None:
+            print(f"kafka    local broker not running (start it with `rolloutbus up`)")
+            return 1
+        print(f"kafka    local broker pid {pid} on {s.bootstrap}")
+    brokers, topics, groups = cluster_status(s.kafka_conf(), s.topic_prefix)
+    print(f"brokers  {', '.join(brokers)}")
+    rows = [[t.name, str(t.partitions), str(t.messages), " ".join(f"{k}={v}" for k, v in t.config.items())] for t in topics]
+    print(format_table(["topic", "partitions", "messages", "config"], rows))
+    if groups:
+        grows = [[g.group, topic, str(lag)] for g in groups for topic, lag in sorted(g.lag.items())]
+        print(format_table(["consumer group", "topic", "lag"], grows))
+    else:
+        print("(no consumer groups with committed offsets)")
+    return 0
+
+
+# --------------------------------------------------------------------------- query
+
+
+def format_table(header: list[str], rows: list[list[Any]], max_width: int = 60) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            text = f"{v:.4g}"
+        elif v is None:
+            text = "∅"
+        else:
+            text = str(v)
+        return text if len(text) <= max_width else text[: max_width - 1] + "…"
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def run_query(client: Any, sql: str) -> tuple[list[str], list[list[Any]]]:
+    """Run analyst SQL with readonly=1: it cannot modify data."""
+    result = client.query(sql, settings={"readonly": 1})
+    return list(result.column_names), [list(r) for r in result.result_rows]
+
+
+TRAJECTORY_SQL = (
+    "SELECT sequence_id AS seq, kind, name, agent_name AS agent, status_code AS status, "
+    "round(duration_ms, 1) AS ms, reward, tool_name AS tool, tool_ok AS ok, "
+    "coalesce(nullIf(message, ''), tool_arguments, '') AS detail, prompt_tokens, response_tokens, resource_version AS version "
+    "FROM v_trajectory WHERE rollout_id = {rid:String} ORDER BY attempt_id, sequence_id"
+)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from rolloutbus.clickhouse import connect
+
+    s = _common(args)
+    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
+    try:
+        if args.trajectory:
+            rollout = client.query(
+                "SELECT rollout_id, attempt_id, task_id, status, final_reward, resource_version, spans_seen, transition_count "
+                "FROM rollouts FINAL WHERE rollout_id = {rid:String}",
+                parameters={"rid": args.trajectory}, settings={"readonly": 1},
+            )
+            for row in rollout.result_rows:
+                print("rollout {} attempt {}  task {}  status {}  final reward {}  version {}  spans {}  llm turns {}".format(*row))
+            result = client.query(TRAJECTORY_SQL, parameters={"rid": args.trajectory}, settings={"readonly": 1})
+            if not result.result_rows:
+                print(f"no spans for rollout {args.trajectory}", file=sys.stderr)
+                return 1
+            print(format_table(list(result.column_names), [list(r) for r in result.result_rows]))
+            return 0
+        if not args.sql:
+            print("rolloutbus query: give SQL or --trajectory ROLLOUT_ID", file=sys.stderr)
+            return 2
+        header, rows = run_query(client, args.sql)
+        print(format_table(header, rows))
+        return 0
+    finally:
+        client.close()
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from rolloutbus.clickhouse import connect, migrate, redact_dsn
+
+    s = _common(args)
+    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password)
+    ran = migrate(client, s.clickhouse_database)
+    print(f"{redact_dsn(s.dsn)}: {', '.join(ran) if ran else 'up to date'}")
+    client.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rolloutbus", description="Reinforcement learning for any LLM agent, on a message bus.")
+    parser.add_argument("--data-dir", default=None, help="local state directory (env ROLLOUTBUS_DATA_DIR, default ~/.rolloutbus)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("up", help="start the local Kafka broker (unless ROLLOUTBUS_KAFKA_BOOTSTRAP), create topics, migrate ClickHouse")
+    p.add_argument("--partitions", type=int, default=4, help="partitions of rb.spans and rb.tasks (default 4)")
+    p.add_argument("--no-clickhouse", action="store_true", help="do not open ClickHouse (embedded store owned by another process)")
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("down", help="stop the local broker that `up` started")
+    p.set_defaults(func=cmd_down)
+    p = sub.add_parser("status", help="broker, topics, partitions, consumer-group lag")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("query", help="run analyst SQL (read-only) or print one trajectory")
+    p.add_argument("sql", nargs="?", help="SQL to run against the rolloutbus database")
+    p.add_argument("--trajectory", metavar="ROLLOUT_ID", help="print one rollout's spans in order, with rewards")
+    p.set_defaults(func=cmd_query)
+    p = sub.add_parser("migrate", help="apply ClickHouse migrations")
+    p.set_defaults(func=cmd_migrate)
+
+    for name, (module, help_text) in COMPONENTS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.set_defaults(module=module)
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            if exc.name and module.startswith(exc.name):
+                p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} missing)")
+                continue
+            raise
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if getattr(args, "unavailable", None):
+        print(f"rolloutbus: {args.unavailable}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except RolloutbusError as exc:
+        print(f"rolloutbus {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"rolloutbus {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""ClickHouse through clickhouse-connect: one client for the embedded chDB engine (``chdb://path``)
+and a ClickHouse server (``http(s)://user@host:8123``), and idempotent migrations.
+
+Migrations are the ``NNN_*.sql`` files under ``deploy/clickhouse/migrations`` (or another directory,
+e.g. the cluster variant). ``{db}`` in them is the database name. ``schema_migrations`` records which
+ran, so applying them again is a no-op.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from pydantic import SecretStr
+
+from rolloutbus.errors import ClickHouseError, ConfigError
+from rolloutbus.local_kafka import DEPLOY_DIR
+
+MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "migrations"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced, for logs and errors."""
+    parsed = urlparse(dsn)
+    if parsed.password:
+        netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
+        return urlunparse(parsed._replace(netloc=netloc))
+    return dsn
+
+
+def connect(
+    dsn: str,
+    database: str | None = None,
+    password: SecretStr | None = None,
+    readonly: bool = False,
+    create_database: bool = True,
+) -> Any:
+    """A clickhouse-connect client for ``dsn``, using ``database`` (created if missing)."""
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
+
+    if database is not None and not _IDENT.match(database):
+        raise ConfigError(f"database name {database!r} must be letters, digits and underscores")
+    if not dsn.startswith(("chdb:", "http:", "https:", "clickhouse:")):
+        raise ConfigError(f"ClickHouse DSN {redact_dsn(dsn)!r} must start with chdb://, http:// or https://")
+    kwargs: dict[str, Any] = {}
+    if password is not None and not dsn.startswith("chdb:"):
+        kwargs["password"] = password.get_secret_value()
+    if dsn.startswith("chdb:"):
+        path = urlparse(dsn).path
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
+        if database:
+            if create_database:
+                client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+            client.database = database
+        if readonly:
+            # readonly=2 would let the session change settings; 1 forbids writes and setting changes.
+            client.set_client_setting("readonly", "1") if not dsn.startswith("chdb:") else None
+    except CCError as exc:
+        msg = str(exc)
+        if password is not None:
+            msg = msg.replace(password.get_secret_value(), "***")
+        if "EmbeddedServer" in msg or "one engine path per process" in msg or "different path" in msg:
+            raise ClickHouseError(
+                f"the embedded ClickHouse store {redact_dsn(dsn)} is open in another process "
+                "(in embedded mode one process owns it: stop that process, or use a ClickHouse server DSN)"
+            ) from exc
+        raise ClickHouseError(f"ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
+    except Exception as exc:  # noqa: BLE001 - transport errors of every kind end here
+        msg = str(exc)
+        if password is not None:
+            msg = msg.replace(password.get_secret_value(), "***")
+        raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
+    return client
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a migration file into statements at semicolons that end a line; drops comment-only chunks."""
+    out = []
+    for chunk in re.split(r";\s*(?:\n|$)", sql):
+        lines = [ln for ln in chunk.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+        if lines:
+            out.append("\n".join(lines))
+    return out
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:
+    files = []
+    for path in sorted(directory.glob("*.sql")):
+        match = re.match(r"^(\d+)_", path.name)
+        if match:
+            files.append((int(match.group(1)), path))
+    return files
+
+
+def migrate(client: Any, database: str, directory: Path = MIGRATIONS_DIR, substitutions: dict[str, str] | None = None) -> list[str]:
+    """Apply the migrations not yet recorded in ``database.schema_migrations``. Returns what ran."""
+    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations "
+        "(version UInt32, name String, applied_ns Int64) ENGINE = ReplacingMergeTree ORDER BY version"
+    )
+    done = {row[0] for row in client.query(f"SELECT version FROM {database}.schema_migrations FINAL").result_rows}
+    ran = []
+    subs = {"db": database, **(substitutions or {})}
+    for version, path in migration_files(directory):
+        if version in done:
+            continue
+        sql = path.read_text()
+        for key, value in subs.items():
+            sql = sql.replace("{" + key + "}", value)
+        for statement in split_statements(sql):
+            try:
+                client.command(statement)
+            except Exception as exc:  # noqa: BLE001
+                raise ClickHouseError(f"migration {path.name} failed: {str(exc).splitlines()[0]}") from exc
+        client.insert(
+            f"{database}.schema_migrations",
+            [[version, path.name, time.time_ns()]],
+            column_names=["version", "name", "applied_ns"],
+        )
+        ran.append(path.name)
+    return ran
+
+
+def open_store(dsn: str, database: str, password: SecretStr | None = None) -> Any:
+    """Connect and bring the schema up to date: what every writer calls at start."""
+    client = connect(dsn, database=database, password=password)
+    migrate(client, database)
+    return client

@@ -1,0 +1,80 @@
+"""The project's error tree. Every error the library raises on purpose derives from one root.
+
+::
+
+    RolloutbusError
+    ├── ConfigError            a setting is missing or wrong
+    ├── DecodeError            bytes are not a record of ours (unknown fingerprint, truncated, wrong type)
+    ├── EncodeError            a record does not fit its schema
+    ├── ValidationError        a decoded record holds impossible values (negative sequence id, NaN reward, ...)
+    ├── ServiceError           a real service is unusable
+    │   ├── KafkaUnavailable   the broker does not answer
+    │   ├── BrokerSetupError   the local broker cannot be fetched, formatted or started
+    │   └── ClickHouseError    the ClickHouse engine refused a statement or cannot be reached
+    ├── RolloutContextError    an emit_* helper was called outside a rollout
+    └── TrainingError          the trainer cannot go on (bad checkpoint, shape mismatch, ...)
+
+Messages say what was wrong and how to fix it. Third-party errors are mapped once, at the boundary,
+with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class RolloutbusError(Exception):
+    """Root of every error rolloutbus raises on purpose."""
+
+
+class ConfigError(RolloutbusError):
+    """A setting is missing or has a value that cannot work."""
+
+
+class DecodeError(RolloutbusError):
+    """Bytes could not be decoded into one of our records."""
+
+
+class EncodeError(RolloutbusError):
+    """A record could not be encoded with its schema."""
+
+
+class ValidationError(RolloutbusError):
+    """A record decoded fine but holds values that cannot be right."""
+
+
+class ServiceError(RolloutbusError):
+    """A real service (Kafka, ClickHouse) is unusable."""
+
+
+class KafkaUnavailable(ServiceError):
+    """The Kafka cluster does not answer."""
+
+
+class BrokerSetupError(ServiceError):
+    """The local Kafka broker cannot be fetched, formatted or started."""
+
+
+class ClickHouseError(ServiceError):
+    """ClickHouse refused a statement or cannot be reached."""
+
+
+class RolloutContextError(RolloutbusError):
+    """An emit_* helper was called where no rollout is open."""
+
+
+class TrainingError(RolloutbusError):
+    """The trainer cannot go on."""
+
+
+__all__ = [
+    "RolloutbusError",
+    "ConfigError",
+    "DecodeError",
+    "EncodeError",
+    "ValidationError",
+    "ServiceError",
+    "KafkaUnavailable",
+    "BrokerSetupError",
+    "ClickHouseError",
+    "RolloutContextError",
+    "TrainingError",
+]

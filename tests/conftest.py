@@ -1,0 +1,106 @@
+"""Shared fixtures.
+
+Integration tests run against the real Kafka broker and the real ClickHouse engine:
+
+* Kafka: ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set; otherwise a real local broker (the one ``rolloutbus up``
+  starts) in a scratch data dir on port 29092, started once for the session and stopped at its end.
+* ClickHouse: ``ROLLOUTBUS_TEST_CLICKHOUSE_DSN`` if set; otherwise the embedded chDB engine in a scratch
+  directory. Every test gets a fresh topic prefix and a fresh database.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TEST_PORT = int(os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT", "29092"))
+
+
+@pytest.fixture(scope="session")
+def scratch_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="rolloutbus-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(scratch_dir: Path) -> Iterator[str]:
+    """Bootstrap servers of a real broker."""
+    external = os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    from rolloutbus.local_kafka import LocalKafka
+
+    broker = LocalKafka(scratch_dir / "broker", TEST_PORT)
+    broker.start()
+    yield broker.bootstrap
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def local_broker(kafka_bootstrap: str, scratch_dir: Path) -> Any:
+    """The local broker object, for tests that stop and start it. Skips on an external cluster."""
+    if os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP"):
+        pytest.skip("the broker is external; cannot restart it")
+    from rolloutbus.local_kafka import LocalKafka
+
+    return LocalKafka(scratch_dir / "broker", TEST_PORT)
+
+
+@pytest.fixture
+def kafka_conf(kafka_bootstrap: str) -> dict[str, Any]:
+    return {"bootstrap.servers": kafka_bootstrap}
+
+
+@pytest.fixture
+def topics(kafka_conf: dict[str, Any]) -> Any:
+    """A fresh topic namespace, created on the real broker."""
+    from rolloutbus.config import Topics
+    from rolloutbus.kafka_admin import ensure_topics, topic_specs
+
+    t = Topics(f"t{uuid.uuid4().hex[:10]}.")
+    ensure_topics(kafka_conf, topic_specs(t, span_partitions=4))
+    return t
+
+
+@pytest.fixture
+def test_env(kafka_bootstrap: str, topics: Any, tmp_path: Path) -> dict[str, str]:
+    """Environment for a subprocess of ours: this test's broker, topics and its own ClickHouse store."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "ROLLOUTBUS_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "ROLLOUTBUS_TOPIC_PREFIX": topics.prefix,
+            "ROLLOUTBUS_DATA_DIR": str(tmp_path / "data"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def clickhouse_dsn(scratch_dir: Path) -> str:
+    return os.environ.get("ROLLOUTBUS_TEST_CLICKHOUSE_DSN") or f"chdb://{scratch_dir / 'clickhouse'}"
+
+
+@pytest.fixture
+def ch(clickhouse_dsn: str) -> Iterator[Any]:
+    """A client on a fresh, migrated database in the real ClickHouse engine."""
+    from rolloutbus.clickhouse import connect, migrate
+
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    client = connect(clickhouse_dsn, database=database)
+    migrate(client, database)
+    yield client
+    try:
+        client.command(f"DROP DATABASE IF EXISTS {database}")
+    finally:
+        client.close()
