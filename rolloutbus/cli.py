@@ -135,7 +135,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from rolloutbus.clickhouse import connect
 
     s = _common(args)
-    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
+    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False, readonly=True)
     try:
         if args.trajectory:
             rollout = client.query(

@@ -42,6 +42,7 @@ def connect(
     """A clickhouse-connect client for ``dsn``, using ``database`` (created if missing)."""
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
+    from clickhouse_connect.driver.exceptions import OperationalError
 
     if database is not None and not _IDENT.match(database):
         raise ConfigError(f"database name {database!r} must be letters, digits and underscores")
@@ -61,8 +62,12 @@ def connect(
                 client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
             client.database = database
         if readonly:
-            # readonly=2 would let the session change settings; 1 forbids writes and setting changes.
-            client.set_client_setting("readonly", "1") if not dsn.startswith("chdb:") else None
+            # 1 forbids writes and setting changes for this client's session (analyst SQL).
+            client.set_client_setting("readonly", "1")
+    except OperationalError as exc:
+        raise ClickHouseError(
+            f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_scrub(str(exc), password).splitlines()[0][:200]}"
+        ) from exc
     except CCError as exc:
         msg = str(exc)
         if password is not None:
@@ -79,6 +84,10 @@ def connect(
             msg = msg.replace(password.get_secret_value(), "***")
         raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
     return client
+
+
+def _scrub(msg: str, password: SecretStr | None) -> str:
+    return msg.replace(password.get_secret_value(), "***") if password is not None else msg
 
 
 def split_statements(sql: str) -> list[str]:
