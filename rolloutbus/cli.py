@@ -54,7 +54,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     created = ensure_topics(s.kafka_conf(), topic_specs(s.topics, args.partitions))
     print(f"topics   {len(created)} created: {', '.join(created)}" if created else "topics   all present")
     if not args.no_clickhouse:
-        client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
+        client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password, s.clickhouse_cluster)
         client.close()
         from rolloutbus.clickhouse import redact_dsn
 
@@ -162,11 +162,11 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from rolloutbus.clickhouse import connect, migrate, redact_dsn
+    from rolloutbus.clickhouse import connect, migrate_for, redact_dsn
 
     s = _common(args)
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password)
-    ran = migrate(client, s.clickhouse_database)
+    ran = migrate_for(client, s.clickhouse_database, s.clickhouse_cluster)
     print(f"{redact_dsn(s.dsn)}: {', '.join(ran) if ran else 'up to date'}")
     client.close()
     return 0
@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                 p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} missing)")
                 continue
             raise
+        if not (hasattr(mod, "add_arguments") and hasattr(mod, "run")):
+            p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} is incomplete)")
+            continue
         mod.add_arguments(p)
         p.set_defaults(func=mod.run)
     return parser

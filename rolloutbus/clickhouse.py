@@ -20,6 +20,7 @@ from rolloutbus.errors import ClickHouseError, ConfigError
 from rolloutbus.local_kafka import DEPLOY_DIR
 
 MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "migrations"
+CLUSTER_MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "cluster"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -139,8 +140,17 @@ def migrate(client: Any, database: str, directory: Path = MIGRATIONS_DIR, substi
     return ran
 
 
-def open_store(dsn: str, database: str, password: SecretStr | None = None) -> Any:
+def migrate_for(client: Any, database: str, cluster: str | None = None) -> list[str]:
+    """Single-node migrations, or the replicated/distributed variant when ``cluster`` names one."""
+    if cluster:
+        if not _IDENT.match(cluster):
+            raise ConfigError(f"cluster name {cluster!r} must be letters, digits and underscores")
+        return migrate(client, database, CLUSTER_MIGRATIONS_DIR, substitutions={"cluster": cluster})
+    return migrate(client, database)
+
+
+def open_store(dsn: str, database: str, password: SecretStr | None = None, cluster: str | None = None) -> Any:
     """Connect and bring the schema up to date: what every writer calls at start."""
     client = connect(dsn, database=database, password=password)
-    migrate(client, database)
+    migrate_for(client, database, cluster)
     return client

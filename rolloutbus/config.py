@@ -106,6 +106,10 @@ class CommonSettings(BaseSettings):
         default=None, description="ClickHouse DSN. Default chdb://<data_dir>/clickhouse (embedded engine)."
     )
     clickhouse_database: str = "rolloutbus"
+    clickhouse_cluster: str | None = Field(
+        default=None,
+        description="ClickHouse cluster name: set → the replicated/distributed DDL of deploy/clickhouse/cluster/.",
+    )
     clickhouse_password: SecretStr | None = Field(
         default=None, description="ClickHouse password, kept out of the DSN so it never shows in logs."
     )

@@ -1,0 +1,252 @@
+"""``emit_*`` helpers: one span each, attributed to the current rollout, next sequence id.
+
+They build the plain Avro dict (no pydantic) and hand it to the transport; the agent pays a few
+microseconds. Outside a rollout they raise :class:`~rolloutbus.errors.RolloutContextError`, or do
+nothing when ``ROLLOUTBUS_EMIT_OUTSIDE_ROLLOUT=ignore``. Bad telemetry values (a NaN reward) are
+logged and counted, never raised into the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from schemas.codec import pack_floats, pack_tokens
+
+from producers.context import RolloutContext, current_parent, new_span_id, require_rollout, to_attr
+
+log = logging.getLogger(__name__)
+
+
+def base_span(
+    ctx: RolloutContext,
+    kind: str,
+    name: str,
+    attributes: dict[str, str] | None = None,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    status: str = "UNSET",
+    status_message: str | None = None,
+    sequence_id: int | None = None,
+) -> dict[str, Any]:
+    """The Avro dict of a span in ``ctx`` with every field set (first-class parts None)."""
+    now = time.time_ns()
+    return {
+        "span_id": new_span_id(),
+        "trace_id": ctx.trace_id,
+        "parent_id": current_parent.get(),
+        "rollout_id": ctx.rollout_id,
+        "attempt_id": ctx.attempt_id,
+        "sequence_id": ctx.next_sequence_id() if sequence_id is None else sequence_id,
+        "name": name,
+        "kind": kind,
+        "start_time_ns": start_ns or now,
+        "end_time_ns": end_ns or now,
+        "status_code": status,
+        "status_message": status_message,
+        "attributes": attributes or {},
+        "events": [],
+        "resource": ctx.resource,
+        "llm": None,
+        "reward": None,
+        "tool": None,
+        "agent_name": ctx.agent_name,
+    }
+
+
+def emit_state(state: Any, name: str = "state") -> None:
+    """Record an observation/state of the environment."""
+    ctx = require_rollout()
+    if ctx is not None:
+        ctx.send_span(base_span(ctx, "state", name, {"state": to_attr(state)}))
+
+
+def emit_action(action: Any, name: str = "action") -> None:
+    """Record an action the agent took."""
+    ctx = require_rollout()
+    if ctx is not None:
+        ctx.send_span(base_span(ctx, "action", name, {"action": to_attr(action)}))
+
+
+def emit_message(message: str, role: str | None = None, name: str = "message") -> None:
+    """Record a message (text the agent or the environment produced)."""
+    ctx = require_rollout()
+    if ctx is not None:
+        attrs = {"message.body": to_attr(message)}
+        if role:
+            attrs["message.role"] = role
+        ctx.send_span(base_span(ctx, "message", name, attrs))
+
+
+def emit_object(obj: Any, name: str = "object") -> None:
+    """Record any JSON-serialisable object."""
+    ctx = require_rollout()
+    if ctx is not None:
+        attrs = {"object.json": to_attr(obj), "object.type": type(obj).__name__}
+        ctx.send_span(base_span(ctx, "object", name, attrs))
+
+
+def emit_reward(value: float | Mapping[str, float], primary: str | None = None, name: str = "reward") -> None:
+    """Record a reward: a number, or named dimensions with ``primary`` naming the one that counts.
+
+    The last primary reward of an attempt is its final reward unless one is set explicitly.
+    """
+    ctx = require_rollout()
+    if ctx is None:
+        return
+    if isinstance(value, Mapping):
+        dims = {str(k): float(v) for k, v in value.items()}
+        if primary is None:
+            primary = next(iter(dims), "reward") if len(dims) == 1 else ("reward" if "reward" in dims else None)
+        if primary is None or primary not in dims:
+            log.error("emit_reward: primary %r is not one of the dimensions %s; reward not recorded", primary, sorted(dims))
+            return
+        main = dims[primary]
+    else:
+        main = float(value)
+        primary = primary or "reward"
+        dims = {primary: main}
+    bad = [k for k, v in dims.items() if not math.isfinite(v)]
+    if bad:
+        log.error("emit_reward: non-finite reward in %s (rollout %s); not recorded", bad, ctx.rollout_id)
+        return
+    span = base_span(ctx, "reward", name)
+    span["reward"] = {"value": main, "primary": primary, "dimensions": dims}
+    ctx.last_reward = main
+    ctx.send_span(span)
+
+
+def emit_tool_call(
+    name: str,
+    arguments: Any = "",
+    result: Any = None,
+    ok: bool = True,
+    error: str | None = None,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> None:
+    """Record a tool call: its arguments, result, and whether it worked."""
+    ctx = require_rollout()
+    if ctx is None:
+        return
+    span = base_span(
+        ctx, "tool", name, start_ns=start_ns, end_ns=end_ns,
+        status="OK" if ok else "ERROR", status_message=None if ok else error,
+    )
+    span["tool"] = {
+        "name": name,
+        "arguments": to_attr(arguments),
+        "result": None if result is None else to_attr(result),
+        "ok": bool(ok),
+        "error": error,
+    }
+    ctx.send_span(span)
+
+
+def emit_llm_call(
+    prompt_token_ids: Sequence[int] = (),
+    response_token_ids: Sequence[int] = (),
+    response_logprobs: Sequence[float] = (),
+    *,
+    model: str | None = None,
+    resource_version: int | None = None,
+    response_mask: Sequence[int] = (),
+    request_id: str | None = None,
+    finish_reason: str | None = None,
+    name: str = "llm",
+    attributes: Mapping[str, Any] | None = None,
+    sequence_id: int | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> None:
+    """Record one LLM call with the token ids the trainer needs (packed on the wire)."""
+    ctx = require_rollout()
+    if ctx is None:
+        return
+    span = base_span(
+        ctx, "llm", name, {k: to_attr(v) for k, v in (attributes or {}).items()},
+        start_ns=start_ns, end_ns=end_ns, sequence_id=sequence_id,
+    )
+    if sequence_id is not None:
+        ctx.observe_sequence_id(sequence_id)
+    span["llm"] = llm_record(
+        prompt_token_ids, response_token_ids, response_logprobs, model=model,
+        resource_version=resource_version if resource_version is not None else ctx.resource_version,
+        response_mask=response_mask, request_id=request_id, finish_reason=finish_reason,
+    )
+    ctx.send_span(span)
+
+
+def llm_record(
+    prompt_token_ids: Sequence[int],
+    response_token_ids: Sequence[int],
+    response_logprobs: Sequence[float] = (),
+    *,
+    model: str | None = None,
+    resource_version: int | None = None,
+    response_mask: Sequence[int] = (),
+    request_id: str | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """The Avro ``LLMCall`` dict (token ids packed uint32, logprobs float32)."""
+    return {
+        "model": model,
+        "prompt_token_ids": pack_tokens(list(prompt_token_ids)),
+        "response_token_ids": pack_tokens(list(response_token_ids)),
+        "response_logprobs": pack_floats(list(response_logprobs)),
+        "response_mask": bytes(response_mask),
+        "resource_version": resource_version,
+        "request_id": request_id,
+        "finish_reason": finish_reason,
+    }
+
+
+def exception_span(ctx: RolloutContext, exc: BaseException, name: str = "exception") -> dict[str, Any]:
+    """A span recording ``exc`` with the OpenTelemetry ``exception.*`` attributes."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    attrs = {
+        "exception.type": type(exc).__qualname__,
+        "exception.message": str(exc),
+        "exception.stacktrace": tb[-16384:],
+    }
+    span = base_span(ctx, "exception", name, attrs, status="ERROR", status_message=f"{type(exc).__name__}: {exc}")
+    span["events"] = [{"name": "exception", "time_ns": span["end_time_ns"], "attributes": attrs}]
+    return span
+
+
+def emit_exception(exc: BaseException, name: str = "exception") -> None:
+    """Record an exception (type, message, stack trace)."""
+    ctx = require_rollout()
+    if ctx is not None:
+        ctx.send_span(exception_span(ctx, exc, name))
+
+
+def emit_span(kind: str, name: str, attributes: Mapping[str, Any] | None = None, **fields: Any) -> None:
+    """Record a span of any kind; ``fields`` set Avro fields directly (``status_code``, ``llm``, ...)."""
+    ctx = require_rollout()
+    if ctx is not None:
+        span = base_span(ctx, kind, name, {k: to_attr(v) for k, v in (attributes or {}).items()})
+        span.update(fields)
+        ctx.send_span(span)
+
+
+__all__ = [
+    "emit_state",
+    "emit_action",
+    "emit_message",
+    "emit_object",
+    "emit_reward",
+    "emit_tool_call",
+    "emit_llm_call",
+    "emit_exception",
+    "emit_span",
+    "base_span",
+    "llm_record",
+    "exception_span",
+]

@@ -1,0 +1,268 @@
+"""OTLP/HTTP ingest gateway: ``POST /v1/traces`` (protobuf or JSON, gzip) → Avro spans on rb.spans.
+
+Answers as the OTLP spec asks: 200 with ``partial_success.rejected_spans`` for spans that cannot be
+ours, 400 with a reason for undecodable bodies, 413 over the size limit, 503 + ``Retry-After`` when
+Kafka is down and the spool is full, 401 without the configured bearer token. ``/healthz`` and
+Prometheus ``/metrics`` too. Decoding is opentelemetry-proto's; the mapping is :mod:`producers.mapping`.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hmac
+import json
+import logging
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError as ProtoDecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from producers.mapping import SEQUENCE_KEYS, ATTEMPT_KEYS, Attribution, MappingError, otel_to_span
+from producers.transport import SPAN, SpanTransport
+from schemas.codec import encode_raw
+from rolloutbus.errors import EncodeError
+
+log = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class BadRequest(ValueError):
+    """The body is not an OTLP trace export request."""
+
+
+def any_value(v: AnyValue) -> Any:
+    which = v.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    return getattr(v, which)
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+def _hex_ids_to_base64(obj: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64 for bytes."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if k in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id") and isinstance(v, str):
+                try:
+                    out[k] = base64.b64encode(bytes.fromhex(v)).decode()
+                except ValueError:
+                    raise BadRequest(f"{k} {v!r} is not hex") from None
+            else:
+                out[k] = _hex_ids_to_base64(v)
+        return out
+    if isinstance(obj, list):
+        return [_hex_ids_to_base64(x) for x in obj]
+    return obj
+
+
+def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """Bytes → ExportTraceServiceRequest. Raises BadRequest with the reason."""
+    req = ExportTraceServiceRequest()
+    if content_type.startswith(JSON):
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise BadRequest(f"body is not JSON: {exc}") from exc
+        try:
+            json_format.ParseDict(_hex_ids_to_base64(data), req, ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise BadRequest(f"JSON is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+        return req
+    if content_type and not content_type.startswith(PROTOBUF):
+        raise BadRequest(f"unsupported Content-Type {content_type!r}: use {PROTOBUF} or {JSON}")
+    try:
+        req.ParseFromString(body)
+    except (ProtoDecodeError, RuntimeWarning) as exc:
+        raise BadRequest(f"body is not an OTLP protobuf ExportTraceServiceRequest: {exc}") from exc
+    return req
+
+
+class SequenceCounters:
+    """Per-attempt counters for spans that carry no sequence id (bounded: oldest attempts forgotten)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._next: OrderedDict[str, int] = OrderedDict()
+        self.capacity = capacity
+
+    def next(self, attempt_id: str) -> int:
+        n = self._next.pop(attempt_id, 1)
+        self._next[attempt_id] = n + 1
+        if len(self._next) > self.capacity:
+            self._next.popitem(last=False)
+        return n
+
+    def observe(self, attempt_id: str, n: int) -> None:
+        if n + 1 > self._next.get(attempt_id, 1):
+            self._next[attempt_id] = n + 1
+
+
+def request_to_spans(req: ExportTraceServiceRequest, counters: SequenceCounters) -> tuple[list[dict[str, Any]], list[str]]:
+    """Map every span of the request; returns (Avro span dicts, reasons of the rejected ones)."""
+    spans: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for rs in req.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                attrs = _attrs(s.attributes)
+                att = Attribution(resource={k: str(v) for k, v in resource.items()})
+                attempt = next((attrs[k] for k in ATTEMPT_KEYS if attrs.get(k)), None)
+                seq = next((attrs[k] for k in SEQUENCE_KEYS if attrs.get(k) is not None), None)
+                if attempt is not None:
+                    if seq is None:
+                        att.sequence_id = counters.next(str(attempt))
+                    else:
+                        try:
+                            counters.observe(str(attempt), int(seq))
+                        except (TypeError, ValueError):
+                            pass
+                try:
+                    spans.append(
+                        otel_to_span(
+                            name=s.name,
+                            span_id=s.span_id.hex(),
+                            trace_id=s.trace_id.hex(),
+                            parent_id=s.parent_span_id.hex() or None,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
+                            status_code=s.status.code,
+                            status_message=s.status.message or None,
+                            attributes=attrs,
+                            events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events],
+                            resource=resource,
+                            attribution=att,
+                        )
+                    )
+                except MappingError as exc:
+                    errors.append(f"{s.name}: {exc}")
+    return spans, errors
+
+
+class Gateway:
+    """The aiohttp application around one span transport."""
+
+    def __init__(
+        self,
+        transport: SpanTransport,
+        *,
+        max_body_bytes: int = 16 << 20,
+        token: str | None = None,
+        retry_after_s: int = 5,
+    ) -> None:
+        self.transport = transport
+        self.max_body_bytes = max_body_bytes
+        self.token = token
+        self.retry_after_s = retry_after_s
+        self.counters = SequenceCounters()
+        self.registry = CollectorRegistry()
+        self.m_requests = Counter("rolloutbus_gateway_requests", "OTLP requests by HTTP status", ["code"], registry=self.registry)
+        self.m_spans = Counter("rolloutbus_gateway_spans_accepted", "Spans accepted onto rb.spans", registry=self.registry)
+        self.m_rejected = Counter("rolloutbus_gateway_spans_rejected", "Spans rejected (partial success)", registry=self.registry)
+        g = Gauge("rolloutbus_gateway_spool_pending", "Records in the spool not yet delivered", registry=self.registry)
+        g.set_function(lambda: self.transport.stats()["spool_pending"])
+        up = Gauge("rolloutbus_gateway_kafka_up", "1 when the last Kafka contact succeeded", registry=self.registry)
+        up.set_function(lambda: 1.0 if self.transport.kafka_up else 0.0)
+
+    def app(self) -> web.Application:
+        # The body limit is checked by hand (after gzip too); aiohttp's own limit sits just above it.
+        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app.router.add_post("/v1/traces", self.traces)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    def _reply(self, status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
+        self.m_requests.labels(str(status)).inc()
+        return web.Response(status=status, text=text, headers=headers)
+
+    async def traces(self, request: web.Request) -> web.Response:
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return self._reply(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if not self.transport.accepting():
+            return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
+                               {"Retry-After": str(self.retry_after_s)})
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return self._reply(413, f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reply(413, f"body is over the limit of {self.max_body_bytes} bytes")
+        encoding = request.headers.get("Content-Encoding", "").lower()
+        # aiohttp inflates gzip request bodies itself (under client_max_size); inflate here only if not.
+        if encoding == "gzip" and body[:2] == b"\x1f\x8b":
+            try:
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                body = d.decompress(body, self.max_body_bytes + 1)
+            except zlib.error as exc:
+                return self._reply(400, f"body is not valid gzip: {exc}")
+            if len(body) > self.max_body_bytes:
+                return self._reply(413, f"decompressed body is over the limit of {self.max_body_bytes} bytes")
+        elif encoding not in ("", "identity", "gzip", "deflate"):
+            return self._reply(415, f"unsupported Content-Encoding {encoding!r}: use gzip or none")
+        ctype = request.headers.get("Content-Type", PROTOBUF).split(";")[0].strip().lower()
+        try:
+            req = decode_request(body, ctype)
+        except BadRequest as exc:
+            return self._reply(400, str(exc))
+        spans, errors = request_to_spans(req, self.counters)
+        accepted = 0
+        for span in spans:
+            try:
+                value = encode_raw(SPAN, span)
+            except EncodeError as exc:
+                errors.append(f"{span['name']}: {exc}")
+                continue
+            if self.transport.emit_encoded(span["rollout_id"].encode(), value):
+                accepted += 1
+            else:
+                errors.append(f"{span['name']}: local queue full")
+        self.m_spans.inc(accepted)
+        if errors:
+            self.m_rejected.inc(len(errors))
+            log.info("gateway rejected %d spans: %s", len(errors), errors[0])
+        resp = ExportTraceServiceResponse()
+        if errors:
+            resp.partial_success.rejected_spans = len(errors)
+            resp.partial_success.error_message = "; ".join(errors[:5])[:2000]
+        self.m_requests.labels("200").inc()
+        if ctype.startswith(JSON):
+            return web.Response(status=200, text=json_format.MessageToJson(resp), content_type=JSON)
+        return web.Response(status=200, body=resp.SerializeToString(), content_type=PROTOBUF)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        stats = self.transport.stats()
+        ok = self.transport.accepting()
+        return web.json_response({"status": "ok" if ok else "degraded", **stats}, status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def gzip_body(data: bytes) -> bytes:
+    return gzip.compress(data)
+
+
+__all__ = ["Gateway", "decode_request", "request_to_spans", "BadRequest", "SequenceCounters"]

@@ -1,0 +1,61 @@
+"""``rolloutbus proxy --upstream URL``: the LLM proxy. Flags fall back to ``ROLLOUTBUS_PROXY_*``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1 (env ROLLOUTBUS_PROXY_UPSTREAM)")
+    parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_PROXY_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_PROXY_PORT, default 8788)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from aiohttp import web
+
+    from producers.proxy import LLMProxy
+    from producers.settings import ProxySettings
+    from rolloutbus.errors import ConfigError
+
+    overrides = {
+        k: v
+        for k, v in {
+            "data_dir": getattr(args, "data_dir", None),
+            "proxy_upstream": args.upstream,
+            "proxy_host": args.host,
+            "proxy_port": args.port,
+        }.items()
+        if v is not None
+    }
+    s = ProxySettings(**overrides)
+    if not s.proxy_upstream:
+        raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
+    transport = s.transport(spool_name="proxy")
+    proxy = LLMProxy(
+        s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s,
+        api_key=s.proxy_upstream_api_key.get_secret_value() if s.proxy_upstream_api_key else None,
+    )
+    logging.getLogger(__name__).info("proxy on http://%s:%d → %s", s.proxy_host, s.proxy_port, s.proxy_upstream)
+    try:
+        web.run_app(proxy.app(), host=s.proxy_host, port=s.proxy_port, print=None, access_log=None)
+    finally:
+        transport.close(30)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m producers.proxy_cli``: the same as ``rolloutbus proxy``."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="rolloutbus proxy")
+    parser.add_argument("--data-dir", default=None)
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""``rolloutbus run-agent module:Agent``: run an agent on tasks from rb.tasks (``ROLLOUTBUS_RUNNER_*``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("agent", help="the agent, as package.module:AgentClass (a LitAgent or a @litagent function)")
+    parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (env ROLLOUTBUS_RUNNER_CONCURRENCY, default 4)")
+    parser.add_argument("--group", default=None, help="consumer group (env ROLLOUTBUS_RUNNER_GROUP)")
+    parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout (env ROLLOUTBUS_RUNNER_MAX_ATTEMPTS, default 2)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before an attempt ends as timeout (env ROLLOUTBUS_RUNNER_TIMEOUT_S)")
+    parser.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from producers.runner import TaskRunner, load_agent
+    from producers.settings import RunnerSettings
+
+    overrides = {
+        k: v
+        for k, v in {
+            "data_dir": getattr(args, "data_dir", None),
+            "runner_concurrency": args.concurrency,
+            "runner_group": args.group,
+            "runner_max_attempts": args.max_attempts,
+            "runner_timeout_s": args.timeout,
+        }.items()
+        if v is not None
+    }
+    s = RunnerSettings(**overrides)
+    agent = load_agent(args.agent)
+    transport = s.transport(spool_name="runner")
+    runner = TaskRunner(
+        agent, s.kafka_conf(), s.topics, transport, group=s.runner_group, concurrency=s.runner_concurrency,
+        max_attempts=s.runner_max_attempts, timeout_s=s.runner_timeout_s, heartbeat_s=s.runner_heartbeat_s,
+    )
+    log = logging.getLogger(__name__)
+    log.info("running %s on %s (group %s, %d at once)", args.agent, s.topics.tasks, s.runner_group, s.runner_concurrency)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.stop)
+        stats = await runner.run(max_tasks=args.max_tasks)
+        log.info("done: %s", stats)
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.resources.stop()
+        transport.close(30)
+    return 0

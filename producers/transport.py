@@ -1,0 +1,432 @@
+"""The span transport: ``emit`` enqueues and returns; a background thread encodes, spools and produces.
+
+The agent's cost of one span is a ``deque.append`` (plus building its small dict). The worker thread:
+
+1. encodes the Avro dict with :func:`schemas.codec.encode_raw` (no pydantic on this path),
+2. appends the bytes to the on-disk :class:`~producers.spool.Spool` (the write-ahead log; handed to
+   the OS every loop, fsynced on a cadence), so neither a broker outage nor a SIGKILL loses it,
+3. hands it to an idempotent confluent-kafka producer (lz4, batching; key = rollout id). When
+   librdkafka's queue is full (the broker is down for a while) the worker stops handing over and
+   later reads the backlog back from the spool, in order. Delivered records advance the spool's
+   acknowledged watermark; a later process replays whatever is above it.
+
+When the spool is full the configured policy applies — ``drop_newest`` or ``block`` — and it is loud:
+a counter in :meth:`SpanTransport.stats` and a WARNING log. Telemetry never raises into the agent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import logging
+import threading
+import time
+from collections import deque
+from enum import Enum
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rolloutbus.errors import ConfigError, EncodeError
+from schemas.codec import encode_raw
+
+from producers.spool import Spool, open_spool
+
+log = logging.getLogger(__name__)
+
+SPAN = "rolloutbus.Span"
+ROLLOUT_EVENT = "rolloutbus.RolloutEvent"
+
+
+class FullPolicy(str, Enum):
+    """What happens to a new record when the spool (or the in-memory queue) is full."""
+
+    DROP_NEWEST = "drop_newest"
+    BLOCK = "block"
+
+
+def producer_config(kafka_conf: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An idempotent, compressing, batching producer. ``message.timeout.ms=0``: retry until delivered
+    (the spool bounds memory), so ordering per key survives a broker restart without duplicates."""
+    conf: dict[str, Any] = {
+        **kafka_conf,
+        "enable.idempotence": True,
+        "acks": "all",
+        "compression.type": "lz4",
+        "linger.ms": 10,
+        "batch.num.messages": 10000,
+        "batch.size": 4 << 20,
+        "queue.buffering.max.messages": 200_000,
+        "queue.buffering.max.kbytes": 256 << 10,
+        "message.timeout.ms": 0,
+        "message.max.bytes": 16 << 20,
+        "log_level": 3,
+    }
+    conf.update(overrides or {})
+    return conf
+
+
+class _FastEncoder:
+    """``encode_raw``'s bytes, faster: fastavro re-parses a schema parsed without its write hint on
+    every call (the codec parses that way), so this keeps hinted copies. Same output, checked in tests."""
+
+    def __init__(self) -> None:
+        import fastavro
+
+        from schemas.codec import MAGIC_SINGLE_OBJECT, schema_set
+
+        ss = schema_set()
+        self._write = fastavro.schemaless_writer
+        self._parsed = {n: fastavro.parse_schema(ss.schemas[n]) for n in (SPAN, ROLLOUT_EVENT)}
+        self._header = {n: MAGIC_SINGLE_OBJECT + ss.fingerprints[n] for n in (SPAN, ROLLOUT_EVENT)}
+
+    def __call__(self, name: str, record: dict[str, Any]) -> bytes:
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            return encode_raw(name, record)
+        buf = io.BytesIO()
+        try:
+            self._write(buf, parsed, record)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            return encode_raw(name, record)  # raises EncodeError with the codec's message
+        return self._header[name] + buf.getvalue()
+
+
+class _Encoded:
+    """A record already encoded by the caller (the gateway): skips the worker's encode step."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: bytes, value: bytes) -> None:
+        self.key = key
+        self.value = value
+
+
+class SpanTransport:
+    """Never-blocking (by default), never-losing producer of Avro records keyed by rollout id."""
+
+    def __init__(
+        self,
+        kafka_conf: dict[str, Any],
+        topic: str,
+        spool_dir: Path,
+        *,
+        spool_name: str = "agent",
+        spool_max_bytes: int = 1 << 30,
+        max_queue: int = 500_000,
+        on_full: FullPolicy | str = FullPolicy.DROP_NEWEST,
+        fsync_interval_s: float = 1.0,
+        producer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        from confluent_kafka import Producer
+
+        try:
+            self.policy = FullPolicy(on_full)
+        except ValueError:
+            raise ConfigError(f"spool full policy must be drop_newest or block, got {on_full!r}") from None
+        self.topic = topic
+        self.max_queue = max_queue
+        self.fsync_interval_s = fsync_interval_s
+        self._q: deque[Any] = deque()
+        self._wake = threading.Event()
+        self._space = threading.Condition()
+        self._sleeping = False
+        self._stop = False
+        self._closed = False
+        self.spool: Spool = open_spool(Path(spool_dir), spool_name, spool_max_bytes)
+        self._low = self.spool.acked  # every record below is delivered
+        self._delivered: set[int] = set()
+        self._inflight = 0
+        # Backlog: records on disk not yet handed to librdkafka (replay after restart, or a full queue).
+        self._cursor: int | None = self._low if self.spool.pending else None
+        self.kafka_up = True
+        self.counters = {
+            "enqueued": 0,
+            "produced": 0,
+            "delivered": 0,
+            "dropped_queue_full": 0,
+            "dropped_spool_full": 0,
+            "blocked": 0,
+            "encode_errors": 0,
+            "delivery_failed": 0,
+            "replayed": 0,
+        }
+        self._last_warn = 0.0
+        self._encode_raw = _FastEncoder()
+        conf = producer_config(kafka_conf, producer_overrides)
+        conf["error_cb"] = self._on_error
+        self._producer = Producer(conf)
+        if self.spool.pending:
+            log.info("spool %s: replaying %d records left by an earlier process", self.spool.dir, self.spool.pending)
+        self._thread = threading.Thread(target=self._run, name="rolloutbus-transport", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ agent side (hot path)
+
+    def emit(self, key: str, name: str, record: dict[str, Any]) -> bool:
+        """Enqueue one Avro dict of record type ``name``. Returns False when it was dropped (full)."""
+        q = self._q
+        if len(q) >= self.max_queue and not self._full_queue():
+            return False
+        q.append((key, name, record))
+        if self._sleeping:
+            self._wake.set()
+        return True
+
+    def emit_encoded(self, key: bytes, value: bytes) -> bool:
+        """Enqueue an already-encoded record (single-object Avro bytes)."""
+        if len(self._q) >= self.max_queue and not self._full_queue():
+            return False
+        self._q.append(_Encoded(key, value))
+        if self._sleeping:
+            self._wake.set()
+        return True
+
+    def _full_queue(self) -> bool:
+        """The in-memory queue is full: block until there is room, or drop (loudly). True: go on."""
+        if self.policy is FullPolicy.BLOCK and not self._stop:
+            self.counters["blocked"] += 1
+            with self._space:
+                while len(self._q) >= self.max_queue and not self._stop:
+                    self._wake.set()
+                    self._space.wait(0.1)
+            return True
+        self.counters["dropped_queue_full"] += 1
+        self._warn_drop("in-memory queue")
+        return False
+
+    def _warn_drop(self, where: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warn > 5.0:
+            self._last_warn = now
+            log.warning(
+                "rolloutbus transport: %s full, dropping newest records (policy drop_newest): "
+                "%d dropped at the queue, %d at the spool so far; spool %s holds %d bytes",
+                where, self.counters["dropped_queue_full"], self.counters["dropped_spool_full"],
+                self.spool.dir, self.spool.size_bytes,
+            )
+
+    # ------------------------------------------------------------------ status
+
+    def accepting(self) -> bool:
+        """False when Kafka is down and the spool is full: a caller (the gateway) should push back."""
+        return not (self.spool.full() and not self.kafka_up)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "queued": len(self._q),
+            "inflight": self._inflight,
+            "spool_pending": self.spool.head - self._low,
+            "spool_bytes": self.spool.size_bytes,
+            "kafka_up": self.kafka_up,
+        }
+
+    # ------------------------------------------------------------------ worker
+
+    def _on_error(self, err: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            if self.kafka_up:
+                log.warning("rolloutbus transport: Kafka unreachable (%s); spooling to %s", err.str(), self.spool.dir)
+            self.kafka_up = False
+        else:
+            log.debug("kafka client: %s", err)
+
+    def _on_delivery(self, idx: int, err: Any, msg: Any) -> None:
+        self._inflight -= 1
+        if err is not None:
+            if err.retriable():
+                # Resend the same bytes under the same index; the watermark waits for it.
+                self._produce(idx, msg.key(), msg.value())
+                return
+            self.counters["delivery_failed"] += 1
+            log.error("rolloutbus transport: Kafka rejected record %d for good (%s); kept in %s/rejected", idx, err.str(), self.spool.dir)
+            try:
+                with open(self.spool.dir / "rejected", "ab") as fh:
+                    from producers.spool import _encode_frame
+
+                    fh.write(_encode_frame(msg.key() or b"", msg.value() or b""))
+            except OSError:
+                log.exception("could not keep the rejected record")
+        else:
+            self.counters["delivered"] += 1
+            if not self.kafka_up:
+                log.info("rolloutbus transport: Kafka reachable again")
+            self.kafka_up = True
+        if idx == self._low:
+            self._low += 1
+            d = self._delivered
+            while self._low in d:
+                d.remove(self._low)
+                self._low += 1
+        else:
+            self._delivered.add(idx)
+
+    def _produce(self, idx: int, key: bytes, value: bytes) -> bool:
+        try:
+            self._producer.produce(self.topic, value, key, on_delivery=partial(self._on_delivery, idx))
+        except BufferError:
+            return False
+        self._inflight += 1
+        self.counters["produced"] += 1
+        return True
+
+    def _encode(self, item: Any) -> tuple[bytes, bytes] | None:
+        if type(item) is _Encoded:
+            return item.key, item.value
+        key, name, record = item
+        try:
+            return key.encode(), self._encode_raw(name, record)
+        except EncodeError as exc:
+            self.counters["encode_errors"] += 1
+            log.error("rolloutbus transport: cannot encode a %s for rollout %s, not sent: %s", name, key, exc)
+            return None
+
+    def _spool_room(self, nbytes: int) -> bool:
+        spool = self.spool
+        if not spool.full(nbytes):
+            return True
+        if self.policy is FullPolicy.BLOCK:
+            self.counters["blocked"] += 1
+            log.warning("rolloutbus transport: spool %s full (%d bytes); blocking until Kafka takes records", spool.dir, spool.size_bytes)
+            while spool.full(nbytes) and not (self._stop and not self.kafka_up):
+                if self._cursor is not None:
+                    self._drain_backlog()
+                self._producer.poll(0.1)
+                self._ack()
+            return not spool.full(nbytes)
+        self.counters["dropped_spool_full"] += 1
+        self._warn_drop("spool")
+        return False
+
+    def _ack(self) -> None:
+        if self._low > self.spool.acked:
+            self.spool.ack_to(self._low)
+
+    def _drain_backlog(self, limit: int = 5000) -> None:
+        assert self._cursor is not None
+        head = self.spool.head
+        while self._cursor < head and limit > 0:
+            records = self.spool.read_from(self._cursor, min(limit, 2000))
+            if not records:
+                break
+            for idx, key, value in records:
+                if not self._produce(idx, key, value):
+                    return
+                self._cursor = idx + 1
+                self.counters["replayed"] += 1
+                limit -= 1
+        if self._cursor >= head:
+            self._cursor = None
+
+    def _run(self) -> None:
+        last_fsync = time.monotonic()
+        last_ack = last_fsync
+        q = self._q
+        while True:
+            n = 0
+            while q and n < 10000:
+                item = q.popleft()
+                n += 1
+                enc = self._encode(item)
+                if enc is None:
+                    continue
+                key, value = enc
+                if not self._spool_room(len(value) + len(key) + 10):
+                    continue
+                idx = self.spool.append(key, value)
+                self.counters["enqueued"] += 1
+                if self._cursor is None and not self._produce(idx, key, value):
+                    self._cursor = idx  # librdkafka is full: the rest waits on disk
+            if n:
+                with self._space:
+                    self._space.notify_all()
+            now = time.monotonic()
+            fsync = now - last_fsync >= self.fsync_interval_s
+            self.spool.flush(fsync=fsync)
+            if fsync:
+                last_fsync = now
+            if self._cursor is not None:
+                self._drain_backlog()
+            self._producer.poll(0)
+            if now - last_ack >= 0.05:
+                self._ack()
+                last_ack = now
+            if self._stop and not q:
+                break
+            if not q:
+                self._sleeping = True
+                if not q:
+                    self._wake.wait(0.005)
+                self._wake.clear()
+                self._sleeping = False
+        self.spool.flush(fsync=True)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait until everything emitted so far is delivered. Returns how many are still pending."""
+        deadline = time.monotonic() + timeout
+        target = None
+        while time.monotonic() < deadline:
+            if not self._q:
+                target = target if target is not None else self.spool.head
+                if self._low >= target and not self._q:
+                    return 0
+            self._wake.set()
+            time.sleep(0.005)
+        return self.spool.head - self._low + len(self._q)
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Flush (up to ``timeout``), stop the worker and release the spool. What is not delivered
+        stays in the spool for the next process. Returns the number of records left there."""
+        if self._closed:
+            return 0
+        self._closed = True
+        left = self.flush(timeout)
+        self._stop = True
+        self._wake.set()
+        with self._space:
+            self._space.notify_all()
+        self._thread.join(timeout=max(1.0, timeout))
+        self._producer.flush(0.5 if left else 2.0)
+        self._producer.poll(0)
+        self._ack()
+        left = self.spool.head - self._low
+        self.spool.close()
+        if left:
+            log.warning("rolloutbus transport: %d records not delivered yet; kept in %s for the next start", left, self.spool.dir)
+        return left
+
+
+# --------------------------------------------------------------------------- process default
+
+_default: SpanTransport | None = None
+_default_lock = threading.Lock()
+
+
+def set_transport(transport: SpanTransport | None) -> SpanTransport | None:
+    """Install the transport ``emit_*`` helpers use (returns the previous one)."""
+    global _default
+    with _default_lock:
+        prev, _default = _default, transport
+    return prev
+
+
+def get_transport() -> SpanTransport:
+    """The process's transport; built on first use from ``ROLLOUTBUS_*`` settings, closed at exit."""
+    global _default
+    if _default is not None:
+        return _default
+    with _default_lock:
+        if _default is None:
+            from producers.settings import AgentSettings
+
+            _default = AgentSettings().transport()
+            atexit.register(_default.close)
+        return _default
+
+
+__all__ = ["SpanTransport", "FullPolicy", "producer_config", "get_transport", "set_transport", "SPAN", "ROLLOUT_EVENT"]

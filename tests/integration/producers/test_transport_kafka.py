@@ -1,0 +1,137 @@
+"""The span transport against the real broker: keyed order, a broker restart, a SIGKILLed producer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers import SpanTransport, emit_reward, emit_state, emit_tool_call, rollout
+from producers_testkit import consume_all
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_concurrent_rollouts_arrive_keyed_and_in_sequence(kafka_conf: dict[str, Any], topics: Any, tmp_path: Path) -> None:
+    transport = SpanTransport(kafka_conf, topics.spans, tmp_path / "spool")
+    ids: dict[int, str] = {}
+
+    def agent(n: int) -> None:
+        with rollout(f"task-{n}", transport=transport, agent_name="worker") as r:
+            ids[n] = r.rollout_id
+            for i in range(40):
+                emit_state({"step": i})
+                if i % 10 == 0:
+                    emit_tool_call("search", {"q": i}, result="ok")
+            emit_reward({"correct": 1.0, "len": 0.2}, primary="correct")
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert transport.close(30) == 0
+
+    records = consume_all(kafka_conf, topics.spans, expect=6 * (40 + 4 + 1 + 2))
+    by_rollout: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    partitions: dict[str, set[int]] = defaultdict(set)
+    for key, name, rec, part in records:
+        assert key.decode() == rec["rollout_id"]
+        by_rollout[rec["rollout_id"]].append((name, rec))
+        partitions[rec["rollout_id"]].add(part)
+    assert set(by_rollout) == set(ids.values())
+    for rid, recs in by_rollout.items():
+        assert len(partitions[rid]) == 1
+        assert recs[0][1]["event"] == "STARTED" and recs[-1][1]["event"] == "FINISHED"
+        seqs = [r["sequence_id"] for n, r in recs if n == "rolloutbus.Span"]
+        assert seqs == list(range(1, 46)), "consumed in emission order, sequence ids 1..45 without gaps"
+        finished = recs[-1][1]
+        assert finished["status"] == "succeeded" and finished["final_reward"] == 1.0 and finished["span_count"] == 45
+        reward = recs[-2][1]["reward"]
+        assert reward == {"value": 1.0, "primary": "correct", "dimensions": {"correct": 1.0, "len": 0.2}}
+
+
+def test_broker_restart_mid_run_loses_nothing(kafka_conf: dict[str, Any], topics: Any, tmp_path: Path, local_broker: Any) -> None:
+    transport = SpanTransport(kafka_conf, topics.spans, tmp_path / "spool")
+    with rollout("t", transport=transport) as r:
+        for i in range(300):
+            emit_state(i)
+        assert transport.flush(20) == 0
+        local_broker.stop()
+        try:
+            for i in range(300, 900):
+                emit_state(i)
+            time.sleep(1.0)
+            stats = transport.stats()
+            assert stats["spool_pending"] >= 600, "spans emitted while the broker is down wait in the spool"
+            assert stats["dropped_queue_full"] == stats["dropped_spool_full"] == 0
+        finally:
+            local_broker.start()
+    assert transport.close(60) == 0
+
+    records = consume_all(kafka_conf, topics.spans, expect=902, timeout=60)
+    spans = [rec for _k, name, rec, _p in records if name == "rolloutbus.Span"]
+    counts = Counter(s["span_id"] for s in spans)
+    assert len(counts) == 900 and max(counts.values()) == 1, "every span exactly once"
+    assert [s["sequence_id"] for s in spans] == list(range(1, 901))
+    assert [s["attributes"]["state"] for s in spans] == [str(i) for i in range(900)]
+    assert r.rollout_id == spans[0]["rollout_id"]
+
+
+CHILD = """
+import os, sys, time
+from pathlib import Path
+from producers import SpanTransport, emit_state, rollout
+t = SpanTransport({"bootstrap.servers": os.environ["ROLLOUTBUS_KAFKA_BOOTSTRAP"]}, sys.argv[1], Path(sys.argv[2]))
+if sys.argv[3] == "emit":
+    r = rollout("killed", transport=t, rollout_id="ro-killed")
+    r.__enter__()
+    for i in range(250):
+        emit_state(i)
+    while t.stats()["enqueued"] < 251:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the worker hands the spool to the OS each loop
+    print("ready", flush=True)
+    time.sleep(600)
+else:
+    print("left", t.close(60), flush=True)
+"""
+
+
+def test_sigkilled_producer_spool_replays_on_next_start(
+    test_env: dict[str, str], topics: Any, kafka_conf: dict[str, Any], tmp_path: Path, local_broker: Any
+) -> None:
+    env = {**test_env, "PYTHONPATH": str(REPO)}
+    spool = tmp_path / "spool"
+    local_broker.stop()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, topics.spans, str(spool), "emit"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        local_broker.start()
+    assert any(spool.glob("agent-0/*.seg")), "the killed process left its spool on disk"
+
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, topics.spans, str(spool), "replay"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "left 0", done.stderr[-2000:]
+    records = consume_all(kafka_conf, topics.spans, expect=251, timeout=30)
+    spans = [rec for _k, name, rec, _p in records if name == "rolloutbus.Span"]
+    assert [s["sequence_id"] for s in spans] == list(range(1, 251))
+    assert len({s["span_id"] for s in spans}) == 250
+    assert [name for _k, name, _r, _p in records][0] == "rolloutbus.RolloutEvent"
+    assert not any(spool.glob("agent-0/*.seg")), "a replayed spool is emptied"
