@@ -1,0 +1,465 @@
+"""The faust-streaming worker: a thin shell around the pure core.
+
+Agents:
+
+* ``spans``    — rb.spans (Span + RolloutEvent, keyed by rollout_id): stores spans, keeps per-rollout
+  state in a faust table, completes an attempt on FINISHED (or times it out), writes spans / rollouts /
+  transitions rows, and re-keys the result by group id onto ``<prefix>rollouts-done``.
+* ``groups``   — ``<prefix>rollouts-done`` (keyed by group_id): group state in a faust table; a
+  complete (or timed-out) group → advantages → ``GroupBatch`` on rb.batches + groups/transitions rows.
+* ``resources``/``metrics``/``dlq`` — store ResourceVersion, TrainStep, DeadLetter records.
+
+Delivery: events are acked (so their offsets may be committed) only at a *commit point*, after the
+sink flushed the rows they produced and the producer flushed what they sent. A crash replays the
+un-acked events; sink dedup tokens + ReplacingMergeTree make the replay invisible to FINAL readers,
+and the group stage merges a rollout once by id. State changes that would make a replay skip work
+(an attempt marked done, its spans released) are written only at the commit point, after the flush.
+
+Table writes use an explicit partition (the partition of the source record, kept in the state), so
+they also work from timers; state values are JSON/Avro bytes (raw serializers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from prometheus_client import Counter, Gauge, Histogram
+
+from rolloutbus.errors import DecodeError, ValidationError
+from schemas import codec
+from schemas.models import DeadLetter, GroupBatch, ResourceVersion, RolloutEvent, RolloutEventType, Span, TrainStep
+from streams.grouping import GroupPolicy, advantages, build_batch, group_id, merge, ready
+from streams.rollout import RolloutResult, Settings, finish_attempt
+from streams.sink import (
+    ClickHouseSink,
+    dead_letter_row,
+    group_row,
+    resource_version_row,
+    rollout_row,
+    span_row,
+    train_step_row,
+    transition_rows,
+)
+
+log = logging.getLogger("rolloutbus.streams")
+
+SPANS_IN = Counter("rolloutbus_streams_spans_total", "Spans processed", ["late"])
+EVENTS_IN = Counter("rolloutbus_streams_rollout_events_total", "Rollout lifecycle events processed", ["event"])
+ROLLOUTS_DONE = Counter("rolloutbus_streams_rollouts_completed_total", "Attempts completed", ["status"])
+GROUPS_OUT = Counter("rolloutbus_streams_groups_emitted_total", "GroupBatch records emitted", ["complete"])
+DLQ_OUT = Counter("rolloutbus_streams_dead_letters_total", "Records sent to the dead-letter topic", ["source"])
+SINK_LATENCY = Histogram("rolloutbus_streams_sink_flush_seconds", "ClickHouse flush latency")
+SINK_ROWS = Counter("rolloutbus_streams_sink_rows_total", "Rows written to ClickHouse", ["table"])
+LAG = Gauge("rolloutbus_streams_lag", "Records behind the end of the partition", ["topic", "partition"])
+
+SEP = "\x1f"
+
+
+@dataclass
+class Config:
+    """Everything the worker needs, as plain values (built from StreamSettings by the CLI)."""
+
+    app_id: str
+    broker: str
+    topic_prefix: str
+    partitions: int
+    core: Settings = field(default_factory=Settings)
+    groups: GroupPolicy = field(default_factory=GroupPolicy)
+    rollout_timeout_s: float = 600.0
+    completed_retention_s: float = 3600.0
+    store: str = "memory://"
+    tick_s: float = 0.5
+    # A restarted worker rejoins only when the dead member's session expired: keep it short.
+    session_timeout_s: float = 10.0
+
+
+def done_topic_name(prefix: str) -> str:
+    return f"{prefix}rollouts-done"
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class Worker:
+    """Holds the faust app, its topics and tables, the sink, and the commit-point bookkeeping."""
+
+    def __init__(self, cfg: Config, sink: ClickHouseSink) -> None:
+        self.cfg = cfg
+        self.sink = sink
+        p = cfg.topic_prefix
+        self.app = faust.App(
+            cfg.app_id,
+            broker=cfg.broker,
+            store=cfg.store,
+            topic_partitions=cfg.partitions,
+            web_enabled=False,
+            consumer_auto_offset_reset="earliest",
+            # Events wait un-acked for the next commit point; faust must not block on them when it
+            # stops or rebalances (they are simply replayed, and dedup makes that invisible).
+            stream_wait_empty=False,
+            broker_commit_every=100,
+            broker_session_timeout=cfg.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 3),
+            broker_commit_interval=cfg.tick_s,
+            producer_max_request_size=16 * 1024 * 1024,
+            consumer_max_fetch_size=16 * 1024 * 1024,
+        )
+        raw = {"key_serializer": "raw", "value_serializer": "raw"}
+        self.spans_topic = self.app.topic(f"{p}spans", **raw)
+        self.done_topic = self.app.topic(done_topic_name(p), partitions=cfg.partitions, **raw)
+        self.batches_topic = self.app.topic(f"{p}batches", **raw)
+        self.dlq_topic = self.app.topic(f"{p}dlq", **raw)
+        self.resources_topic = self.app.topic(f"{p}resources", **raw)
+        self.metrics_topic = self.app.topic(f"{p}metrics", **raw)
+        tbl = {"partitions": cfg.partitions, "default": None, "key_type": bytes, "value_type": bytes}
+        self.rollouts = self.app.Table("rollout-state", **tbl)
+        self.span_store = self.app.Table("rollout-spans", **tbl)
+        self.group_state = self.app.Table("group-state", **tbl)
+        self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
+        self._deferred: list[tuple[int, str, str, int]] = []  # (partition, rollout_id, attempt_id, finished offset)
+        self._completing: dict[tuple[str, str], int] = {}
+        self._lock = asyncio.Lock()
+        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0}
+        self._register()
+
+    # ------------------------------------------------------------------ table helpers
+
+    def _put(self, table: Any, partition: int, key: str, value: bytes | None) -> None:
+        k = key.encode()
+        if value is None:
+            table.data.pop(k, None)
+        else:
+            table.data[k] = value
+        table.send_changelog(partition, k, value)
+
+    @staticmethod
+    def _get(table: Any, key: str) -> bytes | None:
+        return table.data.get(key.encode())
+
+    def _state(self, rollout_id: str) -> dict[str, Any] | None:
+        raw = self._get(self.rollouts, rollout_id)
+        return json.loads(raw) if raw else None
+
+    # ------------------------------------------------------------------ commit point
+
+    async def commit_point(self) -> None:
+        """Flush the sink, persist deferred state, flush the producer, then ack what they carried."""
+        async with self._lock:
+            pending, self._pending = self._pending, []
+            deferred, self._deferred = self._deferred, []
+            if self.sink.pending:
+                started = time.monotonic()
+                written = self.sink.flush()
+                SINK_LATENCY.observe(time.monotonic() - started)
+                for table, n in written.items():
+                    SINK_ROWS.labels(table).inc(n)
+            for partition, rid, att, offset in deferred:
+                self._release(partition, rid, att, offset)
+            await self.app.producer.flush()
+            for stream, event in pending:
+                await stream.ack(event)
+
+    def _release(self, partition: int, rid: str, att: str, offset: int) -> None:
+        """Mark an attempt done (with the offset of its FINISHED record) and drop its spans."""
+        state = self._state(rid)
+        self._completing.pop((rid, att), None)
+        if state is None:
+            return
+        info = state["attempts"].pop(att, None)
+        for span_id in (info or {}).get("spans", []):
+            self._put(self.span_store, partition, SEP.join((rid, att, span_id)), None)
+        state["done"][att] = offset
+        state["seen"] = time.time_ns()
+        self._put(self.rollouts, partition, rid, _dumps(state))
+
+    async def _maybe_commit(self) -> None:
+        if self.sink.due() or len(self._pending) >= self.sink.batch_size:
+            await self.commit_point()
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def dead_letter(self, event: Any, reason: str, detail: str) -> None:
+        msg = event.message
+        dl = DeadLetter(
+            source_topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+            value=msg.value if isinstance(msg.value, (bytes, type(None))) else None,
+            reason=reason, detail=detail[:4000], stage="streams", time_ns=time.time_ns(),
+        )
+        await self.dlq_topic.send(key=msg.key, value=codec.encode(dl))
+        DLQ_OUT.labels(msg.topic).inc()
+        self.stats["dlq"] += 1
+        log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
+
+    @staticmethod
+    def _reason(exc: Exception) -> str:
+        text = str(exc)
+        if isinstance(exc, ValidationError):
+            return "validation"
+        if "fingerprint" in text:
+            return "decode.unknown_fingerprint"
+        if "marker" in text or "too short" in text or "Confluent" in text:
+            return "decode.not_avro"
+        return "decode.invalid"
+
+    # ------------------------------------------------------------------ spans stage
+
+    async def on_span_record(self, event: Any) -> None:
+        msg = event.message
+        try:
+            record = codec.decode(msg.value, ("rolloutbus.Span", "rolloutbus.RolloutEvent"))
+        except (DecodeError, ValidationError) as exc:
+            await self.dead_letter(event, self._reason(exc), str(exc))
+            return
+        if isinstance(record, Span):
+            self._on_span(record, msg.partition, msg.offset, msg.topic)
+        else:
+            assert isinstance(record, RolloutEvent)
+            await self._on_event(record, msg.partition, msg.offset, msg.topic)
+
+    def _new_state(self, partition: int) -> dict[str, Any]:
+        return {"p": partition, "seen": time.time_ns(), "attempts": {}, "done": {}}
+
+    @staticmethod
+    def _attempt(state: dict[str, Any], att: str) -> dict[str, Any]:
+        return state["attempts"].setdefault(
+            att, {"spans": [], "task_id": "", "mode": "train", "attempt": 1, "started_ns": 0, "rv": None}
+        )
+
+    def _on_span(self, span: Span, partition: int, offset: int, topic: str) -> None:
+        rid, att = span.rollout_id, span.attempt_id
+        state = self._state(rid) or self._new_state(partition)
+        finished_at = state["done"].get(att, self._completing.get((rid, att)))
+        # A span after its attempt's FINISHED record is late; one before it is a replayed delivery.
+        late = finished_at is not None and offset > finished_at
+        self.sink.add("spans", span_row(span, partition, offset, late=late), (topic, partition, offset))
+        SPANS_IN.labels(str(late).lower()).inc()
+        self.stats["spans"] += 1
+        if finished_at is not None:
+            self.stats["late"] += int(late)
+            return
+        info = self._attempt(state, att)
+        if span.span_id not in info["spans"]:
+            info["spans"].append(span.span_id)
+            self._put(self.span_store, partition, SEP.join((rid, att, span.span_id)), codec.encode(span))
+        state["seen"] = time.time_ns()
+        self._put(self.rollouts, partition, rid, _dumps(state))
+
+    async def _on_event(self, ev: RolloutEvent, partition: int, offset: int, topic: str) -> None:
+        EVENTS_IN.labels(ev.event.value).inc()
+        rid, att = ev.rollout_id, ev.attempt_id
+        state = self._state(rid) or self._new_state(partition)
+        if att in state["done"] or (rid, att) in self._completing:
+            return  # a replay of an attempt already completed
+        info = self._attempt(state, att)
+        info.update(task_id=ev.task_id, mode=ev.mode, attempt=ev.attempt, rv=ev.resource_version)
+        if ev.event == RolloutEventType.STARTED:
+            info["started_ns"] = ev.time_ns
+        state["seen"] = time.time_ns()
+        self._put(self.rollouts, partition, rid, _dumps(state))
+        if ev.event == RolloutEventType.FINISHED:
+            spans = self._load_spans(rid, att, info)
+            result = finish_attempt(spans, ev, self.cfg.core, started_ns=info["started_ns"])
+            await self._complete(result, partition, offset, topic)
+
+    def _load_spans(self, rid: str, att: str, info: dict[str, Any]) -> list[Span]:
+        out = []
+        for span_id in info["spans"]:
+            raw = self._get(self.span_store, SEP.join((rid, att, span_id)))
+            if raw is not None:
+                out.append(codec.decode(raw, "rolloutbus.Span"))
+        return out  # type: ignore[return-value]
+
+    async def _complete(self, result: RolloutResult, partition: int, offset: int, topic: str | None) -> None:
+        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" else ""
+        now = time.time_ns()
+        source = (topic, partition, offset) if topic else None
+        self.sink.add("rollouts", rollout_row(result, gid, now), source)
+        self.sink.add_many("transitions", transition_rows(result, gid, now), source)
+        if gid:
+            await self.done_topic.send(key=gid.encode(), value=result.to_json())
+        self._completing[(result.rollout_id, result.attempt_id)] = offset
+        self._deferred.append((partition, result.rollout_id, result.attempt_id, offset))
+        ROLLOUTS_DONE.labels(result.status).inc()
+        self.stats["rollouts"] += 1
+
+    async def expire_rollouts(self) -> None:
+        """Time out attempts with no record for ``rollout_timeout_s``; forget old completed rollouts."""
+        now = time.time_ns()
+        for key, raw in list(self.rollouts.data.items()):
+            if raw is None:
+                continue
+            state = json.loads(raw)
+            idle = (now - state["seen"]) / 1e9
+            rid = key.decode() if isinstance(key, bytes) else key
+            if idle >= self.cfg.rollout_timeout_s:
+                for att, info in list(state["attempts"].items()):
+                    if (rid, att) in self._completing:
+                        continue
+                    spans = self._load_spans(rid, att, info)
+                    result = finish_attempt(
+                        spans, None, self.cfg.core, rollout_id=rid, attempt_id=att, task_id=info["task_id"],
+                        mode=info["mode"], attempt=info["attempt"], started_ns=info["started_ns"], finished_ns=now,
+                    )
+                    if result.resource_version is None:
+                        result.resource_version = info["rv"]
+                    # -1: every later span of this attempt counts as late.
+                    await self._complete(result, state["p"], -1, None)
+            if not state["attempts"] and idle >= self.cfg.completed_retention_s:
+                self._put(self.rollouts, state["p"], rid, None)
+
+    # ------------------------------------------------------------------ groups stage
+
+    async def on_rollout_done(self, event: Any) -> None:
+        msg = event.message
+        try:
+            result = RolloutResult.from_json(msg.value)
+        except (ValueError, TypeError, KeyError) as exc:
+            await self.dead_letter(event, "decode.rollout_summary", str(exc))
+            return
+        gid = msg.key.decode()
+        raw = self._get(self.group_state, gid)
+        state = json.loads(raw) if raw else {"p": msg.partition, "first": time.time_ns(), "members": {}, "emitted": False}
+        if state["emitted"]:
+            log.info("rollout %s finished after its group %s was emitted; stored, not trained", result.rollout_id, gid)
+            return
+        members = {k: RolloutResult.from_json(json.dumps(v)) for k, v in state["members"].items()}
+        if not merge(members, result):
+            return
+        state["members"][result.rollout_id] = json.loads(result.to_json())
+        self._put(self.group_state, msg.partition, gid, _dumps(state))
+        await self._maybe_emit(gid, state, members, time.time_ns())
+
+    async def _maybe_emit(self, gid: str, state: dict[str, Any], members: dict[str, RolloutResult], now: int) -> None:
+        why = ready(len(members), state["first"], now, self.cfg.groups)
+        if why is None:
+            return
+        batch = build_batch(list(members.values()), self.cfg.groups, now, complete=why == "complete")
+        adv = advantages([r.reward for r in sorted(members.values(), key=lambda r: r.rollout_id)],
+                         self.cfg.groups.scale_by_std, self.cfg.groups.eps)
+        self.sink.add("groups", group_row(batch, adv))
+        for result in members.values():
+            self.sink.add_many("transitions", transition_rows(result, gid, now))
+            self.sink.add("rollouts", rollout_row(result, gid, now))
+        await self.batches_topic.send(key=gid.encode(), value=codec.encode(batch))
+        # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
+        self._put(self.group_state, state["p"], gid, _dumps({"p": state["p"], "first": state["first"], "members": {}, "emitted": True, "at": now}))
+        GROUPS_OUT.labels(str(batch.complete).lower()).inc()
+        self.stats["groups"] += 1
+
+    async def expire_groups(self) -> None:
+        now = time.time_ns()
+        for key, raw in list(self.group_state.data.items()):
+            if raw is None:
+                continue
+            state = json.loads(raw)
+            gid = key.decode() if isinstance(key, bytes) else key
+            if state["emitted"]:
+                if (now - state.get("at", now)) / 1e9 >= self.cfg.completed_retention_s:
+                    self._put(self.group_state, state["p"], gid, None)
+                continue
+            members = {k: RolloutResult.from_json(json.dumps(v)) for k, v in state["members"].items()}
+            await self._maybe_emit(gid, state, members, now)
+
+    # ------------------------------------------------------------------ other topics
+
+    async def on_store_record(self, event: Any) -> None:
+        msg = event.message
+        source = (msg.topic, msg.partition, msg.offset)
+        try:
+            record = codec.decode(msg.value)
+        except (DecodeError, ValidationError) as exc:
+            if msg.topic == self.dlq_topic.get_topic_name():
+                log.error("unreadable record on the dead-letter topic at %s@%s: %s", msg.partition, msg.offset, exc)
+            else:
+                await self.dead_letter(event, self._reason(exc), str(exc))
+            return
+        if isinstance(record, ResourceVersion):
+            self.sink.add("resource_versions", resource_version_row(record), source)
+        elif isinstance(record, TrainStep):
+            self.sink.add("train_steps", train_step_row(record), source)
+        elif isinstance(record, DeadLetter):
+            self.sink.add("dead_letters", dead_letter_row(record, msg.partition, msg.offset), source)
+        elif isinstance(record, GroupBatch):  # pragma: no cover - not expected on these topics
+            pass
+        else:
+            await self.dead_letter(event, "unexpected_record", f"{record.schema_name} on {msg.topic}")
+
+    # ------------------------------------------------------------------ wiring
+
+    def _register(self) -> None:
+        app = self.app
+
+        def make_agent(topic: Any, handler: Any, name: str) -> None:
+            async def agent(stream: Any) -> None:
+                manual = stream.noack()
+                async for event in manual.events():
+                    try:
+                        await handler(event)
+                    except Exception:  # noqa: BLE001 - one bad record must not stop the stream
+                        log.exception("processing %s[%s]@%s failed", event.message.topic, event.message.partition, event.message.offset)
+                        await self.dead_letter(event, "processing_error", "see worker log")
+                    self._pending.append((manual, event))
+                    self._lag(event)
+                    await self._maybe_commit()
+
+            agent.__name__ = agent.__qualname__ = name
+            app.agent(topic, name=f"{self.cfg.app_id}.{name}")(agent)
+
+        make_agent(self.spans_topic, self.on_span_record, "spans")
+        make_agent(self.done_topic, self.on_rollout_done, "groups")
+        make_agent(self.resources_topic, self.on_store_record, "resources")
+        make_agent(self.metrics_topic, self.on_store_record, "metrics")
+        make_agent(self.dlq_topic, self.on_store_record, "dlq")
+
+        @app.timer(self.cfg.tick_s)
+        async def tick() -> None:
+            await self.expire_rollouts()
+            await self.expire_groups()
+            await self.commit_point()
+
+        @app.on_partitions_revoked.connect
+        async def on_revoked(app: Any, revoked: Any, **_: Any) -> None:
+            await self.commit_point()
+
+    def _lag(self, event: Any) -> None:
+        tp = event.message.tp
+        try:
+            hw = self.app.consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - lag is best effort
+            return
+        if hw is not None:
+            LAG.labels(tp.topic, str(tp.partition)).set(max(hw - event.message.offset - 1, 0))
+
+
+def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
+    """A faust.Worker whose SIGTERM/SIGINT first flushes the sink and commits, then stops."""
+
+    class _Worker(faust.Worker):  # type: ignore[misc]
+        def _schedule_shutdown(self, signal: Any) -> None:
+            if getattr(self, "_rb_flushing", False):
+                return
+
+            async def flush_then_stop() -> None:
+                try:
+                    await worker.commit_point()
+                    await worker.app.commit(None)
+                    log.warning("flushed and committed before shutdown: %s", worker.stats)
+                except Exception:  # noqa: BLE001 - stopping anyway; un-committed records are replayed
+                    log.exception("flush on shutdown failed; records not committed will be replayed")
+                finally:
+                    faust.Worker._schedule_shutdown(self, signal)
+
+            self._rb_flushing = True
+            asyncio.ensure_future(flush_then_stop())
+
+    return _Worker(worker.app, loglevel=loglevel, quiet=True)
+
+
+__all__ = ["Config", "Worker", "done_topic_name", "faust_worker"]

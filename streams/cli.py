@@ -1,0 +1,132 @@
+"""``rolloutbus process``: run the stream worker. Flags fall back to ``ROLLOUTBUS_*`` variables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+log = logging.getLogger("rolloutbus.streams")
+
+# flag → settings field. Every flag defaults to None so the environment / documented default applies.
+_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--group-size", {"type": int, "dest": "group_size", "help": "rollouts per GRPO group (env ROLLOUTBUS_GROUP_SIZE, default 4)"}),
+    ("--group-min-rollouts", {"type": int, "dest": "group_min_rollouts", "help": "fewest rollouts a timed-out group emits with (default 2)"}),
+    ("--group-timeout", {"type": float, "dest": "group_timeout_s", "help": "seconds after a group's first rollout to emit it anyway (default 300)"}),
+    ("--no-std-scaling", {"action": "store_const", "const": False, "dest": "scale_by_std", "help": "advantages are R - mean, not divided by std"}),
+    ("--credit", {"choices": ["identical", "discounted", "per-turn"], "dest": "credit", "help": "credit assignment (default identical)"}),
+    ("--gamma", {"type": float, "dest": "gamma", "help": "discount for --credit discounted (default 1.0)"}),
+    ("--agent-match", {"dest": "agent_match", "help": "regex of agent names to train; others are stored with trained=false"}),
+    ("--reward-rules", {"dest": "reward_rules", "help": "TOML/JSON file of intermediate reward rules"}),
+    ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out (default 600)"}),
+    ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 5000)"}),
+    ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
+    ("--metrics-port", {"type": int, "dest": "metrics_port", "help": "serve Prometheus /metrics on this port (default 0: off)"}),
+    ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, kw in _FLAGS:
+        parser.add_argument(flag, default=None, **kw)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """Explicit flag beats environment variable beats documented default."""
+    from streams.settings import StreamSettings
+
+    overrides = {kw["dest"]: getattr(args, kw["dest"]) for _, kw in _FLAGS if getattr(args, kw["dest"], None) is not None}
+    if getattr(args, "data_dir", None) is not None:
+        overrides["data_dir"] = args.data_dir
+    return StreamSettings(**overrides)
+
+
+def _span_partitions(conf: dict[str, Any], topic: str) -> int:
+    from rolloutbus.kafka_admin import admin
+
+    md = admin(conf).list_topics(timeout=30)
+    t = md.topics.get(topic)
+    return len(t.partitions) if t is not None and t.partitions else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from rolloutbus.clickhouse import open_store, redact_dsn
+    from rolloutbus.errors import ConfigError, KafkaUnavailable
+    from rolloutbus.kafka_admin import TopicSpec, ensure_topics, topic_specs
+    from streams.app import Config, Worker, done_topic_name, faust_worker
+    from streams.grouping import GroupPolicy
+    from streams.rewards import RewardRules
+    from streams.rollout import Settings
+    from streams.sink import ClickHouseSink
+    from streams.transitions import agent_matcher
+
+    s = settings_from_args(args)
+    try:
+        rules = RewardRules.load(s.reward_rules) if s.reward_rules else RewardRules()
+        agent_matcher(s.agent_match)
+        policy = GroupPolicy(group_size=s.group_size, min_rollouts=min(s.group_min_rollouts, s.group_size),
+                             timeout_s=s.group_timeout_s, scale_by_std=s.scale_by_std)
+        core = Settings(credit=s.credit, gamma=s.gamma, agent_match=s.agent_match, rules=rules)
+        if s.credit not in ("identical", "discounted", "per-turn"):
+            raise ValueError(f"credit {s.credit!r} must be identical, discounted or per-turn")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if s.state_store.startswith("rocksdb"):
+        try:
+            import rocksdict  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError("state store rocksdb:// needs rocksdict: pip install 'rolloutbus[rocksdb]'") from exc
+
+    conf = s.kafka_conf()
+    topics = s.topics
+    ensure_topics(conf, topic_specs(topics))
+    partitions = _span_partitions(conf, topics.spans)
+    if partitions < 1:
+        raise KafkaUnavailable(f"topic {topics.spans} has no partitions on {s.bootstrap}")
+    # Summaries re-keyed by group id: same partition count, so the group table co-partitions with it.
+    ensure_topics(conf, [TopicSpec(done_topic_name(topics.prefix), partitions)])
+
+    client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
+    sink = ClickHouseSink(client, batch_size=s.sink_batch_size, interval_s=s.sink_interval_s)
+    if s.kafka_security_protocol != "PLAINTEXT":
+        log.warning("faust is given only the bootstrap address; Kafka security settings apply to admin calls only")
+    cfg = Config(
+        app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
+        core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
+        store=s.state_store, tick_s=min(0.5, s.sink_interval_s),
+    )
+    worker = Worker(cfg, sink)
+    if s.metrics_port:
+        start_http_server(s.metrics_port)
+    print(
+        f"rolloutbus process: {topics.spans} ({partitions} partitions) → {redact_dsn(s.dsn)}/{s.clickhouse_database}, "
+        f"groups of {s.group_size} → {topics.batches}",
+        flush=True,
+    )
+    level = "debug" if getattr(args, "verbose", False) else "warning"
+    faust_worker(worker, level).execute_from_commandline()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m streams.cli``: the same as ``rolloutbus process``, without the other subcommands."""
+    import sys
+
+    from rolloutbus.errors import RolloutbusError
+
+    parser = argparse.ArgumentParser(prog="rolloutbus process", description="run the stream processor")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except RolloutbusError as exc:
+        print(f"rolloutbus process: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""GRPO groups: the train rollouts of one task under one resource version. Pure.
+
+A group's id is ``f"{task_id}@{resource_version}"`` (deterministic, so a re-delivered rollout lands
+in the same group and a consumer can dedupe batches by it). Each rollout's advantage is
+``(R − mean) / (std + ε)`` over the group (population std), or ``R − mean`` when not scaling by std,
+and is copied to each of that rollout's transitions. A group whose rewards are all equal is marked
+``zero_variance`` (its advantages are all 0), not dropped: the trainer decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.models import GroupBatch, Transition
+from streams.rollout import RolloutResult
+
+ZERO_VARIANCE_STD = 1e-9
+
+
+def group_id(task_id: str, resource_version: int | None) -> str:
+    return f"{task_id}@{resource_version}"
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """When a group is emitted and how its advantages are scaled."""
+
+    group_size: int = 4
+    min_rollouts: int = 2
+    timeout_s: float = 300.0
+    scale_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if not 1 <= self.min_rollouts <= self.group_size:
+            raise ValueError(f"min_rollouts must be in 1..group_size ({self.group_size}), got {self.min_rollouts}")
+
+
+@dataclass(frozen=True)
+class Advantages:
+    values: list[float]
+    mean: float
+    std: float
+    zero_variance: bool
+
+
+def advantages(rewards: Sequence[float], scale_by_std: bool = True, eps: float = 1e-6) -> Advantages:
+    """Group-relative advantages of ``rewards``."""
+    if not rewards:
+        return Advantages([], 0.0, 0.0, True)
+    mean = math.fsum(rewards) / len(rewards)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+    zero = std < ZERO_VARIANCE_STD
+    if zero:
+        vals = [0.0] * len(rewards)
+    elif scale_by_std:
+        vals = [(r - mean) / (std + eps) for r in rewards]
+    else:
+        vals = [r - mean for r in rewards]
+    return Advantages(vals, mean, std, zero)
+
+
+def ready(n_done: int, first_ns: int, now_ns: int, policy: GroupPolicy) -> str | None:
+    """``"complete"`` when group_size rollouts are done, ``"timeout"`` when the group waited
+    ``timeout_s`` since its first rollout and has at least ``min_rollouts``, else ``None``."""
+    if n_done >= policy.group_size:
+        return "complete"
+    if n_done >= policy.min_rollouts and now_ns - first_ns >= policy.timeout_s * 1e9:
+        return "timeout"
+    return None
+
+
+def merge(members: dict[str, RolloutResult], result: RolloutResult) -> bool:
+    """Add ``result`` to ``members`` (by rollout id): a later attempt replaces an earlier one, a
+    re-delivered or older attempt is ignored. Returns whether anything changed."""
+    current = members.get(result.rollout_id)
+    if current is not None and (current.attempt, current.finished_ns) >= (result.attempt, result.finished_ns):
+        return False
+    members[result.rollout_id] = result
+    return True
+
+
+def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_ns: int, complete: bool) -> GroupBatch:
+    """The GroupBatch of these rollouts; also fills each step's ``advantage`` in place."""
+    ordered = sorted(members, key=lambda r: r.rollout_id)
+    adv = advantages([r.reward for r in ordered], policy.scale_by_std, policy.eps)
+    transitions: list[Transition] = []
+    for result, a in zip(ordered, adv.values, strict=True):
+        for step in result.steps:
+            step.advantage = a
+            if step.trained:
+                transitions.append(
+                    Transition(
+                        rollout_id=step.rollout_id,
+                        attempt_id=step.attempt_id,
+                        task_id=step.task_id,
+                        span_id=step.span_id,
+                        turn=step.turn,
+                        agent_name=step.agent_name,
+                        resource_version=step.resource_version,
+                        prompt_token_ids=step.prompt_token_ids,
+                        response_token_ids=step.response_token_ids,
+                        response_logprobs=step.response_logprobs,
+                        response_mask=step.response_mask,
+                        reward=step.reward,
+                        return_=step.return_,
+                        advantage=a,
+                    )
+                )
+    first = ordered[0]
+    return GroupBatch(
+        group_id=group_id(first.task_id, first.resource_version),
+        task_id=first.task_id,
+        resource_version=first.resource_version,
+        created_ns=created_ns,
+        group_size=policy.group_size,
+        complete=complete,
+        zero_variance=adv.zero_variance,
+        credit=first.credit,
+        rollout_ids=[r.rollout_id for r in ordered],
+        rewards=[r.reward for r in ordered],
+        advantages=adv.values,
+        transitions=transitions,
+    )
+
+
+__all__ = ["group_id", "GroupPolicy", "Advantages", "advantages", "ready", "merge", "build_batch"]

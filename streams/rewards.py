@@ -1,0 +1,177 @@
+"""Automatic intermediate rewards from what the spans say happened. Pure.
+
+Rules (each a number added to the turn that caused the signal; 0 turns a rule off):
+
+==================  =======  ================================================================
+rule                default  fires on
+==================  =======  ================================================================
+tool_failed          -0.1    a span with ``tool.ok == false``
+tool_succeeded        0.0    a span with ``tool.ok == true``
+exception            -0.2    ``kind == "exception"``, an ``exception`` event, or an ERROR status
+                             on a span that is neither a tool call nor a validator
+validator_pass        0.1    a validator span (``kind == "validator"``, or a ``validator.verdict``
+validator_fail       -0.1    attribute) whose verdict is pass / fail (attribute, else its status)
+explicit_scale        1.0    ``Span.reward`` (emit_reward mid-run): value × scale
+==================  =======  ================================================================
+
+A signal lands on the latest LLM turn at or before it (by ``sequence_id``); signals before the
+first turn have nothing to credit and are returned as unassigned. A reward span that only repeats
+the outcome (the last reward span, after the last turn, equal to the FINISHED ``final_reward``) is
+the final reward itself, not an intermediate one, so it is not counted twice.
+
+Config file (TOML or JSON), all keys optional::
+
+    [rewards]            # the table is optional in TOML; JSON is a flat object
+    tool_failed = -0.5
+    exception = 0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from schemas.models import Span
+from streams.assembly import Trajectory
+from streams.transitions import Step
+
+_PASS = {"pass", "passed", "true", "ok", "1", "yes", "accept", "accepted"}
+_FAIL = {"fail", "failed", "false", "error", "0", "no", "reject", "rejected"}
+
+
+@dataclass(frozen=True)
+class RewardRules:
+    """Weights of the automatic reward rules (see the module docstring)."""
+
+    tool_failed: float = -0.1
+    tool_succeeded: float = 0.0
+    exception: float = -0.2
+    validator_pass: float = 0.1
+    validator_fail: float = -0.1
+    explicit_scale: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> RewardRules:
+        """Build from a dict; unknown keys and non-numbers are a ValueError naming them."""
+        data = data.get("rewards", data) if isinstance(data.get("rewards"), dict) else data
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown reward rule(s) {unknown}; known: {sorted(known)}")
+        out: dict[str, float] = {}
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"reward rule {key!r} must be a finite number, got {value!r}")
+            out[key] = float(value)
+        return cls(**out)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RewardRules:
+        """Read a ``.toml`` or ``.json`` rules file."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read reward rules file {p}: {exc.strerror}") from exc
+        try:
+            data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"reward rules file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"reward rules file {p} must hold an object of rule = number")
+        return cls.from_mapping(data)
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reward-bearing observation in a trajectory."""
+
+    sequence_id: int
+    span_id: str
+    rule: str
+    value: float
+
+
+def _verdict(span: Span) -> bool | None:
+    raw = span.attributes.get("validator.verdict", span.attributes.get("verdict"))
+    if raw is not None:
+        v = raw.strip().strip('"').lower()
+        if v in _PASS:
+            return True
+        if v in _FAIL:
+            return False
+    if span.status_code == "OK":
+        return True
+    if span.status_code == "ERROR":
+        return False
+    return None
+
+
+def _is_validator(span: Span) -> bool:
+    return span.kind == "validator" or "validator.verdict" in span.attributes
+
+
+def span_signals(span: Span, rules: RewardRules) -> list[Signal]:
+    """The rule signals one span raises (explicit rewards excluded, see :func:`signals`)."""
+    out: list[Signal] = []
+
+    def add(rule: str, value: float) -> None:
+        if value:
+            out.append(Signal(span.sequence_id, span.span_id, rule, value))
+
+    if span.tool is not None:
+        add("tool_succeeded" if span.tool.ok else "tool_failed", rules.tool_succeeded if span.tool.ok else rules.tool_failed)
+    elif _is_validator(span):
+        verdict = _verdict(span)
+        if verdict is not None:
+            add("validator_pass" if verdict else "validator_fail", rules.validator_pass if verdict else rules.validator_fail)
+    elif span.kind == "exception" or span.status_code == "ERROR" or any(e.name == "exception" for e in span.events):
+        add("exception", rules.exception)
+    return out
+
+
+def signals(trajectory: Trajectory, rules: RewardRules, final_reward: float | None = None) -> list[Signal]:
+    """Every intermediate reward signal in the trajectory, in order."""
+    out: list[Signal] = []
+    reward_spans = [s for s in trajectory.spans if s.reward is not None]
+    last_llm_seq = max((s.sequence_id for s in trajectory.spans if s.llm is not None), default=-1)
+    outcome = None
+    if reward_spans and final_reward is not None:
+        last = reward_spans[-1]
+        assert last.reward is not None
+        if last.sequence_id >= last_llm_seq and math.isclose(last.reward.value, final_reward, abs_tol=1e-9):
+            outcome = last.span_id
+    for span in trajectory.spans:
+        out.extend(span_signals(span, rules))
+        if span.reward is not None and span.span_id != outcome and rules.explicit_scale:
+            out.append(Signal(span.sequence_id, span.span_id, "explicit", span.reward.value * rules.explicit_scale))
+    return out
+
+
+def assign(steps: list[Step], sigs: list[Signal]) -> tuple[list[float], list[Signal]]:
+    """Per-step intermediate reward sums, and the signals that came before any step (unassigned)."""
+    rewards = [0.0] * len(steps)
+    unassigned: list[Signal] = []
+    seqs = [s.sequence_id for s in steps]
+    for sig in sigs:
+        # latest step at or before the signal: steps are in sequence order, so scan from the end.
+        idx = next((i for i in range(len(seqs) - 1, -1, -1) if seqs[i] <= sig.sequence_id), None)
+        if idx is None:
+            unassigned.append(sig)
+        else:
+            rewards[idx] += sig.value
+    return rewards, unassigned
+
+
+def intermediate_rewards(
+    trajectory: Trajectory, steps: list[Step], rules: RewardRules, final_reward: float | None = None
+) -> list[float]:
+    """Convenience: signals → per-step sums (unassigned signals dropped)."""
+    return assign(steps, signals(trajectory, rules, final_reward))[0]
+
+
+__all__ = ["RewardRules", "Signal", "span_signals", "signals", "assign", "intermediate_rewards"]

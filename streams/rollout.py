@@ -1,0 +1,128 @@
+"""One finished (or timed-out) attempt → its result: trajectory, transitions, rewards, returns. Pure.
+
+This is the whole per-rollout computation the stream worker runs; tests call it on the same input
+to check what lands in ClickHouse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schemas.models import RolloutEvent, Span
+from streams.assembly import assemble
+from streams.credit import returns
+from streams.rewards import RewardRules, assign, signals
+from streams.transitions import Step, extract_transitions
+
+TIMED_OUT = "timed_out"
+
+
+@dataclass
+class Settings:
+    """What the per-rollout computation needs (a plain value object, not read from the environment)."""
+
+    credit: str = "identical"
+    gamma: float = 1.0
+    agent_match: str | None = None
+    rules: RewardRules = field(default_factory=RewardRules)
+
+
+@dataclass
+class RolloutResult:
+    """A completed attempt, as stored in ``rollouts``/``transitions`` and sent to the group stage."""
+
+    rollout_id: str
+    attempt_id: str
+    task_id: str
+    mode: str
+    attempt: int
+    resource_version: int | None
+    status: str
+    final_reward: float | None
+    started_ns: int
+    finished_ns: int
+    span_count: int
+    spans_seen: int
+    missing_sequence_ids: list[int]
+    duplicates: int
+    error: str | None
+    metadata: dict[str, str]
+    credit: str
+    steps: list[Step]
+    unassigned_reward: float = 0.0
+
+    @property
+    def reward(self) -> float:
+        """The score the group compares: the final reward, 0 when there is none (failed, timed out)."""
+        return self.final_reward if self.final_reward is not None else 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RolloutResult:
+        d: dict[str, Any] = json.loads(data)
+        d["steps"] = [Step(**s) for s in d["steps"]]
+        return cls(**d)
+
+
+def finish_attempt(
+    spans: list[Span],
+    event: RolloutEvent | None,
+    settings: Settings,
+    *,
+    rollout_id: str | None = None,
+    attempt_id: str | None = None,
+    task_id: str = "",
+    mode: str = "train",
+    attempt: int = 1,
+    started_ns: int = 0,
+    finished_ns: int = 0,
+) -> RolloutResult:
+    """Assemble, extract transitions, land intermediate rewards, assign credit.
+
+    ``event`` is the FINISHED event; ``None`` means the attempt timed out (status ``timed_out``,
+    no final reward) and the keyword arguments say what is known about it.
+    """
+    span_count = event.span_count if event is not None else None
+    traj = assemble(spans, span_count or None)
+    if event is not None:
+        rollout_id, attempt_id, task_id, mode, attempt = (
+            event.rollout_id, event.attempt_id, event.task_id, event.mode, event.attempt,
+        )
+        finished_ns = event.time_ns
+    final = event.final_reward if event is not None else None
+    steps = extract_transitions(traj, task_id, settings.agent_match)
+    inter, unassigned = assign(steps, signals(traj, settings.rules, final))
+    rets = returns(inter, final if final is not None else 0.0, settings.credit, settings.gamma)
+    for step, r, g in zip(steps, inter, rets, strict=True):
+        step.reward, step.return_ = r, g
+    rv = event.resource_version if event is not None else None
+    if rv is None:
+        rv = next((s.resource_version for s in steps if s.resource_version is not None), None)
+    return RolloutResult(
+        rollout_id=rollout_id or traj.rollout_id,
+        attempt_id=attempt_id or traj.attempt_id,
+        task_id=task_id,
+        mode=mode,
+        attempt=attempt,
+        resource_version=rv,
+        status=(event.status or "finished") if event is not None else TIMED_OUT,
+        final_reward=final,
+        started_ns=started_ns or min((s.start_time_ns for s in traj.spans), default=finished_ns),
+        finished_ns=finished_ns,
+        span_count=span_count if span_count is not None else max((s.sequence_id for s in traj.spans), default=0),
+        spans_seen=len(traj.spans),
+        missing_sequence_ids=traj.missing_sequence_ids,
+        duplicates=traj.duplicates,
+        error=event.error if event is not None else "no FINISHED event before the inactivity timeout",
+        metadata=dict(event.metadata) if event is not None else {},
+        credit=settings.credit,
+        steps=steps,
+        unassigned_reward=sum(s.value for s in unassigned),
+    )
+
+
+__all__ = ["Settings", "RolloutResult", "finish_attempt", "TIMED_OUT"]

@@ -1,0 +1,261 @@
+"""The ClickHouse sink: ``add()`` buffers rows, ``flush()`` writes one insert per table.
+
+Each insert carries an ``insert_deduplication_token`` derived from the Kafka offset ranges its rows
+came from, so a batch delivered again after a restart (same offsets) is dropped by ClickHouse; the
+tables are ReplacingMergeTree on each record's identity, so even a batch cut differently on
+re-delivery is one row per record to a reader using FINAL (all views do).
+
+Row builders (``span_row`` ...) are pure functions: record in, dict of column → value out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutbus.errors import ClickHouseError
+from schemas.models import DeadLetter, GroupBatch, ResourceVersion, Span, TrainStep
+from streams.grouping import Advantages
+from streams.rollout import RolloutResult
+
+log = logging.getLogger(__name__)
+
+TABLES = ("spans", "rollouts", "transitions", "groups", "resource_versions", "train_steps", "dead_letters")
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def span_row(span: Span, partition: int, offset: int, late: bool = False, ingested_ns: int | None = None) -> dict[str, Any]:
+    llm, tool, reward = span.llm, span.tool, span.reward
+    return {
+        "rollout_id": span.rollout_id,
+        "attempt_id": span.attempt_id,
+        "span_id": span.span_id,
+        "sequence_id": span.sequence_id,
+        "trace_id": span.trace_id,
+        "parent_id": span.parent_id,
+        "name": span.name,
+        "kind": span.kind,
+        "agent_name": span.agent_name,
+        "start_time_ns": span.start_time_ns,
+        "end_time_ns": span.end_time_ns,
+        "status_code": span.status_code,
+        "status_message": span.status_message,
+        "attributes": span.attributes,
+        "events": [(e.name, e.time_ns, e.attributes) for e in span.events],
+        "resource": span.resource,
+        "model": llm.model if llm else None,
+        "prompt_token_ids": llm.prompt_token_ids if llm else [],
+        "response_token_ids": llm.response_token_ids if llm else [],
+        "response_logprobs": llm.response_logprobs if llm else [],
+        "resource_version": llm.resource_version if llm else None,
+        "reward": reward.value if reward else None,
+        "reward_dimensions": reward.dimensions if reward else {},
+        "tool_name": tool.name if tool else None,
+        "tool_ok": tool.ok if tool else None,
+        "tool_arguments": tool.arguments if tool else None,
+        "tool_result": tool.result if tool else None,
+        "tool_error": tool.error if tool else None,
+        "late": late,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+        "ingested_ns": ingested_ns if ingested_ns is not None else time.time_ns(),
+    }
+
+
+def rollout_row(result: RolloutResult, group: str, updated_ns: int) -> dict[str, Any]:
+    return {
+        "rollout_id": result.rollout_id,
+        "attempt_id": result.attempt_id,
+        "task_id": result.task_id,
+        "mode": result.mode,
+        "attempt": result.attempt,
+        "resource_version": result.resource_version,
+        "status": result.status,
+        "final_reward": result.final_reward,
+        "started_ns": result.started_ns,
+        "finished_ns": result.finished_ns,
+        "span_count": result.span_count,
+        "spans_seen": result.spans_seen,
+        "missing_sequence_ids": result.missing_sequence_ids,
+        "transition_count": len(result.steps),
+        "group_id": group,
+        "error": result.error,
+        "metadata": result.metadata,
+        "updated_ns": updated_ns,
+    }
+
+
+def transition_rows(result: RolloutResult, group: str, updated_ns: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "rollout_id": s.rollout_id,
+            "attempt_id": s.attempt_id,
+            "turn": s.turn,
+            "task_id": s.task_id,
+            "span_id": s.span_id,
+            "agent_name": s.agent_name,
+            "resource_version": s.resource_version,
+            "prompt_token_ids": s.prompt_token_ids,
+            "response_token_ids": s.response_token_ids,
+            "response_logprobs": s.response_logprobs,
+            "response_mask": s.response_mask,
+            "reward": s.reward,
+            "return_": s.return_,
+            "advantage": s.advantage,
+            "trained": s.trained,
+            "group_id": group,
+            "credit": result.credit,
+            "updated_ns": updated_ns,
+        }
+        for s in result.steps
+    ]
+
+
+def group_row(batch: GroupBatch, adv: Advantages) -> dict[str, Any]:
+    return {
+        "group_id": batch.group_id,
+        "task_id": batch.task_id,
+        "resource_version": batch.resource_version,
+        "group_size": batch.group_size,
+        "rollouts": len(batch.rollout_ids),
+        "complete": batch.complete,
+        "zero_variance": batch.zero_variance,
+        "credit": batch.credit,
+        "rollout_ids": batch.rollout_ids,
+        "rewards": batch.rewards,
+        "advantages": batch.advantages,
+        "reward_mean": adv.mean,
+        "reward_std": adv.std,
+        "created_ns": batch.created_ns,
+    }
+
+
+def resource_version_row(rv: ResourceVersion) -> dict[str, Any]:
+    return rv.model_dump()
+
+
+def train_step_row(ts: TrainStep) -> dict[str, Any]:
+    return ts.model_dump()
+
+
+def dead_letter_row(dl: DeadLetter, dlq_partition: int, dlq_offset: int) -> dict[str, Any]:
+    return {
+        "source_topic": dl.source_topic,
+        "partition": dl.partition,
+        "offset": dl.offset,
+        "reason": dl.reason,
+        "detail": dl.detail,
+        "stage": dl.stage,
+        # String columns hold bytes as they are; raw bytes stay inspectable with hex().
+        "key": dl.key,
+        "value": dl.value,
+        "time_ns": dl.time_ns,
+        "dlq_partition": dlq_partition,
+        "dlq_offset": dlq_offset,
+    }
+
+
+# --------------------------------------------------------------------------- sink
+
+
+@dataclass
+class _Buffer:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    # (topic, partition) → [min offset, max offset] of the records these rows came from
+    ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def note(self, source: tuple[str, int, int] | None) -> None:
+        if source is None:
+            return
+        topic, partition, offset = source
+        r = self.ranges.get((topic, partition))
+        if r is None:
+            self.ranges[(topic, partition)] = [offset, offset]
+        else:
+            r[0], r[1] = min(r[0], offset), max(r[1], offset)
+
+
+def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]], rows: int) -> str | None:
+    """A token naming exactly which Kafka records a batch holds; ``None`` when it came from none."""
+    if not ranges:
+        return None
+    parts = [f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items())]
+    return hashlib.sha1(f"{table}|{rows}|{'|'.join(parts)}".encode()).hexdigest()
+
+
+class ClickHouseSink:
+    """Buffers rows per table; flushes when ``batch_size`` rows are buffered or ``interval_s`` passed."""
+
+    def __init__(self, client: Any, batch_size: int = 5000, interval_s: float = 1.0) -> None:
+        self.client = client
+        self.batch_size = batch_size
+        self.interval_s = interval_s
+        self._buffers: dict[str, _Buffer] = defaultdict(_Buffer)
+        self._last_flush = time.monotonic()
+        self.rows_written: dict[str, int] = defaultdict(int)
+        self.last_flush_s = 0.0
+
+    def add(self, table: str, row: dict[str, Any], source: tuple[str, int, int] | None = None) -> None:
+        """Buffer one row; ``source`` is the (topic, partition, offset) it came from, for dedup tokens."""
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}; the sink writes {TABLES}")
+        buf = self._buffers[table]
+        buf.rows.append(row)
+        buf.note(source)
+
+    def add_many(self, table: str, rows: Iterable[dict[str, Any]], source: tuple[str, int, int] | None = None) -> None:
+        for row in rows:
+            self.add(table, row, source)
+
+    @property
+    def pending(self) -> int:
+        return sum(len(b.rows) for b in self._buffers.values())
+
+    def due(self) -> bool:
+        return self.pending >= self.batch_size or (
+            self.pending > 0 and time.monotonic() - self._last_flush >= self.interval_s
+        )
+
+    def flush(self) -> dict[str, int]:
+        """Write every buffered row, one insert per table. Raises ClickHouseError, keeping the rows."""
+        started = time.monotonic()
+        written: dict[str, int] = {}
+        for table in TABLES:
+            buf = self._buffers.get(table)
+            if not buf or not buf.rows:
+                continue
+            columns = list(buf.rows[0])
+            data = [[row[c] for c in columns] for row in buf.rows]
+            token = dedup_token(table, buf.ranges, len(data))
+            settings = {"insert_deduplication_token": token} if token else {}
+            try:
+                self.client.insert(table, data, column_names=columns, settings=settings)
+            except Exception as exc:  # noqa: BLE001 - mapped once, here
+                raise ClickHouseError(f"insert of {len(data)} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
+            written[table] = len(data)
+            self.rows_written[table] += len(data)
+            del self._buffers[table]
+        self._last_flush = time.monotonic()
+        self.last_flush_s = self._last_flush - started
+        return written
+
+
+__all__ = [
+    "TABLES",
+    "ClickHouseSink",
+    "dedup_token",
+    "span_row",
+    "rollout_row",
+    "transition_rows",
+    "group_row",
+    "resource_version_row",
+    "train_step_row",
+    "dead_letter_row",
+]

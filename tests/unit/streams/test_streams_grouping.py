@@ -1,0 +1,64 @@
+import statistics
+
+import pytest
+
+from streams.grouping import GroupPolicy, advantages, build_batch, group_id, merge, ready
+from streams.rollout import Settings, finish_attempt
+from tests.unit.streams.spans import finished, llm
+
+
+def _result(rid, r, attempt=1, agent="solver", task="task1", rv=3, time_ns=10_000):
+    spans = [llm(1, rid=rid, att=f"{rid}-{attempt}", agent=agent), llm(2, rid=rid, att=f"{rid}-{attempt}", agent="critic")]
+    ev = finished(rid, f"{rid}-{attempt}", task=task, reward_=r, span_count=2, resource_version=rv, attempt=attempt, time_ns=time_ns)
+    return finish_attempt(spans, ev, Settings(agent_match="solver"))
+
+
+def test_group_id_is_deterministic():
+    assert group_id("task1", 3) == "task1@3"
+    assert _result("x", 1.0).resource_version == 3
+
+
+def test_advantages_normalised_and_unscaled():
+    a = advantages([1.0, 0.0, 0.0, 1.0])
+    assert a.mean == 0.5 and a.std == pytest.approx(statistics.pstdev([1.0, 0.0, 0.0, 1.0]))
+    assert a.values == pytest.approx([0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6)] * 1 + [-0.5 / (0.5 + 1e-6), 0.5 / (0.5 + 1e-6)])
+    assert sum(a.values) == pytest.approx(0.0)
+    assert advantages([3.0, 1.0], scale_by_std=False).values == [1.0, -1.0]
+
+
+def test_zero_variance_group_is_marked_not_dropped():
+    batch = build_batch([_result("a", 1.0), _result("b", 1.0)], GroupPolicy(group_size=2), 1, True)
+    assert batch.zero_variance and batch.advantages == [0.0, 0.0]
+    assert len(batch.transitions) == 2  # one trained (solver) turn per rollout
+
+
+def test_batch_copies_rollout_advantage_to_its_trained_transitions():
+    results = [_result("b", 0.0), _result("a", 1.0)]
+    batch = build_batch(results, GroupPolicy(group_size=2), 5, True)
+    assert batch.group_id == "task1@3" and batch.rollout_ids == ["a", "b"] and batch.rewards == [1.0, 0.0]
+    assert [t.rollout_id for t in batch.transitions] == ["a", "b"]
+    assert [t.advantage for t in batch.transitions] == pytest.approx(batch.advantages)
+    # untrained (critic) steps get the advantage too, for analysis, but are not in the batch
+    assert all(s.advantage == batch.advantages[1] for s in results[0].steps)
+
+
+def test_ready_on_size_or_on_timeout_with_enough_rollouts():
+    p = GroupPolicy(group_size=4, min_rollouts=2, timeout_s=10)
+    assert ready(4, 0, 0, p) == "complete"
+    assert ready(3, 0, 9 * 10**9, p) is None
+    assert ready(3, 0, 10 * 10**9, p) == "timeout"
+    assert ready(1, 0, 100 * 10**9, p) is None
+
+
+def test_merge_keeps_the_latest_attempt_only():
+    members: dict = {}
+    assert merge(members, _result("a", 0.0, attempt=1))
+    assert not merge(members, _result("a", 0.0, attempt=1))  # re-delivery
+    assert merge(members, _result("a", 1.0, attempt=2, time_ns=20_000))
+    assert not merge(members, _result("a", 0.0, attempt=1))  # older attempt arriving late
+    assert members["a"].attempt == 2 and members["a"].reward == 1.0
+
+
+def test_policy_validation():
+    with pytest.raises(ValueError, match="min_rollouts"):
+        GroupPolicy(group_size=2, min_rollouts=3)

@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from schemas.models import SpanEvent
+from streams.assembly import assemble
+from streams.rewards import RewardRules, assign, intermediate_rewards, signals
+from streams.transitions import extract_transitions
+from tests.unit.streams.spans import llm, reward, span, tool
+
+
+def _rewards(spans, rules=RewardRules(), final=None):
+    traj = assemble(spans)
+    steps = extract_transitions(traj, "t")
+    return intermediate_rewards(traj, steps, rules, final)
+
+
+def test_tool_failure_lands_on_the_llm_turn_that_called_it():
+    assert _rewards([llm(1), tool(2, ok=False), llm(3), tool(4, ok=True)]) == pytest.approx([-0.1, 0.0])
+
+
+def test_exception_validator_and_explicit_rewards():
+    spans = [
+        llm(1),
+        span(2, kind="exception"),
+        llm(3),
+        span(4, kind="validator", attributes={"validator.verdict": "pass"}),
+        reward(5, 0.25),
+        llm(6),
+        span(7, kind="validator", status_code="ERROR"),
+        span(8, events=[SpanEvent(name="exception", time_ns=1)]),
+    ]
+    assert _rewards(spans) == pytest.approx([-0.2, 0.1 + 0.25, -0.1 - 0.2])
+
+
+def test_final_reward_span_is_not_counted_twice():
+    spans = [llm(1), reward(2, 0.3), llm(3), reward(4, 1.0)]
+    assert _rewards(spans, final=1.0) == pytest.approx([0.3, 0.0])
+    # a different final reward: the last reward span was a genuine intermediate one
+    assert _rewards(spans, final=0.0) == pytest.approx([0.3, 1.0])
+
+
+def test_signals_before_the_first_turn_are_unassigned():
+    traj = assemble([tool(1, ok=False), llm(2)])
+    steps = extract_transitions(traj, "t")
+    rewards, unassigned = assign(steps, signals(traj, RewardRules()))
+    assert rewards == [0.0] and [s.rule for s in unassigned] == ["tool_failed"]
+
+
+def test_rules_are_configurable_and_zero_turns_a_rule_off(tmp_path):
+    toml = tmp_path / "r.toml"
+    toml.write_text("[rewards]\ntool_failed = -1.0\nexception = 0\n")
+    rules = RewardRules.load(toml)
+    assert _rewards([llm(1), tool(2, ok=False), span(3, kind="exception")], rules) == [-1.0]
+    js = tmp_path / "r.json"
+    js.write_text(json.dumps({"explicit_scale": 2}))
+    assert _rewards([llm(1), reward(2, 0.5)], RewardRules.load(js)) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [('{"tool_fail": 1}', "unknown reward rule"), ('{"exception": "x"}', "finite number"), ("{", "not valid json")],
+)
+def test_bad_rules_file_says_what_is_wrong(tmp_path, content, match):
+    p = tmp_path / "r.json"
+    p.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        RewardRules.load(p)

@@ -1,0 +1,20 @@
+import pytest
+
+from streams.rollout import RolloutResult, Settings, finish_attempt
+from tests.unit.streams.spans import finished, llm, reward, tool
+
+
+def test_finish_attempt_end_to_end_discounted():
+    spans = [llm(1), tool(2, ok=False), llm(3), reward(4, 1.0), llm(2, span_id="r1-a1-2")]  # last one: duplicate id
+    res = finish_attempt(spans, finished(reward_=1.0, span_count=5), Settings(credit="discounted", gamma=0.5))
+    assert res.duplicates == 1 and res.missing_sequence_ids == [5]
+    assert [s.reward for s in res.steps] == pytest.approx([-0.1, 0.0])
+    assert [s.return_ for s in res.steps] == pytest.approx([-0.1 + 0.5 * 1.0, 1.0])
+    assert res.status == "succeeded" and res.reward == 1.0 and res.resource_version == 3
+    assert RolloutResult.from_json(res.to_json()) == res
+
+
+def test_timed_out_attempt_has_no_final_reward():
+    res = finish_attempt([llm(1)], None, Settings(), rollout_id="r1", attempt_id="a1", task_id="t", finished_ns=5)
+    assert res.status == "timed_out" and res.final_reward is None and res.reward == 0.0
+    assert res.steps[0].return_ == 0.0
