@@ -118,8 +118,16 @@ def format_table(header: list[str], rows: list[list[Any]], max_width: int = 60) 
 
 
 def run_query(client: Any, sql: str) -> tuple[list[str], list[list[Any]]]:
-    """Run analyst SQL with readonly=1: it cannot modify data."""
-    result = client.query(sql, settings={"readonly": 1})
+    """Run analyst SQL with readonly=1: it cannot modify data. Errors become one clear line."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
+
+    from rolloutbus.errors import ClickHouseError
+
+    try:
+        result = client.query(sql, settings={"readonly": 1})
+    except CCError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClickHouseError(first.split("(version")[0].strip()) from exc
     return list(result.column_names), [list(r) for r in result.result_rows]
 
 

@@ -1,0 +1,360 @@
+"""The demo's orchestration: the local stack, a supervised warm-up, the real processes, a live table,
+a held-out evaluation of the first and the final version, and a report from ClickHouse.
+
+Processes (each ``rolloutbus <command>``, logs under ``<out>/logs``): the stream processor (the only
+writer of the embedded ClickHouse store), the policy server (hot-reloads new versions), the LLM proxy in
+front of it, the trainer, and the runners. This process publishes tasks, follows ``rb.metrics``,
+``rb.resources`` and ``rb.batches`` for the live table, and runs the evaluation through a proxy so
+evaluation rollouts are recorded too (mode ``test``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rolloutbus.config import CommonSettings
+from rolloutbus.demo import calc
+from rolloutbus.demo.procs import Supervisor
+from rolloutbus.errors import ConfigError, RolloutbusError
+
+
+@dataclass
+class DemoConfig:
+    minutes: float = 6.0
+    group_size: int = 8
+    runners: int = 16
+    groups_per_step: int = 8
+    held_out: int = 150
+    demonstrations: int = 2000
+    lr: float = 1e-3
+    sft_epochs: int = 3
+    sft_p_correct: float = 1 / 3
+    seed: int = 0
+    out: Path = Path("demo-output")
+    quick: bool = False
+    keep_running: bool = False
+    data_dir: Path | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DemoConfig:
+        cfg = cls(seed=args.seed, out=Path(args.out), quick=args.quick, keep_running=args.keep_running,
+                  data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None)
+        if args.quick:
+            cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
+            cfg.demonstrations = 600
+        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "sft_epochs"):
+            value = getattr(args, name, None)
+            if value is not None:
+                setattr(cfg, name, value)
+        if cfg.group_size < 2:
+            raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
+        return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, timeout: float, sup: Supervisor) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sup.check()
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RolloutbusError(f"{url} did not answer within {timeout:.0f}s")
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def warm_up(cfg: DemoConfig, train: list[calc.Problem], directory: Path, say: Any) -> Path:
+    """Supervised warm-up on noisy demonstrations; cached by its settings."""
+    import torch
+
+    from trainer.model import TinyConfig, build_tiny, save_policy
+    from trainer.sft import SFTConfig, sft
+
+    key = hashlib.sha256(json.dumps([cfg.seed, cfg.sft_epochs, cfg.sft_p_correct, cfg.demonstrations, len(train), "v1"]).encode()).hexdigest()[:12]
+    path = directory / f"base-{key}"
+    if (path / "config.json").exists():
+        say(f"warm-up    reusing {path}")
+        return path
+    t0 = time.monotonic()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    pairs = calc.sft_pairs([calc.demonstration(rng.choice(train), cfg.sft_p_correct, rng) for _ in range(cfg.demonstrations)])
+    model, tok = build_tiny(TinyConfig(), seed=cfg.seed)
+    losses = sft(model, tok, pairs, SFTConfig(epochs=cfg.sft_epochs, lr=3e-3, batch_size=32, seed=cfg.seed))
+    tmp = directory / f".base-{key}.tmp"
+    save_policy(model, tok, tmp)
+    tmp.rename(path)
+    say(f"warm-up    {len(pairs)} demonstration turns, {cfg.sft_epochs} epochs, loss {losses[0]:.2f} → {losses[-1]:.3f} "
+        f"({time.monotonic() - t0:.0f}s) — format learnt, operations guessed")
+    return path
+
+
+# --------------------------------------------------------------------------- live view
+
+
+@dataclass
+class Live:
+    """What the demo follows on the topics: train steps, versions, groups."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    groups_seen: set[str] = field(default_factory=set)
+    rewards_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=128))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
+    from confluent_kafka import Consumer
+
+    from schemas import GroupBatch, ResourceVersion, TrainStep, decode
+
+    t = settings.topics
+    c = Consumer({**settings.kafka_conf(), "group.id": f"demo-live-{os.getpid()}-{time.time_ns()}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 0})
+    c.subscribe([t.metrics, t.resources, t.batches])
+    try:
+        while not stop.is_set():
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            try:
+                rec = decode(msg.value())
+            except RolloutbusError:
+                continue
+            with live.lock:
+                if isinstance(rec, TrainStep):
+                    live.steps.append({"step": rec.step, "version": rec.resource_version, **rec.metrics})
+                elif isinstance(rec, ResourceVersion):
+                    live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics}
+                elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
+                    live.groups_seen.add(rec.group_id)
+                    live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
+                    live.recent.extend(rec.rewards)
+    finally:
+        c.close()
+
+
+class TaskFeeder:
+    """Publishes training tasks, keeping only a few steps' worth ahead of the trainer."""
+
+    def __init__(self, settings: CommonSettings, problems: list[calc.Problem], cfg: DemoConfig, live: Live) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
+        self.topic = settings.topics.tasks
+        self.problems = problems
+        self.cfg = cfg
+        self.live = live
+        self.published = 0
+        self.ahead = max(2 * cfg.groups_per_step, -(-cfg.runners // cfg.group_size) * 2)
+
+    def top_up(self) -> None:
+        from schemas import Task, encode
+
+        with self.live.lock:
+            done = len(self.live.groups_seen)
+        while self.published - done < self.ahead:
+            p = self.problems[self.published % len(self.problems)]
+            task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
+                        group_size=self.cfg.group_size, created_ns=time.time_ns(), metadata={"question": p.text})
+            self.producer.produce(self.topic, key=task.task_id.encode(), value=encode(task))
+            self.published += 1
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, problems: list[calc.Problem],
+             name: str, threads: int = 8) -> list[float]:
+    """Greedy evaluation of one version on ``problems``, through its own server and proxy (recorded, mode test)."""
+    from producers.settings import AgentSettings
+    from rolloutbus.demo.agent import CalcAgent
+
+    serve_port, proxy_port = _free_port(), _free_port()
+    sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port), "--threads", "1"])
+    sup.start(f"eval-proxy-v{version}", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
+    try:
+        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 120, sup)
+        _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+        transport = AgentSettings(data_dir=settings.data_dir).transport(spool_name=f"demo-eval-{name}")
+        agent = CalcAgent(proxy=f"http://127.0.0.1:{proxy_port}", temperature=0.0)
+        try:
+            def one(i_p: tuple[int, calc.Problem]) -> float:
+                i, p = i_p
+                res = agent.run(json.loads(p.to_json()), {}, task_id=f"heldout-{i:04d}", mode="test",
+                                resource_version=version, transport=transport)
+                return float(res.reward or 0.0) if res.status == "succeeded" else 0.0
+
+            with ThreadPoolExecutor(threads) as pool:
+                return list(pool.map(one, enumerate(problems)))
+        finally:
+            transport.close(30)
+    finally:
+        sup.stop(f"eval-proxy-v{version}")
+        sup.stop(f"eval-serve-v{version}")
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def reset_local_state(settings: CommonSettings, say: Any) -> None:
+    """A fresh run: the prefix's topics and the demo database are recreated (local stack only)."""
+    from rolloutbus.clickhouse import connect
+    from rolloutbus.kafka_admin import admin, ensure_topics, topic_specs
+
+    a = admin(settings.kafka_conf())
+    old = [t for t in a.list_topics(timeout=10).topics if t.startswith(settings.topic_prefix)]
+    if old:
+        for fut in a.delete_topics(old, operation_timeout=30).values():
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(t.startswith(settings.topic_prefix) for t in a.list_topics(timeout=10).topics):
+            time.sleep(0.5)
+    for attempt in range(20):
+        try:
+            ensure_topics(settings.kafka_conf(), topic_specs(settings.topics, 4))
+            break
+        except RolloutbusError:
+            time.sleep(1)  # a deleted topic's name is briefly still taken
+    client = connect(settings.dsn, database=None)
+    client.command(f"DROP DATABASE IF EXISTS {settings.clickhouse_database}")
+    client.close()
+    say(f"reset      {len(old)} old topics and the '{settings.clickhouse_database}' database removed: a fresh run")
+
+
+def run_demo(cfg: DemoConfig) -> int:
+    from rich.console import Console
+
+    from rolloutbus.local_kafka import LocalKafka
+
+    console = Console(highlight=False)
+    say = console.print
+    overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
+    settings = CommonSettings(**overrides)
+    if not settings.uses_local_broker:
+        raise ConfigError("the demo resets its topics and database, so it runs on the local stack only: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    if settings.clickhouse_dsn and not settings.clickhouse_dsn.startswith("chdb:"):
+        raise ConfigError("the demo runs on the embedded ClickHouse engine only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
+    t_start = time.monotonic()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    demo_dir = settings.data_dir / "demo"
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    say(f"[bold]rolloutbus demo[/bold] — {'quick smoke run' if cfg.quick else f'{cfg.minutes:g} minutes of training'}, "
+        f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step")
+
+    broker = LocalKafka(settings.data_dir, settings.kafka_port)
+    started_broker = broker.start()
+    say(f"kafka      {'started' if started_broker else 'reused'} on {broker.bootstrap}")
+    reset_local_state(settings, say)
+
+    # Every one-step problem there is: the held-out ones are never published as training tasks.
+    train, held_out = calc.split(calc.problem_space(1) - cfg.held_out, cfg.held_out, seed=cfg.seed + 11)
+    base = warm_up(cfg, train, demo_dir, say)
+
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1",
+               ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"))
+    import shutil
+
+    shutil.rmtree(demo_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(settings.data_dir / "spool", ignore_errors=True)
+    sup = Supervisor(cfg.out / "logs", env)
+    live = Live()
+    stop_follow = threading.Event()
+    follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
+    try:
+        serve_port, proxy_port = _free_port(), _free_port()
+        sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
+                              "--group-timeout", "20", "--credit", "discounted", "--gamma", "1.0",
+                              "--sink-interval", "0.5"])
+        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
+        sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
+        sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
+                            "--lr", str(cfg.lr), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed)])
+        follower.start()
+        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
+        _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+        sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
+        sup.start("runners", ["run-agent", "rolloutbus.demo.agent:CalcAgent", "--concurrency", str(cfg.runners),
+                              "--max-attempts", "1", "--timeout", "120"])
+        say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
+            f"{cfg.runners} runners (logs in {cfg.out / 'logs'})")
+        feeder = TaskFeeder(settings, train, cfg, live)
+        train_for = cfg.minutes * 60
+        t_train = time.monotonic()
+        shown = 0
+        header = (f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'success (last 128)':>18} "
+                  f"{'loss':>8} {'clip':>6}  {'elapsed':>7}")
+        say(header)
+        while time.monotonic() - t_train < train_for:
+            sup.check()
+            feeder.top_up()
+            with live.lock:
+                new = live.steps[shown:]
+                shown = len(live.steps)
+                total = sum(len(v) for v in live.rewards_by_version.values())
+                success = sum(1 for r in live.recent if r >= 1.0) / len(live.recent) if live.recent else 0.0
+            for s in new:
+                say(f"{int(s['step']):>5} {int(s.get('version') or 0):>7} {total:>8} {s.get('reward_mean', 0):>12.3f} "
+                    f"{success:>18.0%} {s.get('loss', 0):>8.4f} {s.get('clip_fraction', 0):>6.3f}  "
+                    f"{time.monotonic() - t_start:>6.0f}s")
+            time.sleep(0.5)
+        feeder.close()
+        say("training   time is up: stopping runners and the trainer")
+        sup.stop("runners", grace=30)
+        sup.stop("train", grace=60)
+        time.sleep(1.5)
+        with live.lock:
+            versions = dict(live.versions)
+        if len(versions) < 2:
+            raise RolloutbusError(f"only {len(versions)} resource version(s) were published: the run was too short to train")
+        first, final = min(versions), max(versions)
+        sup.stop("proxy")
+        sup.stop("serve")
+        say(f"evaluate   version {first} (the warm-up) and version {final} on the same {len(held_out)} held-out problems (greedy)")
+        first_scores = evaluate(settings, sup, versions[first]["uri"], first, held_out, "first")
+        final_scores = evaluate(settings, sup, versions[final]["uri"], final, held_out, "final")
+        time.sleep(2.0)  # the sink flushes every 0.5 s
+        sup.stop("process", grace=60)
+        stop_follow.set()
+        follower.join(5)
+        from rolloutbus.demo.report import report
+
+        report(settings, cfg, live, first, final, first_scores, final_scores, say)
+        say(f"done in {time.monotonic() - t_start:.0f}s. Query the run: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\"")
+        return 0
+    finally:
+        stop_follow.set()
+        sup.stop_all()
+        if started_broker and not cfg.keep_running:
+            broker.stop()
