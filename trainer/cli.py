@@ -1,0 +1,106 @@
+"""``rolloutbus train``: the GRPO trainer on ``rb.batches``. Flags override ``ROLLOUTBUS_*`` variables.
+
+Top-level imports stay light (the ``rolloutbus`` command imports this module to build its parser);
+torch and Kafka are imported inside :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# flag → settings field (None-valued flags fall back to the environment / default)
+_FLAGS: dict[str, str] = {
+    "model": "train_model",
+    "checkpoint_dir": "checkpoint_dir",
+    "resource_name": "resource_name",
+    "group": "train_group",
+    "groups_per_step": "groups_per_step",
+    "max_staleness": "max_staleness",
+    "stale_weight": "stale_weight",
+    "lr": "lr",
+    "loss_agg": "loss_agg",
+    "clip_eps": "clip_eps",
+    "clip_eps_high": "clip_eps_high",
+    "kl_beta": "kl_beta",
+    "micro_batch_tokens": "micro_batch_tokens",
+    "max_steps": "max_steps",
+    "idle_exit": "idle_exit_s",
+    "seed": "train_seed",
+    "threads": "torch_threads",
+    "keep_checkpoints": "keep_checkpoints",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model (env ROLLOUTBUS_TRAIN_MODEL, default tiny)")
+    p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
+    p.add_argument("--resource-name", help="name of the published resource on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
+    p.add_argument("--group", help="consumer group on rb.batches (env ROLLOUTBUS_TRAIN_GROUP, default <prefix>trainer.<name>)")
+    p.add_argument("--groups-per-step", type=int, help="GRPO groups per optimiser step (env ROLLOUTBUS_GROUPS_PER_STEP, default 8)")
+    p.add_argument("--max-staleness", type=int, help="max version lag trained on (env ROLLOUTBUS_MAX_STALENESS, default 4)")
+    p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag (env ROLLOUTBUS_STALE_WEIGHT, default 0.5)")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (env ROLLOUTBUS_LR, default 5e-4)")
+    p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation (env ROLLOUTBUS_LOSS_AGG, default grpo)")
+    p.add_argument("--clip-eps", type=float, help="PPO clip epsilon (env ROLLOUTBUS_CLIP_EPS, default 0.2)")
+    p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher (env ROLLOUTBUS_CLIP_EPS_HIGH)")
+    p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator (env ROLLOUTBUS_KL_BETA, default 0)")
+    p.add_argument("--micro-batch-tokens", type=int, help="padded tokens per forward/backward (env ROLLOUTBUS_MICRO_BATCH_TOKENS, default 4096)")
+    p.add_argument("--max-steps", type=int, help="stop after this many total steps (env ROLLOUTBUS_MAX_STEPS, 0 = forever)")
+    p.add_argument("--idle-exit", type=float, help="exit after N seconds without batches (env ROLLOUTBUS_IDLE_EXIT_S, 0 = never)")
+    p.add_argument("--seed", type=int, help="seed of the tiny model and torch (env ROLLOUTBUS_TRAIN_SEED, default 0)")
+    p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """Explicit flag beats environment variable beats default."""
+    from pydantic import ValidationError as PydanticError
+
+    from rolloutbus.errors import ConfigError
+    from trainer.settings import TrainerSettings
+
+    overrides = {field: getattr(args, flag) for flag, field in _FLAGS.items() if getattr(args, flag, None) is not None}
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = args.data_dir
+    try:
+        return TrainerSettings(**overrides)
+    except PydanticError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"bad trainer setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.loop import Trainer
+
+    settings = settings_from_args(args)
+    trainer = Trainer(settings)
+    log.info("training %s from %s on %s (groups/step %d, checkpoints %s)", settings.resource_name, settings.bootstrap,
+             trainer.topics.batches, settings.groups_per_step, trainer.store.root)
+    steps = trainer.run()
+    print(f"trained {steps} steps; {settings.resource_name} is at version {trainer.state.version} (step {trainer.state.step})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.cli`` — the same as ``rolloutbus train`` without the other components."""
+    from rolloutbus.errors import RolloutbusError
+
+    parser = argparse.ArgumentParser(prog="rolloutbus train")
+    parser.add_argument("--data-dir", default=None)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except RolloutbusError as exc:
+        print(f"rolloutbus train: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

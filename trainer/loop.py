@@ -1,0 +1,415 @@
+"""The training loop: ``rb.batches`` → GRPO steps → checkpoints → versions on ``rb.resources``.
+
+Order of one step, and why it survives ``kill -9`` anywhere:
+
+1. accumulate ``groups_per_step`` groups (decoded, deduplicated by ``group_id``, staleness-checked);
+2. optimiser step;
+3. checkpoint ``step-N`` atomically — weights, optimizer, the *offsets consumed through this step*,
+   the version it publishes as, the group ids seen;
+4. publish ``ResourceVersion`` (``rb.resources``, key = resource name) and ``TrainStep`` (``rb.metrics``);
+5. commit the offsets to the consumer group.
+
+On start the trainer loads the newest checkpoint and seeks ``rb.batches`` to *its* offsets (never the
+committed ones, which may lag it). A crash before (3) retrains the same groups (the step never
+happened); a crash between (3) and (4) finds the checkpoint's version missing from ``rb.resources``
+and publishes it (same version, no gap, no reuse); a crash after (4) resumes past the step. Version
+numbers are the max of the manifest's and the topic's latest, plus one.
+
+Set ``ROLLOUTBUS_TRAINER_CRASH_AT=<point>:<step>`` (points: ``before_step``, ``after_checkpoint``,
+``after_publish``) to SIGKILL the process at that point of that step — used only by the crash tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rolloutbus.errors import ConfigError, DecodeError, KafkaUnavailable, ValidationError
+from rolloutbus.config import Topics
+from schemas.codec import encode
+from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
+
+log = logging.getLogger(__name__)
+CRASH_ENV = "ROLLOUTBUS_TRAINER_CRASH_AT"
+CRASH_POINTS = ("before_step", "after_checkpoint", "after_publish")
+SEEN_LIMIT = 100_000
+
+
+def staleness_weight(batch_version: int | None, current_version: int, max_staleness: int, stale_weight: float) -> float | None:
+    """Loss weight for a batch sampled under ``batch_version``; None means drop it.
+
+    Lag ``< max_staleness`` → 1; lag ``== max_staleness`` (> 0) → ``stale_weight``; beyond → drop.
+    A batch without a version (sampled outside the loop) is trained on at full weight.
+    """
+    if batch_version is None:
+        return 1.0
+    lag = current_version - batch_version
+    if lag > max_staleness:
+        return None
+    if lag == max_staleness and lag > 0:
+        return stale_weight
+    return 1.0
+
+
+def crash_point(point: str, step: int) -> None:
+    """Test hook: SIGKILL ourselves at ``point`` of ``step`` when the env var asks for it."""
+    want = os.environ.get(CRASH_ENV)
+    if want and want == f"{point}:{step}":
+        log.warning("%s=%s: killing the trainer now", CRASH_ENV, want)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Counters:
+    """Consumption outcomes since the last step (reported in its TrainStep metrics)."""
+
+    received: int = 0
+    duplicates: int = 0
+    dropped_stale: int = 0
+    downweighted_stale: int = 0
+    unversioned: int = 0
+    dead_lettered: int = 0
+    decode_s: float = 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "batches_received": float(self.received),
+            "batches_duplicate": float(self.duplicates),
+            "batches_dropped_stale": float(self.dropped_stale),
+            "batches_downweighted_stale": float(self.downweighted_stale),
+            "batches_unversioned": float(self.unversioned),
+            "batches_dead_lettered": float(self.dead_lettered),
+        }
+
+
+@dataclass
+class LoopState:
+    step: int
+    version: int  # the last version published (or to publish) by the newest checkpoint
+    run_id: str
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    seen: "OrderedDict[str, None]" = field(default_factory=OrderedDict)
+
+
+class Trainer:
+    """Owns the model, the backend, the checkpoints and the Kafka clients of one training process."""
+
+    def __init__(self, settings: Any) -> None:
+        import torch
+
+        from trainer.checkpoint import CheckpointStore
+        from trainer.grpo import GRPOConfig
+        from trainer.model import base_model_name, build_tiny, load_policy
+        from trainer.resources import read_latest
+        from trainer.torch_backend import TorchGRPOBackend
+
+        self.s = settings
+        self.topics = Topics(settings.topic_prefix)
+        self.conf = settings.kafka_conf()
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        torch.manual_seed(settings.train_seed)
+        self.store = CheckpointStore(settings.resolved_checkpoint_dir())
+        for p in self.store.clean_partial():
+            log.info("removed a partial checkpoint %s (crash mid-write)", p)
+        published = read_latest(self.conf, self.topics.resources).get(settings.resource_name)
+        self.published_version = published.version if published else None
+        latest = self.store.latest()
+        if latest is not None:
+            path, manifest = latest
+            self.model, self.tok = load_policy(path)
+            self.base_model = manifest.base_model
+            self.state = LoopState(manifest.step, manifest.version, manifest.run_id, manifest.offsets,
+                                   OrderedDict((g, None) for g in manifest.seen_group_ids))
+            self._latest_manifest = manifest
+            log.info("resuming from %s (step %d, version %d)", path, manifest.step, manifest.version)
+        else:
+            if settings.train_model == "tiny":
+                self.model, self.tok = build_tiny(seed=settings.train_seed)
+            else:
+                self.model, self.tok = load_policy(settings.train_model)
+            self.base_model = base_model_name(self.model, settings.train_model)
+            first = 0 if self.published_version is None else self.published_version + 1
+            self.state = LoopState(0, first, uuid.uuid4().hex[:12])
+            self._latest_manifest = None
+        ref = None
+        if settings.kl_beta > 0:
+            ref = self._load_reference()
+        try:
+            grpo = GRPOConfig(settings.clip_eps, settings.clip_eps_high, settings.loss_agg, settings.kl_beta, settings.max_response_len)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"bad GRPO setting: {exc}") from exc
+        self.backend = TorchGRPOBackend(
+            self.model,
+            grpo=grpo,
+            lr=settings.lr, weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
+            micro_batch_tokens=settings.micro_batch_tokens, ref_model=ref, temperature=settings.train_temperature,
+            pad_id=self.tok.pad_id,
+        )
+        if latest is not None:
+            opt = self.store.load_optimizer(latest[0])
+            if opt is not None:
+                self.backend.load_optimizer_state(opt)
+        self.counters = Counters()
+        self.pending: list[tuple[GroupBatch, float]] = []
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._delivery_errors: list[str] = []
+        self._last_data = time.monotonic()
+
+    # ------------------------------------------------------------------ setup
+
+    def _load_reference(self) -> Any:
+        """The frozen reference for KL: the base model (rebuilt from seed, or re-read from its path)."""
+        from trainer.model import build_tiny, load_policy
+
+        if self.s.train_model == "tiny":
+            return build_tiny(seed=self.s.train_seed)[0]
+        return load_policy(self.s.train_model)[0]
+
+    def _config(self) -> dict[str, str]:
+        s = self.s
+        return {"loss_agg": str(s.loss_agg), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta), "lr": str(s.lr),
+                "groups_per_step": str(s.groups_per_step), "run_id": self.state.run_id}
+
+    def _producer_client(self) -> Any:
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({**self.conf, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                                       "message.max.bytes": 16777216, "log_level": 0})
+        return self._producer
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err}")
+
+    def _publish(self, topic: str, key: str, value: bytes) -> None:
+        self._producer_client().produce(topic, key=key.encode(), value=value, on_delivery=self._on_delivery)
+
+    def _flush(self) -> None:
+        left = self._producer_client().flush(30.0)
+        if left or self._delivery_errors:
+            errs, self._delivery_errors = self._delivery_errors, []
+            raise KafkaUnavailable(f"could not publish to Kafka ({left} undelivered): {'; '.join(errs) or 'timeout'}")
+
+    def _version_record(self, manifest: Any, uri: str) -> ResourceVersion:
+        metrics = {k: float(v) for k, v in manifest.metrics.items() if k in _VERSION_METRICS}
+        return ResourceVersion(name=manifest.resource_name, version=manifest.version, kind="model", uri=uri,
+                               base_model=manifest.base_model, step=manifest.step, created_ns=manifest.created_ns,
+                               metrics=metrics, config=manifest.config)
+
+    def _publish_checkpoint(self, path: Any, manifest: Any) -> None:
+        self._publish(self.topics.resources, manifest.resource_name, encode(self._version_record(manifest, str(path.resolve()))))
+        if manifest.step > 0:
+            rec = TrainStep(run_id=manifest.run_id, step=manifest.step, time_ns=manifest.created_ns,
+                            resource_version=manifest.version, group_ids=manifest.group_ids, metrics=manifest.metrics)
+            self._publish(self.topics.metrics, manifest.run_id, encode(rec))
+        self._flush()
+        self.published_version = manifest.version
+
+    def reconcile(self) -> None:
+        """Make ``rb.resources`` agree with the checkpoints before consuming anything."""
+        from trainer.checkpoint import Manifest
+
+        if self._latest_manifest is None:
+            # Fresh start: the initial weights are version `first`, so servers and runners have one to use.
+            manifest = Manifest(step=0, version=self.state.version, resource_name=self.s.resource_name,
+                                base_model=self.base_model, run_id=self.state.run_id, config=self._config(),
+                                created_ns=time.time_ns())
+            path = self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest)
+            self._latest_manifest = manifest
+            self._publish_checkpoint(path, manifest)
+            log.info("published the initial weights as %s version %d (%s)", manifest.resource_name, manifest.version, path)
+            return
+        m = self._latest_manifest
+        if self.published_version is None or self.published_version < m.version:
+            # Crash between checkpoint and publish: publish the version the checkpoint was saved as.
+            log.info("checkpoint step %d was saved but version %d never published: publishing it now", m.step, m.version)
+            self._publish_checkpoint(self.store.path(m.step), m)
+        elif self.published_version > m.version:
+            log.warning("rb.resources already has %s version %d, newer than checkpoint step %d (version %d): "
+                        "new versions continue after %d", m.resource_name, self.published_version, m.step, m.version,
+                        self.published_version)
+
+    def _consumer_client(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer({
+                **self.conf, "group.id": self.s.resolved_group(), "enable.auto.commit": False,
+                # Static membership: a restarted trainer takes its old place at once instead of waiting a
+                # session timeout for the killed member to expire (and a second trainer is fenced off).
+                "group.instance.id": f"{self.s.resolved_group()}.0", "session.timeout.ms": 30000,
+                "auto.offset.reset": "earliest", "max.poll.interval.ms": 900000,
+                "fetch.message.max.bytes": 16777216, "log_level": 0,
+            })
+            self._consumer.subscribe([self.topics.batches], on_assign=self._on_assign)
+        return self._consumer
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        # Seek to the checkpoint's offsets: they, not the committed ones, say what was trained on.
+        stored = self.state.offsets.get(self.topics.batches, {})
+        for tp in partitions:
+            if str(tp.partition) in stored:
+                tp.offset = stored[str(tp.partition)]
+        consumer.assign(partitions)
+        self._last_data = time.monotonic()  # idle time counts from having something to read
+        log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
+
+    # ------------------------------------------------------------------ consuming
+
+    def _dead_letter(self, msg: Any, reason: str, detail: str) -> None:
+        rec = DeadLetter(source_topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+                         value=msg.value(), reason=reason, detail=detail[:2000], stage="trainer", time_ns=time.time_ns())
+        self._publish(self.topics.dlq, msg.topic(), encode(rec))
+        self.counters.dead_lettered += 1
+
+    def handle(self, msg: Any) -> None:
+        """One message of rb.batches: decode, dedupe, staleness; keeps the offset either way."""
+        from schemas.codec import decode
+
+        self.state.offsets.setdefault(msg.topic(), {})[str(msg.partition())] = msg.offset() + 1
+        self.counters.received += 1
+        t0 = time.perf_counter()
+        try:
+            batch = decode(msg.value(), expect="rolloutbus.GroupBatch")
+        except (DecodeError, ValidationError) as exc:
+            self._dead_letter(msg, type(exc).__name__, str(exc))
+            return
+        finally:
+            self.counters.decode_s += time.perf_counter() - t0
+        assert isinstance(batch, GroupBatch)
+        if batch.group_id in self.state.seen or any(b.group_id == batch.group_id for b, _ in self.pending):
+            self.counters.duplicates += 1
+            return
+        w = staleness_weight(batch.resource_version, self.current_version, self.s.max_staleness, self.s.stale_weight)
+        if batch.resource_version is None:
+            self.counters.unversioned += 1
+        self.state.seen[batch.group_id] = None
+        while len(self.state.seen) > SEEN_LIMIT:
+            self.state.seen.popitem(last=False)
+        if w is None:
+            self.counters.dropped_stale += 1
+            return
+        if w < 1.0:
+            self.counters.downweighted_stale += 1
+        self.pending.append((batch, w))
+
+    @property
+    def current_version(self) -> int:
+        """The version the next batches should have been sampled under: the newest known."""
+        return max(self.state.version, self.published_version or 0)
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self) -> dict[str, float]:
+        from trainer.checkpoint import Manifest
+
+        step = self.state.step + 1
+        crash_point("before_step", step)
+        groups = [b for b, _ in self.pending]
+        weights = [w for _, w in self.pending]
+        wall0 = time.perf_counter()
+        metrics = self.backend.step(groups, weights)
+        step_s = time.perf_counter() - wall0
+        data_s = self.counters.decode_s + metrics.get("build_time_s", 0.0)
+        metrics.update(self.counters.as_metrics())
+        metrics["data_time_fraction"] = data_s / max(step_s + self.counters.decode_s, 1e-9)
+        metrics["batch_staleness_mean"] = _mean([self.current_version - g.resource_version for g in groups if g.resource_version is not None])
+        version = self.current_version + 1
+        metrics["resource_version"] = float(version)
+        manifest = Manifest(step=step, version=version, resource_name=self.s.resource_name, base_model=self.base_model,
+                            run_id=self.state.run_id, offsets={t: dict(p) for t, p in self.state.offsets.items()},
+                            seen_group_ids=list(self.state.seen), group_ids=[g.group_id for g in groups],
+                            metrics=metrics, config=self._config(), created_ns=time.time_ns())
+        path = self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest)
+        self.state.step, self.state.version = step, version
+        crash_point("after_checkpoint", step)
+        self._publish_checkpoint(path, manifest)
+        crash_point("after_publish", step)
+        self._commit()
+        self.store.prune(self.s.keep_checkpoints)
+        self.pending.clear()
+        self.counters = Counters()
+        log.info("step %d → version %d: loss %.4f kl %.4f clip %.3f reward %.3f, %d groups, %.0f tok/s",
+                 step, version, metrics.get("loss", 0.0), metrics.get("kl", 0.0), metrics.get("clip_fraction", 0.0),
+                 metrics.get("reward_mean", 0.0), len(groups), metrics.get("tokens_per_s", 0.0))
+        return metrics
+
+    def _commit(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        tps = [TopicPartition(t, int(p), o) for t, parts in self.state.offsets.items() for p, o in parts.items()]
+        if not tps:
+            return
+        try:
+            self._consumer_client().commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            # The checkpoint holds the offsets; a failed commit only delays what `rolloutbus status` shows.
+            log.warning("offset commit failed (the checkpoint has them, resume is unaffected): %s", exc)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        """Consume and train until max_steps, idle_exit_s, or SIGTERM/SIGINT. Returns steps done."""
+        self.reconcile()
+        consumer = self._consumer_client()
+        stop = {"flag": False}
+
+        def _graceful(signum: int, frame: Any) -> None:
+            stop["flag"] = True
+
+        old = signal.signal(signal.SIGTERM, _graceful)
+        done = 0
+        self._last_data = time.monotonic()
+        try:
+            while not stop["flag"]:
+                if self.s.max_steps and self.state.step >= self.s.max_steps:
+                    break
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    if self.s.idle_exit_s and time.monotonic() - self._last_data > self.s.idle_exit_s:
+                        log.info("no new batches for %.0fs: exiting", self.s.idle_exit_s)
+                        break
+                    continue
+                if msg.error():
+                    if msg.error().fatal():
+                        raise KafkaUnavailable(f"consumer failed: {msg.error()}")
+                    continue
+                self._last_data = time.monotonic()
+                self.handle(msg)
+                if len(self.pending) >= self.s.groups_per_step:
+                    self.train_step()
+                    done += 1
+            if self.counters.dead_lettered:
+                self._flush()
+        finally:
+            signal.signal(signal.SIGTERM, old)
+            self.close()
+        return done
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush(10.0)
+            self._producer = None
+
+
+_VERSION_METRICS = {"loss", "kl", "clip_fraction", "reward_mean", "advantage_mean", "advantage_std", "tokens_per_s", "grad_norm"}
+
+
+def _mean(xs: list[int]) -> float:
+    return float(sum(xs)) / len(xs) if xs else 0.0
+
+
+__all__ = ["CRASH_ENV", "CRASH_POINTS", "Counters", "Trainer", "crash_point", "staleness_weight"]

@@ -1,0 +1,318 @@
+"""A small OpenAI-compatible inference server over the torch policy, with hot reload.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /healthz``.
+vLLM-compatible extras the LLM proxy relies on:
+
+* ``"return_token_ids": true`` → ``prompt_token_ids`` (top level for chat, per choice for completions)
+  and ``choices[i].token_ids``;
+* ``"logprobs": true`` → chat ``choices[i].logprobs.content = [{"token", "logprob"}]``, completions
+  ``choices[i].logprobs = {"tokens", "token_logprobs"}`` — the behaviour log-probs GRPO needs;
+* every response carries the header ``x-rolloutbus-resource-version`` and ``"resource_version"``.
+
+Concurrent requests are batched: a worker takes whatever is queued (up to ``max_batch``) and samples
+them together (left padding, per-request temperature and length). A :class:`ResourceFollower` watches
+``rb.resources``; when a newer version of the resource appears, its weights are loaded in the
+background and swapped in between two batches, so a response never mixes versions. ``stream`` and
+``stop`` strings are not supported (400 / ignored respectively).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from rolloutbus.errors import RolloutbusError
+from trainer.model import ContextTooLong, generate_batch
+from trainer.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+VERSION_HEADER = "x-rolloutbus-resource-version"
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    future: asyncio.Future[Any] = field(repr=False)
+
+
+@dataclass
+class Policy:
+    model: Any
+    tok: Tokenizer
+    version: int
+    uri: str
+
+
+class BadRequest(RolloutbusError):
+    """A request the server cannot answer (400)."""
+
+
+class PolicyServer:
+    """Holds the current policy, batches generation, swaps weights between batches."""
+
+    def __init__(self, policy: Policy | None, model_name: str = "policy", max_batch: int = 16, default_max_tokens: int = 64) -> None:
+        self.policy = policy
+        self.model_name = model_name
+        self.max_batch = max_batch
+        self.default_max_tokens = default_max_tokens
+        self._next: Policy | None = None
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.requests_served = 0
+        self.batches_run = 0
+
+    # ------------------------------------------------------------------ weights
+
+    def offer(self, policy: Policy) -> None:
+        """Stage a newer policy (thread-safe: a reference assignment); the worker swaps it in."""
+        if self.policy is None or policy.version > self.policy.version:
+            self._next = policy
+
+    def load_version(self, uri: str, version: int) -> None:
+        """Load a checkpoint directory and stage it (called from the follower thread)."""
+        from trainer.model import load_policy
+
+        model, tok = load_policy(uri)
+        self.offer(Policy(model, tok, version, uri))
+        log.info("loaded version %d from %s; serving it from the next batch", version, uri)
+
+    def _swap(self) -> None:
+        nxt, self._next = self._next, None
+        if nxt is not None and (self.policy is None or nxt.version > self.policy.version):
+            self.policy = nxt
+
+    # ------------------------------------------------------------------ batching
+
+    async def start(self, app: web.Application | None = None) -> None:
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run())
+
+    async def stop(self, app: web.Application | None = None) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            await asyncio.sleep(0.002)  # let concurrent requests arrive and join this batch
+            while len(batch) < self.max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            self._swap()
+            policy = self.policy
+            if policy is None:
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(BadRequest("no model loaded yet"))
+                continue
+            try:
+                gens = await loop.run_in_executor(None, self._generate, policy, batch)
+            except Exception as exc:  # one bad batch must not stop the worker
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            self.batches_run += 1
+            for r, g in zip(batch, gens):
+                if not r.future.done():
+                    r.future.set_result((g, policy))
+
+    @staticmethod
+    def _generate(policy: Policy, batch: list[_Request]) -> list[Any]:
+        return generate_batch(
+            policy.model, [r.prompt for r in batch], max_new_tokens=[r.max_tokens for r in batch],
+            temperature=[r.temperature for r in batch], stop_ids=policy.tok.stop_ids, pad_id=policy.tok.pad_id,
+        )
+
+    async def sample(self, prompt: list[int], max_tokens: int, temperature: float, n: int = 1) -> list[tuple[Any, Policy]]:
+        """Queue ``n`` samples of ``prompt``; they share a batch with whatever else is queued."""
+        if self._queue is None:
+            raise BadRequest("server not started")
+        loop = asyncio.get_running_loop()
+        futs = []
+        for _ in range(n):
+            fut: asyncio.Future[Any] = loop.create_future()
+            await self._queue.put(_Request(prompt, max_tokens, temperature, fut))
+            futs.append(fut)
+        return list(await asyncio.gather(*futs))
+
+    # ------------------------------------------------------------------ HTTP
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+    def _version(self) -> int | None:
+        return None if self.policy is None else self.policy.version
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        if self._queue is not None and self._queue.empty():
+            self._swap()  # idle server: report the version the next request will get
+        v = self._version()
+        status = 200 if v is not None else 503
+        return web.json_response({"status": "ok" if v is not None else "loading", "resource_version": v}, status=status)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "owned_by": "rolloutbus", "resource_version": self._version()}
+        ]})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        if body.get("stream"):
+            raise BadRequest("stream=true is not supported by this server; send stream=false")
+        return body
+
+    def _params(self, body: dict[str, Any]) -> tuple[int, float, int]:
+        try:
+            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens)
+            temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+            n = int(body.get("n") or 1)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"bad sampling parameter: {exc}") from exc
+        if max_tokens < 1 or n < 1 or n > 64 or temperature < 0:
+            raise BadRequest("need max_tokens >= 1, 1 <= n <= 64, temperature >= 0")
+        return max_tokens, temperature, n
+
+    def _respond(self, payload: dict[str, Any], version: int) -> web.Response:
+        payload["resource_version"] = version
+        return web.json_response(payload, headers={VERSION_HEADER: str(version)})
+
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("messages must be a non-empty list")
+            max_tokens, temperature, n = self._params(body)
+            policy = self.policy or self._next
+            if policy is None:
+                raise BadRequest("no model loaded yet")
+            try:
+                prompt = policy.tok.apply_chat_template(messages)
+            except RolloutbusError as exc:
+                raise BadRequest(str(exc)) from exc
+            results = await self.sample(prompt, max_tokens, temperature, n)
+        except (BadRequest, ContextTooLong) as exc:
+            return self._error(400, str(exc))
+        version = results[0][1].version
+        choices = []
+        for i, (g, pol) in enumerate(results):
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": "assistant", "content": pol.tok.decode(g.token_ids)},
+                "finish_reason": g.finish_reason,
+            }
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [
+                    {"token": pol.tok.token_str(t), "logprob": lp} for t, lp in zip(g.token_ids, g.logprobs)
+                ]}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = g.token_ids
+            choices.append(choice)
+            version = min(version, pol.version)
+        payload: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices,
+            "usage": _usage(len(prompt), sum(len(g.token_ids) for g, _ in results)),
+        }
+        if body.get("return_token_ids"):
+            payload["prompt_token_ids"] = prompt
+        self.requests_served += 1
+        return self._respond(payload, version)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            max_tokens, temperature, n = self._params(body)
+            policy = self.policy or self._next
+            if policy is None:
+                raise BadRequest("no model loaded yet")
+            raw = body.get("prompt")
+            if isinstance(raw, str):
+                prompt = policy.tok.encode(raw, add_bos=policy.tok.bos_id is not None)
+            elif isinstance(raw, list) and raw and all(isinstance(t, int) and 0 <= t < len(policy.tok) for t in raw):
+                prompt = list(raw)
+            else:
+                raise BadRequest("prompt must be a string or a non-empty list of token ids in the vocabulary")
+            results = await self.sample(prompt, max_tokens, temperature, n)
+        except (BadRequest, ContextTooLong) as exc:
+            return self._error(400, str(exc))
+        version = min(pol.version for _, pol in results)
+        choices = []
+        for i, (g, pol) in enumerate(results):
+            choice: dict[str, Any] = {"index": i, "text": pol.tok.decode(g.token_ids), "finish_reason": g.finish_reason}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"tokens": [pol.tok.token_str(t) for t in g.token_ids], "token_logprobs": g.logprobs}
+            else:
+                choice["logprobs"] = None
+            if body.get("return_token_ids"):
+                choice["prompt_token_ids"] = prompt
+                choice["token_ids"] = g.token_ids
+            choices.append(choice)
+        payload = {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices,
+            "usage": _usage(len(prompt), sum(len(g.token_ids) for g, _ in results)),
+        }
+        self.requests_served += 1
+        return self._respond(payload, version)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def initial_policy(model: str | None, seed: int = 0) -> Policy | None:
+    """The policy to serve before any version arrives: a path, 'tiny', or None (wait for rb.resources)."""
+    if not model:
+        return None
+    from trainer.model import build_tiny, load_policy
+
+    if model == "tiny":
+        m, tok = build_tiny(seed=seed)
+        return Policy(m, tok, 0, "tiny")
+    path = Path(model)
+    m, tok = load_policy(path)
+    version = 0
+    manifest = path / "manifest.json"
+    if manifest.exists():  # a trainer checkpoint knows which version it is
+        try:
+            version = int(json.loads(manifest.read_text()).get("version", 0))
+        except (ValueError, TypeError):
+            version = 0
+    return Policy(m, tok, version, str(path))
+
+
+__all__ = ["BadRequest", "Policy", "PolicyServer", "VERSION_HEADER", "initial_policy"]

@@ -1,0 +1,87 @@
+"""``rolloutbus serve``: the OpenAI-compatible server over the torch policy, hot-reloading new versions."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model dir or 'tiny' (env ROLLOUTBUS_SERVE_MODEL; unset: wait for the first version on rb.resources)")
+    p.add_argument("--host", help="bind address (env ROLLOUTBUS_SERVE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (env ROLLOUTBUS_SERVE_PORT, default 8000)")
+    p.add_argument("--resource-name", help="resource to follow on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
+    p.add_argument("--no-follow", action="store_true", help="do not hot-reload from rb.resources (env ROLLOUTBUS_SERVE_FOLLOW=false)")
+    p.add_argument("--max-batch", type=int, help="requests sampled together (env ROLLOUTBUS_SERVE_MAX_BATCH, default 16)")
+    p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError as PydanticError
+
+    from rolloutbus.errors import ConfigError
+    from trainer.settings import ServeSettings
+
+    flags = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
+             "max_batch": "serve_max_batch", "threads": "torch_threads"}
+    overrides: dict[str, Any] = {f: getattr(args, k) for k, f in flags.items() if getattr(args, k, None) is not None}
+    if getattr(args, "no_follow", False):
+        overrides["serve_follow"] = False
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = args.data_dir
+    try:
+        return ServeSettings(**overrides)
+    except PydanticError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"bad serve setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from aiohttp import web
+
+    from rolloutbus.config import Topics
+    from trainer.resources import ResourceFollower
+    from trainer.serve import PolicyServer, initial_policy
+
+    s = settings_from_args(args)
+    if s.torch_threads:
+        torch.set_num_threads(s.torch_threads)
+    server = PolicyServer(initial_policy(s.serve_model), model_name=s.resource_name, max_batch=s.serve_max_batch,
+                          default_max_tokens=s.serve_max_tokens)
+    follower = None
+    if s.serve_follow:
+        follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,
+                                    lambda rec: server.load_version(rec.uri, rec.version)).start()
+    print(f"serving {s.resource_name} on http://{s.serve_host}:{s.serve_port}/v1 "
+          f"(version {server.policy.version if server.policy else 'pending'}, follow {'on' if follower else 'off'})", flush=True)
+    try:
+        web.run_app(server.app(), host=s.serve_host, port=s.serve_port, print=None, handle_signals=True)
+    finally:
+        if follower is not None:
+            follower.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.serve_cli`` — the same as ``rolloutbus serve``."""
+    from rolloutbus.errors import RolloutbusError
+
+    parser = argparse.ArgumentParser(prog="rolloutbus serve")
+    parser.add_argument("--data-dir", default=None)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except RolloutbusError as exc:
+        print(f"rolloutbus serve: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The torch reference backend: one GRPO optimiser step on a list of ``GroupBatch`` records.
+
+Each transition becomes one row ``prompt + response``; the loss mask is the transition's
+``response_mask`` (1 = tokens the policy produced, 0 = tool/observation tokens spliced into a
+multi-turn response; empty = all ones); the behaviour log-probs are the ones recorded at sampling time
+(empty = on-policy: the current policy's own, detached, so the ratio is 1). Rows are packed into
+micro-batches of at most ``micro_batch_tokens`` padded tokens and gradients accumulate across them
+with the full batch's normalisers, so memory is bounded by the setting and the update equals the
+full-batch one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from rolloutbus.errors import TrainingError
+from schemas.models import GroupBatch
+from trainer.grpo import GRPOConfig, grpo_loss, token_logprobs
+from trainer.model import max_positions
+
+
+@dataclass
+class Sample:
+    """One training row, token-aligned: ``mask``/``old_logp`` have one entry per id in ``ids``."""
+
+    ids: list[int]
+    mask: list[int]
+    old_logp: list[float] | None
+    advantage: float
+    weight: float = 1.0
+
+
+@dataclass
+class BuildReport:
+    samples: list[Sample] = field(default_factory=list)
+    skipped_too_long: int = 0
+    skipped_malformed: int = 0
+    empty_response: int = 0
+
+
+def samples_from_groups(
+    groups: Sequence[GroupBatch], weights: Sequence[float] | None = None, max_len: int | None = None
+) -> BuildReport:
+    """Transitions → rows. Rows that cannot be trained on are counted, not raised."""
+    rep = BuildReport()
+    for gi, g in enumerate(groups):
+        w = 1.0 if weights is None else float(weights[gi])
+        for t in g.transitions:
+            p, r = t.prompt_token_ids, t.response_token_ids
+            if not r:
+                rep.empty_response += 1
+                continue
+            rmask = t.response_mask or [1] * len(r)
+            if len(rmask) != len(r) or (t.response_logprobs and len(t.response_logprobs) != len(r)) or not p:
+                rep.skipped_malformed += 1
+                continue
+            if max_len is not None and len(p) + len(r) > max_len:
+                rep.skipped_too_long += 1
+                continue
+            old = [0.0] * len(p) + list(t.response_logprobs) if t.response_logprobs else None
+            rep.samples.append(Sample(list(p) + list(r), [0] * len(p) + [1 if m else 0 for m in rmask], old, float(t.advantage), w))
+    return rep
+
+
+def micro_batches(samples: Sequence[Sample], micro_batch_tokens: int) -> list[list[Sample]]:
+    """Pack rows (longest first) so ``rows * padded_len <= micro_batch_tokens``; a longer row goes alone."""
+    order = sorted(samples, key=lambda s: len(s.ids), reverse=True)
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    width = 0
+    for s in order:
+        w = max(width, len(s.ids))
+        if cur and w * (len(cur) + 1) > micro_batch_tokens:
+            out.append(cur)
+            cur, w = [], len(s.ids)
+        cur.append(s)
+        width = w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Rows → right-padded tensors: input_ids, attention_mask, loss_mask, old_logp, has_old, advantages, weights."""
+    n, width = len(samples), max(len(s.ids) for s in samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    has_old = torch.zeros((n, 1), dtype=torch.bool)
+    for i, s in enumerate(samples):
+        L = len(s.ids)
+        ids[i, :L] = torch.tensor(s.ids, dtype=torch.long)
+        attn[i, :L] = 1
+        mask[i, :L] = torch.tensor(s.mask, dtype=torch.long)
+        if s.old_logp is not None:
+            old[i, :L] = torch.tensor(s.old_logp, dtype=torch.float32)
+            has_old[i] = True
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attn.to(device),
+        "loss_mask": mask.to(device),
+        "old_logp": old.to(device),
+        "has_old": has_old.to(device),
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        "weights": torch.tensor([s.weight for s in samples], dtype=torch.float32, device=device),
+    }
+
+
+def group_stats(groups: Sequence[GroupBatch]) -> dict[str, float]:
+    """Reward and advantage statistics of a train batch (what analysts plot next to the loss)."""
+    rewards = [r for g in groups for r in g.rewards]
+    advs = [t.advantage for g in groups for t in g.transitions]
+
+    def _mean(x: list[float]) -> float:
+        return sum(x) / len(x) if x else 0.0
+
+    am = _mean(advs)
+    return {
+        "reward_mean": _mean(rewards),
+        "reward_max": max(rewards) if rewards else 0.0,
+        "reward_min": min(rewards) if rewards else 0.0,
+        "advantage_mean": am,
+        "advantage_std": math.sqrt(_mean([(a - am) ** 2 for a in advs])) if advs else 0.0,
+        "advantage_max": max(advs) if advs else 0.0,
+        "advantage_min": min(advs) if advs else 0.0,
+        "groups": float(len(groups)),
+        "zero_variance_groups": float(sum(1 for g in groups if g.zero_variance)),
+    }
+
+
+class TorchGRPOBackend:
+    """AdamW + grad clipping + micro-batched GRPO over a HF causal LM (or any module returning ``.logits``)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        grpo: GRPOConfig | None = None,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        micro_batch_tokens: int = 4096,
+        ref_model: Any | None = None,
+        temperature: float = 1.0,
+        pad_id: int = 0,
+    ) -> None:
+        if micro_batch_tokens <= 0:
+            raise TrainingError("micro_batch_tokens must be > 0")
+        self.model = model
+        self.grpo = grpo or GRPOConfig()
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_tokens = micro_batch_tokens
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+        self.temperature = temperature
+        self.pad_id = pad_id
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def accumulate(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics."""
+        num_seqs = float(len(samples))
+        num_tokens = float(sum(sum(s.mask) for s in samples))
+        sums = {"loss": 0.0, "pg_loss": 0.0}
+        tok_weighted = {"kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        rmax, rmin, mbs = -math.inf, math.inf, 0
+        data_time = 0.0
+        self.model.train()
+        for mb in micro_batches(samples, self.micro_batch_tokens):
+            t0 = time.perf_counter()
+            b = collate(mb, self.pad_id, self.device)
+            data_time += time.perf_counter() - t0
+            logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            logp = token_logprobs(logits, b["input_ids"], self.temperature)
+            old = torch.where(b["has_old"], b["old_logp"], logp.detach())
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logits = self.ref_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                    ref = token_logprobs(ref_logits, b["input_ids"], self.temperature)
+            loss, m = grpo_loss(
+                logp, old, b["advantages"], b["loss_mask"], self.grpo,
+                ref_logp=ref, seq_weights=b["weights"], num_seqs=num_seqs, num_tokens=num_tokens,
+            )
+            loss.backward()
+            mbs += 1
+            sums["loss"] += m["loss"]
+            sums["pg_loss"] += m["pg_loss"]
+            for k in tok_weighted:
+                tok_weighted[k] += m[k] * m["active_tokens"]
+            if m["active_tokens"]:
+                rmax, rmin = max(rmax, m["ratio_max"]), min(rmin, m["ratio_min"])
+        denom = max(num_tokens, 1.0)
+        return {
+            **sums,
+            **{k: v / denom for k, v in tok_weighted.items()},
+            "ratio_max": rmax if mbs and rmax > -math.inf else 1.0,
+            "ratio_min": rmin if mbs and rmin < math.inf else 1.0,
+            "micro_batches": float(mbs),
+            "response_tokens": num_tokens,
+            "tokens": float(sum(len(s.ids) for s in samples)),
+            "samples": num_seqs,
+            "collate_time_s": data_time,
+        }
+
+    def step(self, groups: Sequence[GroupBatch], weights: Sequence[float] | None = None) -> dict[str, float]:
+        """One optimiser step on ``groups`` (``weights``: per-group loss weight, e.g. staleness)."""
+        t0 = time.perf_counter()
+        rep = samples_from_groups(groups, weights, max_positions(self.model))
+        build_time = time.perf_counter() - t0
+        metrics: dict[str, float] = {
+            "skipped_too_long": float(rep.skipped_too_long),
+            "skipped_malformed": float(rep.skipped_malformed),
+            "empty_responses": float(rep.empty_response),
+            **group_stats(groups),
+        }
+        self.optimizer.zero_grad(set_to_none=True)
+        if not rep.samples:
+            metrics.update({"loss": 0.0, "samples": 0.0, "tokens": 0.0, "step_time_s": time.perf_counter() - t0})
+            return metrics
+        m = self.accumulate(rep.samples)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            # Skip the update rather than poison the weights; the metric says it happened.
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["skipped_nonfinite"] = 1.0
+        else:
+            self.optimizer.step()
+        self.model.eval()
+        elapsed = time.perf_counter() - t0
+        metrics.update(m)
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["step_time_s"] = elapsed
+        metrics["tokens_per_s"] = m["tokens"] / elapsed if elapsed > 0 else 0.0
+        metrics["build_time_s"] = build_time + m.pop("collate_time_s")
+        metrics.pop("collate_time_s", None)
+        return metrics
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        try:
+            self.optimizer.load_state_dict(state)
+        except (ValueError, KeyError) as exc:
+            raise TrainingError(f"optimizer state does not match the model: {exc}") from exc
+
+
+__all__ = ["Sample", "BuildReport", "TorchGRPOBackend", "collate", "group_stats", "micro_batches", "samples_from_groups"]
