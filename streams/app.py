@@ -72,6 +72,9 @@ class Config:
     core: Settings = field(default_factory=Settings)
     groups: GroupPolicy = field(default_factory=GroupPolicy)
     rollout_timeout_s: float = 600.0
+    # Spans of one attempt come from several producers (the agent's process, the LLM proxy), so its
+    # FINISHED event can overtake some of them: wait this long for sequence ids up to span_count.
+    finish_grace_s: float = 10.0
     completed_retention_s: float = 3600.0
     store: str = "memory://"
     tick_s: float = 0.5
@@ -125,6 +128,7 @@ class Worker:
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
         self._deferred: list[tuple[int, str, str, int]] = []  # (partition, rollout_id, attempt_id, finished offset)
         self._completing: dict[tuple[str, str], int] = {}
+        self._ready: list[tuple[str, str, int]] = []  # attempts a span made whole: (rollout, attempt, offset)
         self._lock = asyncio.Lock()
         self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0}
         self._register()
@@ -219,6 +223,8 @@ class Worker:
             return
         if isinstance(record, Span):
             self._on_span(record, msg.partition, msg.offset, msg.topic)
+            if self._ready:
+                await self.finish_ready(grace_scan=False)
         else:
             assert isinstance(record, RolloutEvent)
             await self._on_event(record, msg.partition, msg.offset, msg.topic)
@@ -247,9 +253,12 @@ class Worker:
         info = self._attempt(state, att)
         if span.span_id not in info["spans"]:
             info["spans"].append(span.span_id)
+            info.setdefault("seqs", []).append(span.sequence_id)
             self._put(self.span_store, partition, SEP.join((rid, att, span.span_id)), codec.encode(span))
         state["seen"] = time.time_ns()
         self._put(self.rollouts, partition, rid, _dumps(state))
+        if info.get("finished") and self._all_in(info):
+            self._ready.append((rid, att, max(offset, info["finished"]["offset"])))
 
     async def _on_event(self, ev: RolloutEvent, partition: int, offset: int, topic: str) -> None:
         EVENTS_IN.labels(ev.event.value).inc()
@@ -264,9 +273,48 @@ class Worker:
         state["seen"] = time.time_ns()
         self._put(self.rollouts, partition, rid, _dumps(state))
         if ev.event == RolloutEventType.FINISHED:
-            spans = self._load_spans(rid, att, info)
-            result = finish_attempt(spans, ev, self.cfg.core, started_ns=info["started_ns"])
-            await self._complete(result, partition, offset, topic)
+            info["finished"] = {"offset": offset, "at": time.time_ns(), "event": ev.model_dump(mode="json")}
+            self._put(self.rollouts, partition, rid, _dumps(state))
+            if self._all_in(info):
+                await self._finish(rid, att, partition, offset, topic)
+
+    @staticmethod
+    def _all_in(info: dict[str, Any]) -> bool:
+        """Every sequence id up to the FINISHED event's span_count has arrived."""
+        count = int(info["finished"]["event"].get("span_count") or 0)
+        seqs = {int(q) for q in info.get("seqs", ())}
+        return all(q in seqs for q in range(1, count + 1))
+
+    async def _finish(self, rid: str, att: str, partition: int, offset: int, topic: str | None) -> None:
+        """Complete an attempt whose FINISHED event arrived (all spans in, or its grace period over)."""
+        state = self._state(rid)
+        if state is None or att in state["done"] or (rid, att) in self._completing:
+            return
+        info = state["attempts"][att]
+        ev = RolloutEvent.model_validate(info["finished"]["event"])
+        spans = self._load_spans(rid, att, info)
+        result = finish_attempt(spans, ev, self.cfg.core, started_ns=info["started_ns"])
+        await self._complete(result, partition, offset, topic)
+
+    async def finish_ready(self, grace_scan: bool = True) -> None:
+        """Complete the attempts a span made whole, and (``grace_scan``) those whose grace period ran out."""
+        ready, self._ready = self._ready, []
+        for rid, att, offset in ready:
+            state = self._state(rid)
+            if state is not None:
+                await self._finish(rid, att, state["p"], offset, self.cfg.topic_prefix + "spans")
+        if not grace_scan:
+            return
+        now = time.time_ns()
+        for key, raw in list(self.rollouts.data.items()):
+            if raw is None:
+                continue
+            state = json.loads(raw)
+            rid = key.decode() if isinstance(key, bytes) else key
+            for att, info in state["attempts"].items():
+                fin = info.get("finished")
+                if fin and (now - fin["at"]) / 1e9 >= self.cfg.finish_grace_s and (rid, att) not in self._completing:
+                    await self._finish(rid, att, state["p"], fin["offset"], self.cfg.topic_prefix + "spans")
 
     def _load_spans(self, rid: str, att: str, info: dict[str, Any]) -> list[Span]:
         out = []
@@ -420,6 +468,7 @@ class Worker:
 
         @app.timer(self.cfg.tick_s)
         async def tick() -> None:
+            await self.finish_ready()
             await self.expire_rollouts()
             await self.expire_groups()
             await self.commit_point()

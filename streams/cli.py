@@ -19,6 +19,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--agent-match", {"dest": "agent_match", "help": "regex of agent names to train; others are stored with trained=false"}),
     ("--reward-rules", {"dest": "reward_rules", "help": "TOML/JSON file of intermediate reward rules"}),
     ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out (default 600)"}),
+    ("--finish-grace", {"type": float, "dest": "finish_grace_s", "help": "seconds after FINISHED to wait for missing sequence ids (default 10)"}),
     ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 5000)"}),
     ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
     ("--metrics-port", {"type": int, "dest": "metrics_port", "help": "serve Prometheus /metrics on this port (default 0: off)"}),
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = Config(
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
+        finish_grace_s=s.finish_grace_s,
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s),
     )
     worker = Worker(cfg, sink)

@@ -21,6 +21,9 @@ class StreamSettings(CommonSettings):
     agent_match: str | None = Field(default=None, description="Regex of the agent names to train; unset: all.")
     reward_rules: Path | None = Field(default=None, description="TOML/JSON file of intermediate reward rules.")
     rollout_timeout_s: float = Field(default=600.0, gt=0, description="A rollout with no record for this long is timed out.")
+    finish_grace_s: float = Field(
+        default=10.0, gt=0, description="After FINISHED, how long to wait for spans up to its span_count (other producers)."
+    )
     completed_retention_s: float = Field(default=3600.0, gt=0, description="How long a completed rollout is remembered (late-span detection).")
     sink_batch_size: int = Field(default=5000, ge=1, description="Rows buffered before a ClickHouse insert.")
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")

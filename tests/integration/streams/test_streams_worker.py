@@ -79,3 +79,37 @@ def test_sigkill_mid_stream_leaves_every_span_once(kafka_conf, topics, test_env)
     })
     assert rows["spans"] == [[32, 32, 0]]
     assert rows["ro"] == [[8]] and rows["groups"] == [[4]]
+
+
+def test_spans_from_another_producer_after_finished_still_count(kafka_conf, topics, test_env):
+    """The LLM proxy and the agent's process produce separately: FINISHED can overtake LLM spans.
+
+    An attempt completes when every sequence id up to span_count is in; one whose span never
+    arrives completes after the grace period with the gap visible.
+    """
+    spans_a, ev_a = rollout("late-a", "t9", reward=1.0)
+    spans_b, ev_b = rollout("late-b", "t9", reward=0.0)
+    llm_a = [s for s in spans_a if s.kind == "llm"]
+    items = encoded([s for s in spans_a if s.kind != "llm"], ev_a) + [(s.rollout_id, codec_encode(s)) for s in llm_a]
+    # late-b: its second LLM span never arrives
+    items += encoded([s for s in spans_b if s.sequence_id != 3], ev_b)
+    produce(kafka_conf, topics.spans, items)
+    proc = start_worker(test_env, "--group-size", "2", "--finish-grace", "2")
+    got = batches(kafka_conf, topics.batches, 1, proc)
+    rc, out = stop_worker(proc)
+    assert rc == 0, out[-3000:]
+    assert got[0].group_id == "t9@1"
+    assert sorted({t.rollout_id for t in got[0].transitions}) == ["late-a", "late-b"]
+    assert len([t for t in got[0].transitions if t.rollout_id == "late-a"]) == 2
+    rows = query(test_env, {
+        "ro": "SELECT rollout_id, spans_seen, transition_count, missing_sequence_ids FROM rollouts FINAL ORDER BY rollout_id",
+        "late": "SELECT countIf(late) FROM spans FINAL",
+    })
+    assert rows["ro"] == [["late-a", 4, 2, []], ["late-b", 3, 1, [3]]]
+    assert rows["late"] == [[0]]
+
+
+def codec_encode(span):  # noqa: ANN001, ANN201
+    from schemas import codec
+
+    return codec.encode(span)
