@@ -10,6 +10,7 @@ counter. Upstream errors are passed back faithfully and recorded with status ERR
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from producers.transport import SPAN, SpanTransport
 log = logging.getLogger(__name__)
 
 SEQUENCE_HEADER = "x-rolloutbus-sequence-id"
+AGENT_HEADER = "x-rolloutbus-agent-name"
 VERSION_HEADER = "x-rolloutbus-resource-version"
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 
@@ -42,7 +44,13 @@ def proxy_url(base: str) -> str:
 def proxy_headers() -> dict[str, str]:
     """Headers that give the next LLM call the current attempt's next sequence id."""
     ctx = current_rollout()
-    return {} if ctx is None else {SEQUENCE_HEADER: str(ctx.next_sequence_id())}
+    if ctx is None:
+        return {}
+    headers = {SEQUENCE_HEADER: str(ctx.next_sequence_id())}
+    if ctx.agent_name:
+        # The proxy records the LLM span; the agent's name makes it selectable (agent_match).
+        headers[AGENT_HEADER] = ctx.agent_name
+    return headers
 
 
 class _Counters:
@@ -96,8 +104,10 @@ class _Call:
 
 
 class LLMProxy:
-    def __init__(self, upstream: str, transport: SpanTransport, *, api_key: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(self, upstream: str, transport: SpanTransport, *, api_key: str | None = None, timeout_s: float = 600.0,
+                 token: str | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.token = token  # set: clients must send ``Authorization: Bearer <token>`` (not forwarded upstream)
         self.transport = transport
         self.api_key = api_key
         self.timeout = ClientTimeout(total=timeout_s)
@@ -126,6 +136,11 @@ class LLMProxy:
         return await self._handle(request, "completions", chat=False)
 
     async def _handle(self, request: web.Request, path: str, chat: bool) -> web.StreamResponse:
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
+                                         status=401, headers={"WWW-Authenticate": "Bearer"})
         rollout_id = request.match_info["rollout_id"]
         attempt_id = request.match_info["attempt_id"]
         try:
@@ -134,6 +149,7 @@ class LLMProxy:
                 raise ValueError("not an object")
         except ValueError:
             return web.json_response({"error": {"message": "request body must be a JSON object", "type": "invalid_request_error"}}, status=400)
+        agent_name = request.headers.get(AGENT_HEADER) or None
         given = request.headers.get(SEQUENCE_HEADER)
         try:
             seq = self.counters.take(attempt_id, int(given) if given else None)
@@ -147,7 +163,9 @@ class LLMProxy:
             body["logprobs"] = body.get("logprobs") or 1
         stream = bool(body.get("stream"))
         headers = {"Content-Type": "application/json"}
-        auth = request.headers.get("Authorization") or (f"Bearer {self.api_key}" if self.api_key else None)
+        # With our own token configured, the client's Authorization is for us, never for the upstream.
+        client_auth = request.headers.get("Authorization") if self.token is None else None
+        auth = client_auth or (f"Bearer {self.api_key}" if self.api_key else None)
         if auth:
             headers["Authorization"] = auth
         if self._session is None:
@@ -155,7 +173,7 @@ class LLMProxy:
         start = time.time_ns()
         call = _Call()
         meta = {"rollout_id": rollout_id, "attempt_id": attempt_id, "seq": seq, "start": start, "chat": chat,
-                "request_model": body.get("model"), "path": path}
+                "request_model": body.get("model"), "path": path, "agent_name": agent_name}
         try:
             async with self._session.post(f"{self.upstream}/{path}", json=body, headers=headers) as up:
                 version = up.headers.get(VERSION_HEADER)
@@ -247,7 +265,7 @@ class LLMProxy:
                 ),
                 "reward": None,
                 "tool": None,
-                "agent_name": None,
+                "agent_name": meta.get("agent_name"),
             }
             self.transport.emit(meta["rollout_id"], SPAN, span)
         if len(choices) > 1:

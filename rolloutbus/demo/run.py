@@ -258,7 +258,7 @@ def run_demo(cfg: DemoConfig) -> int:
 
     from rolloutbus.local_kafka import LocalKafka
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     say = console.print
     overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
     settings = CommonSettings(**overrides)
@@ -342,7 +342,9 @@ def run_demo(cfg: DemoConfig) -> int:
         sup.stop("proxy")
         sup.stop("serve")
         say(f"evaluate   version {first} (the warm-up) and version {final} on the same {len(held_out)} held-out problems (greedy)")
-        first_scores = evaluate(settings, sup, versions[first]["uri"], first, held_out, "first")
+        # Version 0 is the warm-up's weights as published (its checkpoint may be pruned by now).
+        first_uri = str(base) if first == 0 else versions[first]["uri"]
+        first_scores = evaluate(settings, sup, first_uri, first, held_out, "first")
         final_scores = evaluate(settings, sup, versions[final]["uri"], final, held_out, "final")
         time.sleep(2.0)  # the sink flushes every 0.5 s
         sup.stop("process", grace=60)
