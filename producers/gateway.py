@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -210,6 +211,9 @@ class Gateway:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._reply(413, f"body is over the limit of {self.max_body_bytes} bytes")
+        except RequestPayloadError as exc:
+            # aiohttp inflates Content-Encoding itself; a body that is not what the header says is the client's error.
+            return self._reply(400, f"body cannot be read as sent ({request.headers.get('Content-Encoding', 'identity')}): {exc}")
         encoding = request.headers.get("Content-Encoding", "").lower()
         # aiohttp inflates gzip request bodies itself (under client_max_size); inflate here only if not.
         if encoding == "gzip" and body[:2] == b"\x1f\x8b":

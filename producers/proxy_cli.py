@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     transport = s.transport(spool_name="proxy")
     proxy = LLMProxy(
         s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s,
+        token=s.proxy_token.get_secret_value() if s.proxy_token else None,
         api_key=s.proxy_upstream_api_key.get_secret_value() if s.proxy_upstream_api_key else None,
     )
     logging.getLogger(__name__).info("proxy on http://%s:%d → %s", s.proxy_host, s.proxy_port, s.proxy_upstream)

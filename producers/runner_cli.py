@@ -56,3 +56,18 @@ def run(args: argparse.Namespace) -> int:
         runner.resources.stop()
         transport.close(30)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m producers.runner_cli AGENT``: the same as ``rolloutbus run-agent``."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="rolloutbus run-agent")
+    parser.add_argument("--data-dir", default=None)
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

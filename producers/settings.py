@@ -56,6 +56,7 @@ class ProxySettings(AgentSettings):
     proxy_port: int = 8788
     proxy_upstream: str | None = Field(default=None, description="Upstream OpenAI-compatible base URL, e.g. http://host:8000/v1.")
     proxy_upstream_api_key: SecretStr | None = None
+    proxy_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
     proxy_timeout_s: float = 600.0
 
 

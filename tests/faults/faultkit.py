@@ -1,0 +1,209 @@
+"""Helpers of the fault suite: processes to start and kill, ground truth read back from the broker,
+the worker's ClickHouse store read after it exits, and the figures each test prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from rolloutbus.errors import DecodeError, ValidationError
+from schemas import codec
+from tests.integration.streams.helpers import ROOT, query, read_topic, start_worker, stop_worker
+
+__all__ = ["ROOT", "query", "start_worker", "stop_worker", "read_topic"]
+
+LONG = os.environ.get("ROLLOUTBUS_FAULTS_LONG") == "1"
+SEED = int(os.environ.get("ROLLOUTBUS_FAULTS_SEED", "7"))
+
+
+def rng(name: str) -> random.Random:
+    """A seeded generator per test, so a failing run can be repeated (ROLLOUTBUS_FAULTS_SEED)."""
+    return random.Random(f"{SEED}:{name}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def py(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A Python subprocess of ours in the repo root; output to ``log`` (or a pipe)."""
+    out: Any = log.open("ab") if log is not None else subprocess.PIPE
+    return subprocess.Popen([sys.executable, *args], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def emitter(env: dict[str, str], out: Path, *flags: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    return py(env, str(ROOT / "tests" / "faults" / "emitter.py"), str(out), *flags, log=log)
+
+
+def worker(env: dict[str, str], *flags: str, rollout_timeout: float = 4.0) -> subprocess.Popen[bytes]:
+    """The stream worker with short timeouts, so timed-out attempts and partial groups drain quickly."""
+    return start_worker(env, "--group-size", "2", "--group-min-rollouts", "1", "--group-timeout", "4",
+                        "--rollout-timeout", str(rollout_timeout), *flags)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` from /proc (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def records(env_or_conf: dict[str, Any], topic: str, timeout: float = 20.0) -> list[tuple[int, int, bytes | None, bytes]]:
+    """Every record on ``topic`` now, as (partition, offset, key, value): read up to the high watermarks."""
+    conf = {"bootstrap.servers": env_or_conf.get("bootstrap.servers") or env_or_conf["ROLLOUTBUS_KAFKA_BOOTSTRAP"]}
+    c = Consumer({**conf, "group.id": f"truth-{uuid.uuid4().hex}", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
+        want = {p: e for p, e in ends.items() if e > 0}
+        c.assign([TopicPartition(topic, p, 0) for p in want])
+        out: list[tuple[int, int, bytes | None, bytes]] = []
+        pos = {p: 0 for p in want}
+        deadline = time.monotonic() + timeout
+        while any(pos[p] < want[p] for p in want) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            out.append((m.partition(), m.offset(), m.key(), m.value()))
+            pos[m.partition()] = m.offset() + 1
+        return out
+    finally:
+        c.close()
+
+
+def span_truth(conf: dict[str, Any], topic: str) -> dict[str, Any]:
+    """What reached rb.spans: span ids (with how often each was delivered) and FINISHED attempts."""
+    spans: Counter[tuple[str, str, str]] = Counter()
+    finished: dict[tuple[str, str], dict[str, Any]] = {}
+    other = 0
+    for _p, _o, _k, v in records(conf, topic):
+        try:
+            # The validating decode, as the worker does: what fails it is bad input (a dead letter).
+            model = codec.decode(v)
+        except (DecodeError, ValidationError):
+            other += 1
+            continue
+        rec = model.model_dump()
+        if model.schema_name == "rolloutbus.Span":
+            spans[(rec["rollout_id"], rec["attempt_id"], rec["span_id"])] += 1
+        elif model.schema_name == "rolloutbus.RolloutEvent" and str(getattr(model.event, "value", model.event)) == "FINISHED":
+            rec["event"] = "FINISHED"
+            rec["status"] = str(getattr(model.status, "value", model.status))
+            finished[(rec["rollout_id"], rec["attempt_id"])] = rec
+    return {"spans": spans, "finished": finished, "undecodable": other}
+
+
+def committed_behind(conf: dict[str, Any], group: str, topic: str) -> int:
+    """Records of ``topic`` not yet committed by consumer group ``group`` (the worker commits after its flush)."""
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        tps = [TopicPartition(topic, p) for p in md.partitions]
+        committed = c.committed(tps, timeout=10)
+        behind = 0
+        for tp in committed:
+            _lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            behind += hi - max(tp.offset, 0) if hi > 0 else 0
+        return behind
+    finally:
+        c.close()
+
+
+def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: subprocess.Popen[bytes], timeout: float = 90.0,
+                 settle: float = 6.0) -> None:
+    """Until the worker committed every record of rb.spans (so it flushed their rows), then ``settle``
+    seconds more for timers (timed-out attempts, partial groups) and one more commit."""
+    prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    deadline = time.monotonic() + timeout
+    behind = -1
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited early: {proc.stdout.read().decode(errors='replace')[-3000:]}")  # type: ignore[union-attr]
+        behind = committed_behind(conf, f"{prefix}streams", f"{prefix}spans")
+        if behind == 0:
+            time.sleep(settle)
+            if committed_behind(conf, f"{prefix}streams", f"{prefix}spans") == 0:
+                return
+        time.sleep(1.0)
+    proc.kill()
+    tail = proc.communicate()[0].decode(errors="replace")[-2500:]  # type: ignore[union-attr]
+    raise AssertionError(f"worker still {behind} records behind on {prefix}spans after {timeout}s; its log ends:\n{tail}")
+
+
+def group_ids(conf: dict[str, Any], topic: str) -> Counter[str]:
+    """GroupBatch records on rb.batches, counted per group id (a re-emit after a crash counts twice)."""
+    out: Counter[str] = Counter()
+    for _p, _o, k, _v in records(conf, topic):
+        out[(k or b"").decode()] += 1
+    return out
+
+
+STORE_QUERIES = {
+    "spans": "SELECT rollout_id, attempt_id, span_id FROM spans FINAL",
+    "span_rows": "SELECT count() FROM spans FINAL",
+    "rollouts": "SELECT rollout_id, attempt_id, status, group_id FROM rollouts FINAL",
+    "dlq": "SELECT reason, count() FROM dead_letters FINAL GROUP BY reason ORDER BY reason",
+}
+
+
+def check_store(env: dict[str, str], conf: dict[str, Any], label: str, expect_finished: bool = True) -> dict[str, Any]:
+    """Compare the worker's store (as a FINAL reader sees it) with what reached the broker; print figures."""
+    prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    truth = span_truth(conf, f"{prefix}spans")
+    rows = query(env, STORE_QUERIES)
+    stored = Counter((r[0], r[1], r[2]) for r in rows["spans"])
+    produced = set(truth["spans"])
+    lost = produced - set(stored)
+    extra = set(stored) - produced
+    dup_rows = sum(n - 1 for n in stored.values() if n > 1)
+    redelivered = sum(n - 1 for n in truth["spans"].values() if n > 1)
+    ro = Counter((r[0], r[1]) for r in rows["rollouts"])
+    status = {(r[0], r[1]): r[2] for r in rows["rollouts"]}
+    finished = truth["finished"]
+    no_row = [k for k in finished if ro.get(k, 0) != 1]
+    wrong_status = [k for k in finished if k in status and status[k] != finished[k]["status"]]
+    gids = {r[3] for r in rows["rollouts"] if r[3]}
+    emitted = group_ids(conf, f"{prefix}batches")
+    missing_groups = gids - set(emitted)
+    figures = {
+        "test": label, "spans_produced": len(produced), "lost": len(lost), "extra": len(extra),
+        "duplicates_seen_by_final_reader": dup_rows, "redelivered_on_topic": redelivered,
+        "rollouts_finished": len(finished), "rollouts_rows": len(ro), "finished_without_one_row": len(no_row),
+        "groups": len(gids), "groups_missing_from_batches": len(missing_groups),
+        "groups_re_emitted": sum(n - 1 for n in emitted.values() if n > 1),
+        "dlq_by_reason": {r[0]: r[1] for r in rows["dlq"]},
+    }
+    print("FIGURES " + json.dumps(figures, sort_keys=True))
+    assert not lost, f"{len(lost)} spans lost, e.g. {sorted(lost)[:3]}"
+    assert not extra, f"{len(extra)} spans in ClickHouse that never reached the broker: {sorted(extra)[:3]}"
+    assert dup_rows == 0 and rows["span_rows"] == [[len(produced)]]
+    assert not no_row, f"{len(no_row)} finished attempts without exactly one rollouts row, e.g. {no_row[:3]}"
+    assert not wrong_status, [(k, status[k], finished[k]['status']) for k in wrong_status[:3]]
+    assert not missing_groups, f"groups never on rb.batches: {sorted(missing_groups)[:5]}"
+    if expect_finished:
+        assert finished, "the workload finished no rollout"
+    return {"truth": truth, "rows": rows, "figures": figures, "batches": emitted}
