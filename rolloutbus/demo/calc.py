@@ -1,11 +1,12 @@
-"""The demo's task: two-step arithmetic word problems solved with a calculator tool over several turns.
+"""The demo's task: arithmetic word problems solved with a calculator tool over several turns.
 
-A problem is digits and keywords, e.g. ``"5 3 2 gain times"``: combine the first two numbers with the
-operation the first keyword names, then the result and the next number with the second's
-(``(5 + 3) * 2 = 16``). The agent calls the calculator (``calc 5+3``), reads its answer, calls it again
-(``calc 8*2``) and answers (``answer 16``). The demo uses one operation per problem by default. Which operation each keyword names is what the policy learns
-from reward: the supervised warm-up demonstrations pick the right one only part of the time, so the
-starting policy knows the format but guesses operations.
+A problem is digits and keywords, e.g. ``"5 3 gain"`` (or ``"5 3 2 gain times"``): combine the first
+two numbers with the operation the keyword names, then the result and the next number with the next
+keyword's, and so on. The agent calls the calculator (``calc 5+3``), reads its answer (``8``), and
+answers (``answer 8``). Which operation each keyword names is what the policy learns from reward: the
+supervised warm-up demonstrations hold misconceptions (for four of the six keywords they most often
+use a wrong operation), so the starting policy knows the format but its most likely choice is often
+wrong. The demo uses one operation per problem.
 
 Everything here is pure: tasks, the calculator, the checker, the demonstrations.
 """
@@ -113,16 +114,35 @@ def split(train: int, held_out: int, seed: int = 7, steps: int = 1) -> tuple[lis
     return problems(train, seed, steps, exclude=set(test)), test
 
 
-def demonstration(problem: Problem, p_correct: float, rng: random.Random) -> list[dict[str, str]]:
-    """A full conversation for supervised warm-up; each operation is right with probability ``p_correct``.
+# The warm-up's misconceptions: for these keywords the demonstrations most often use the wrong
+# operation named here, so the starting policy's most likely choice is wrong; RL must fix it.
+MISCONCEPTIONS: dict[str, str] = {"more": "-", "lose": "+", "times": "+", "each": "-"}
+
+
+def warmup_distribution(word: str) -> dict[str, float]:
+    """How often the demonstrations use each operation for ``word``.
+
+    Keywords with a misconception: the wrong operation 50%, the right one 30%, the third 20%.
+    The others: right 60%, each wrong one 20%. The starting policy thus reads the keyword, but guesses.
+    """
+    right = KEYWORDS[word]
+    wrong = MISCONCEPTIONS.get(word)
+    if wrong is None:
+        return {op: 0.6 if op == right else 0.2 for op in OPS}
+    return {op: 0.3 if op == right else 0.5 if op == wrong else 0.2 for op in OPS}
+
+
+def demonstration(problem: Problem, rng: random.Random) -> list[dict[str, str]]:
+    """A full conversation for supervised warm-up, its operations drawn from :func:`warmup_distribution`.
 
     A wrong operation is followed through consistently (the calculator's real result is used), so the
-    demonstrations teach the format, reading numbers and copying results, but not the keywords' meaning.
+    demonstrations teach the format, reading numbers and copying results, and a weak, partly wrong
+    idea of what the keywords mean.
     """
 
     def pick(word: str) -> str:
-        right = KEYWORDS[word]
-        return right if rng.random() < p_correct else rng.choice([o for o in OPS if o != right])
+        dist = warmup_distribution(word)
+        return rng.choices(list(dist), weights=list(dist.values()))[0]
 
     conv = [{"role": "user", "content": problem.text}]
     value = problem.numbers[0]

@@ -40,7 +40,6 @@ class DemoConfig:
     demonstrations: int = 2000
     lr: float = 1e-3
     sft_epochs: int = 3
-    sft_p_correct: float = 1 / 3
     seed: int = 0
     out: Path = Path("demo-output")
     quick: bool = False
@@ -93,7 +92,7 @@ def warm_up(cfg: DemoConfig, train: list[calc.Problem], directory: Path, say: An
     from trainer.model import TinyConfig, build_tiny, save_policy
     from trainer.sft import SFTConfig, sft
 
-    key = hashlib.sha256(json.dumps([cfg.seed, cfg.sft_epochs, cfg.sft_p_correct, cfg.demonstrations, len(train), "v1"]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([cfg.seed, cfg.sft_epochs, calc.MISCONCEPTIONS, cfg.demonstrations, len(train), "v2"]).encode()).hexdigest()[:12]
     path = directory / f"base-{key}"
     if (path / "config.json").exists():
         say(f"warm-up    reusing {path}")
@@ -101,14 +100,14 @@ def warm_up(cfg: DemoConfig, train: list[calc.Problem], directory: Path, say: An
     t0 = time.monotonic()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    pairs = calc.sft_pairs([calc.demonstration(rng.choice(train), cfg.sft_p_correct, rng) for _ in range(cfg.demonstrations)])
+    pairs = calc.sft_pairs([calc.demonstration(rng.choice(train), rng) for _ in range(cfg.demonstrations)])
     model, tok = build_tiny(TinyConfig(), seed=cfg.seed)
     losses = sft(model, tok, pairs, SFTConfig(epochs=cfg.sft_epochs, lr=3e-3, batch_size=32, seed=cfg.seed))
     tmp = directory / f".base-{key}.tmp"
     save_policy(model, tok, tmp)
     tmp.rename(path)
     say(f"warm-up    {len(pairs)} demonstration turns, {cfg.sft_epochs} epochs, loss {losses[0]:.2f} → {losses[-1]:.3f} "
-        f"({time.monotonic() - t0:.0f}s) — format learnt, operations guessed")
+        f"({time.monotonic() - t0:.0f}s) — format learnt, operations partly wrong")
     return path
 
 

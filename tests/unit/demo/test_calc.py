@@ -44,16 +44,19 @@ def test_split_is_disjoint_and_covers_the_space() -> None:
         calc.problems(487, seed=0)
 
 
-def test_demonstrations_are_consistent_and_noisy() -> None:
+def test_demonstrations_are_consistent_and_hold_the_misconceptions() -> None:
     rng = random.Random(0)
-    problem = calc.Problem((5, 3), ("gain",))
-    convs = [calc.demonstration(problem, 1 / 3, rng) for _ in range(300)]
-    ops = set()
+    problem = calc.Problem((5, 3), ("more",))
+    convs = [calc.demonstration(problem, rng) for _ in range(600)]
+    ops: dict[str, int] = {}
     for conv in convs:
         assert [m["role"] for m in conv] == ["user", "assistant", "tool", "assistant"]
         ok, result = calc.calculator(conv[1]["content"].removeprefix("calc "))
         assert ok and conv[2]["content"] == result and conv[3]["content"] == f"answer {result}"
-        ops.add(conv[1]["content"][6])
-    assert ops == {"+", "-", "*"}, "the warm-up must not teach which operation a keyword names"
+        op = conv[1]["content"][6]
+        ops[op] = ops.get(op, 0) + 1
+    # "more" means +, but the warm-up mostly teaches -: the starting policy's favourite is wrong.
+    assert max(ops, key=ops.__getitem__) == "-" and 0.2 < ops["+"] / 600 < 0.4
+    assert calc.warmup_distribution("gain") == {"+": 0.6, "-": 0.2, "*": 0.2}
     pairs = calc.sft_pairs(convs[:2])
     assert len(pairs) == 4 and pairs[0][1].startswith("calc ") and pairs[1][0][-1]["role"] == "tool"
