@@ -4,7 +4,7 @@ A problem is digits and keywords, e.g. ``"5 3 gain"`` (or ``"5 3 2 gain times"``
 two numbers with the operation the keyword names, then the result and the next number with the next
 keyword's, and so on. The agent calls the calculator (``calc 5+3``), reads its answer (``8``), and
 answers (``answer 8``). Which operation each keyword names is what the policy learns from reward: the
-supervised warm-up demonstrations hold misconceptions (for four of the six keywords they most often
+supervised warm-up demonstrations hold misconceptions (for five of the six keywords they most often
 use a wrong operation), so the starting policy knows the format but its most likely choice is often
 wrong. The demo uses one operation per problem.
 
@@ -116,7 +116,7 @@ def split(train: int, held_out: int, seed: int = 7, steps: int = 1) -> tuple[lis
 
 # The warm-up's misconceptions: for these keywords the demonstrations most often use the wrong
 # operation named here, so the starting policy's most likely choice is wrong; RL must fix it.
-MISCONCEPTIONS: dict[str, str] = {"more": "-", "lose": "+", "times": "+", "each": "-"}
+MISCONCEPTIONS: dict[str, str] = {"more": "-", "lose": "+", "less": "*", "times": "+", "each": "-"}
 
 
 def warmup_distribution(word: str) -> dict[str, float]:

@@ -38,7 +38,8 @@ class DemoConfig:
     groups_per_step: int = 8
     held_out: int = 150
     demonstrations: int = 2000
-    lr: float = 1e-3
+    lr: float = 5e-4
+    kl_beta: float = 0.05
     sft_epochs: int = 3
     seed: int = 0
     out: Path = Path("demo-output")
@@ -53,7 +54,7 @@ class DemoConfig:
         if args.quick:
             cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
             cfg.demonstrations = 600
-        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "sft_epochs"):
+        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -299,7 +300,7 @@ def run_demo(cfg: DemoConfig) -> int:
         sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
-                            "--lr", str(cfg.lr), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed)])
+                            "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed)])
         follower.start()
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
