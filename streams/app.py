@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import logging
 import time
 from dataclasses import dataclass, field
@@ -77,9 +78,43 @@ class Config:
     finish_grace_s: float = 10.0
     completed_retention_s: float = 3600.0
     store: str = "memory://"
+    # faust's own files (RocksDB tables, ...): under the data dir, never the working directory.
+    datadir: str | None = None
     tick_s: float = 0.5
     # A restarted worker rejoins only when the dead member's session expired: keep it short.
     session_timeout_s: float = 10.0
+
+
+# --------------------------------------------------------------------------- faust offset fix
+#
+# faust's Consumer._new_offset commits past the longest run of acked offsets, and checks for an
+# unacked head only when the partition has a (truthy) committed offset: on a partition with no commit
+# yet (or committed at 0), offsets 1..n acked before offset 0 commit n+1 and offset 0 is never
+# processed by anyone — seen here as a span lost after a SIGKILL. We hold a commit back while the
+# lowest acked offset is above the first offset this worker read (no commit yet) or above the
+# committed one. Compacted topics are left to faust (their offsets have holes).
+FIRST_SEEN: dict[Any, int] = {}
+STRICT_TOPICS: set[str] = set()
+
+
+def _patch_faust_commit_floor() -> None:
+    from faust.transport import consumer as faust_consumer
+
+    original = faust_consumer.Consumer._new_offset
+    if getattr(original, "_rolloutbus_floor", False):
+        return
+
+    def _new_offset(self: Any, tp: Any) -> Any:
+        acked = self._acked[tp]
+        if acked and tp.topic in STRICT_TOPICS:
+            committed = self._committed_offset[tp]
+            floor = committed if committed is not None else FIRST_SEEN.get(tp)
+            if floor is None or min(acked) > floor:
+                return None
+        return original(self, tp)
+
+    _new_offset._rolloutbus_floor = True  # type: ignore[attr-defined]
+    faust_consumer.Consumer._new_offset = _new_offset
 
 
 def done_topic_name(prefix: str) -> str:
@@ -97,10 +132,13 @@ class Worker:
         self.cfg = cfg
         self.sink = sink
         p = cfg.topic_prefix
+        datadir = cfg.datadir or f"/tmp/rolloutbus-faust/{cfg.app_id}"
+        os.makedirs(datadir, exist_ok=True)
         self.app = faust.App(
             cfg.app_id,
             broker=cfg.broker,
             store=cfg.store,
+            datadir=datadir,
             topic_partitions=cfg.partitions,
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
@@ -117,6 +155,8 @@ class Worker:
         raw = {"key_serializer": "raw", "value_serializer": "raw"}
         self.spans_topic = self.app.topic(f"{p}spans", **raw)
         self.done_topic = self.app.topic(done_topic_name(p), partitions=cfg.partitions, **raw)
+        STRICT_TOPICS.update({f"{p}spans", done_topic_name(p)})
+        _patch_faust_commit_floor()
         self.batches_topic = self.app.topic(f"{p}batches", **raw)
         self.dlq_topic = self.app.topic(f"{p}dlq", **raw)
         self.resources_topic = self.app.topic(f"{p}resources", **raw)
@@ -448,6 +488,7 @@ class Worker:
             async def agent(stream: Any) -> None:
                 manual = stream.noack()
                 async for event in manual.events():
+                    FIRST_SEEN.setdefault(event.message.tp, event.message.offset)
                     try:
                         await handler(event)
                     except Exception:  # noqa: BLE001 - one bad record must not stop the stream
@@ -476,6 +517,8 @@ class Worker:
         @app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: Any, **_: Any) -> None:
             await self.commit_point()
+            for tp in revoked:
+                FIRST_SEEN.pop(tp, None)
 
     def _lag(self, event: Any) -> None:
         tp = event.message.tp

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
         finish_grace_s=s.finish_grace_s,
-        store=s.state_store, tick_s=min(0.5, s.sink_interval_s),
+        store=s.state_store, tick_s=min(0.5, s.sink_interval_s), datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink)
     if s.metrics_port:
