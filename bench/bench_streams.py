@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -507,6 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         phases["live"] = live_phase(bootstrap, scratch, worker_dir, args.live_s, args.live_rate, args.live_concurrency, args.seed)
     counts = verify(worker_dir, phases)
     log(f"row counts (FINAL): {counts}")
+    keep = os.environ.get("ROLLOUTBUS_BENCH_KEEP_LOGS")
+    if keep:  # the workers' logs, for looking into a slow run
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for f in scratch.glob("worker-*.log"):
+            shutil.copy(f, Path(keep) / f.name)
     shutil.rmtree(scratch, ignore_errors=True)
     for name in ("small", "llm"):
         ph, got = phases[name], counts[name]

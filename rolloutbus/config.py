@@ -81,6 +81,30 @@ class KafkaSecurity:
             conf["ssl.ca.location"] = self.ssl_ca_location
         return conf
 
+    def faust(self) -> Any:
+        """The same setup as faust ``broker_credentials`` (None for PLAINTEXT); the password is handed
+        over only here, and faust's credential objects do not print it."""
+        import ssl
+
+        import faust
+
+        protocol = self.protocol.upper()
+        if protocol == "PLAINTEXT":
+            return None
+        ctx = None
+        if protocol in ("SSL", "SASL_SSL"):
+            ctx = ssl.create_default_context(cafile=self.ssl_ca_location)
+        if protocol == "SSL":
+            return faust.SSLCredentials(ctx)
+        if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            return faust.SASLCredentials(
+                username=self.sasl_username,
+                password=self.sasl_password.get_secret_value() if self.sasl_password is not None else None,
+                ssl_context=ctx,
+                mechanism=self.sasl_mechanism or "PLAIN",
+            )
+        raise ValueError(f"unsupported Kafka security protocol {self.protocol!r}: use PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+
 
 class CommonSettings(BaseSettings):
     """Settings every process kind reads. Environment variables: ``ROLLOUTBUS_<FIELD>``."""

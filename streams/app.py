@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ GROUPS_OUT = Counter("rolloutbus_streams_groups_emitted_total", "GroupBatch reco
 DLQ_OUT = Counter("rolloutbus_streams_dead_letters_total", "Records sent to the dead-letter topic", ["source"])
 SINK_LATENCY = Histogram("rolloutbus_streams_sink_flush_seconds", "ClickHouse flush latency")
 SINK_ROWS = Counter("rolloutbus_streams_sink_rows_total", "Rows written to ClickHouse", ["table"])
+REREADS = Counter("rolloutbus_streams_rereads_total", "Partitions sought back to their frontier", ["reason"])
 LAG = Gauge("rolloutbus_streams_lag", "Records behind the end of the partition", ["topic", "partition"])
 
 SEP = "\x1f"
@@ -81,20 +83,35 @@ class Config:
     # faust's own files (RocksDB tables, ...): under the data dir, never the working directory.
     datadir: str | None = None
     tick_s: float = 0.5
+    # Records past a partition's frontier this long after seeking back to it: the gap is on the broker.
+    gap_accept_s: float = 2.0
+    # faust broker_credentials (KafkaSecurity.faust()); None: PLAINTEXT
+    credentials: Any = None
+    # SIGTERM: flush and commit within half of this, and exit within all of it whatever happens.
+    shutdown_timeout_s: float = 60.0
     # A restarted worker rejoins only when the dead member's session expired: keep it short.
     session_timeout_s: float = 10.0
 
 
-# --------------------------------------------------------------------------- faust offset fix
+# --------------------------------------------------------------------------- faust offset fixes
 #
-# faust's Consumer._new_offset commits past the longest run of acked offsets, and checks for an
-# unacked head only when the partition has a (truthy) committed offset: on a partition with no commit
-# yet (or committed at 0), offsets 1..n acked before offset 0 commit n+1 and offset 0 is never
-# processed by anyone — seen here as a span lost after a SIGKILL. We hold a commit back while the
-# lowest acked offset is above the first offset this worker read (no commit yet) or above the
-# committed one. Compacted topics are left to faust (their offsets have holes).
-FIRST_SEEN: dict[Any, int] = {}
+# Two faust/aiokafka behaviours lose records after a crash or a rebalance; the SIGKILL test shows
+# both. (1) faust's Consumer._new_offset commits past the longest run of acked offsets and checks for an
+# unacked head only when the partition has a (truthy) committed offset, and even then lets one unacked
+# offset through. (2) faust fetches while it recovers its tables, drops what it fetched when it
+# suspends the flow, and rewinds with aiokafka's seek_to_committed — which seeks only partitions with
+# a committed offset above 0: a partition with no commit yet stays where the fetcher got to, and the
+# records fetched (and dropped) are never processed by anyone.
+#
+# So, for the topics whose records must each be processed (STRICT_TOPICS): after faust's rewind we
+# seek partitions with no commit to their beginning (what auto_offset_reset=earliest reads) and note
+# where this assignment starts (START: the committed offset, else the earliest one). A commit is held
+# back while the lowest acked offset is above that floor. The worker keeps a frontier per partition
+# (FRONTIER: the next offset it must process) and, when records arrive past it, seeks back to it
+# instead of skipping them (Worker._admit).
 STRICT_TOPICS: set[str] = set()
+START: dict[tuple[str, int], int] = {}
+FRONTIER: dict[tuple[str, int], int] = {}
 
 
 def _patch_faust_commit_floor() -> None:
@@ -108,13 +125,44 @@ def _patch_faust_commit_floor() -> None:
         acked = self._acked[tp]
         if acked and tp.topic in STRICT_TOPICS:
             committed = self._committed_offset[tp]
-            floor = committed if committed is not None else FIRST_SEEN.get(tp)
+            floor = committed if committed is not None else START.get((tp.topic, tp.partition))
             if floor is None or min(acked) > floor:
                 return None
         return original(self, tp)
 
     _new_offset._rolloutbus_floor = True  # type: ignore[attr-defined]
     faust_consumer.Consumer._new_offset = _new_offset
+
+
+def _patch_faust_seek_uncommitted() -> None:
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    cls = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls.seek_to_committed, "_rolloutbus_rewind", False):
+        return
+
+    async def seek_to_committed(self: Any) -> Any:
+        consumer = self._ensure_consumer()
+
+        async def seek() -> tuple[Any, Any]:
+            offsets = await consumer.seek_to_committed()
+            rewind = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and not off]
+            earliest = {}
+            if rewind:
+                await consumer.seek_to_beginning(*rewind)
+                earliest = await consumer.beginning_offsets(rewind)
+            return offsets, earliest
+
+        offsets, earliest = await self.call_thread(seek)
+        for tp, off in offsets.items():
+            if tp.topic in STRICT_TOPICS:
+                START[(tp.topic, tp.partition)] = FRONTIER[(tp.topic, tp.partition)] = off if off else earliest.get(tp, 0)
+        if earliest:
+            log.info("no committed offset for %s: reading them from the beginning", sorted(earliest))
+        return offsets
+
+    seek_to_committed._rolloutbus_rewind = True  # type: ignore[attr-defined]
+    cls.seek_to_committed = seek_to_committed
 
 
 def done_topic_name(prefix: str) -> str:
@@ -149,6 +197,7 @@ class Worker:
             broker_session_timeout=cfg.session_timeout_s,
             broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 3),
             broker_commit_interval=cfg.tick_s,
+            broker_credentials=cfg.credentials,
             producer_max_request_size=16 * 1024 * 1024,
             consumer_max_fetch_size=16 * 1024 * 1024,
         )
@@ -157,6 +206,7 @@ class Worker:
         self.done_topic = self.app.topic(done_topic_name(p), partitions=cfg.partitions, **raw)
         STRICT_TOPICS.update({f"{p}spans", done_topic_name(p)})
         _patch_faust_commit_floor()
+        _patch_faust_seek_uncommitted()
         self.batches_topic = self.app.topic(f"{p}batches", **raw)
         self.dlq_topic = self.app.topic(f"{p}dlq", **raw)
         self.resources_topic = self.app.topic(f"{p}resources", **raw)
@@ -170,7 +220,9 @@ class Worker:
         self._completing: dict[tuple[str, str], int] = {}
         self._ready: list[tuple[str, str, int]] = []  # attempts a span made whole: (rollout, attempt, offset)
         self._lock = asyncio.Lock()
-        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0}
+        self._seeks: dict[tuple[str, int], tuple[int, float]] = {}  # partition → (frontier sought to, when)
+        self._last_in: dict[tuple[str, int], float] = {}
+        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0, "rereads": 0, "dropped": 0, "redelivered": 0}
         self._register()
 
     # ------------------------------------------------------------------ table helpers
@@ -488,7 +540,13 @@ class Worker:
             async def agent(stream: Any) -> None:
                 manual = stream.noack()
                 async for event in manual.events():
-                    FIRST_SEEN.setdefault(event.message.tp, event.message.offset)
+                    if event.message.topic in STRICT_TOPICS:
+                        verdict = await self._admit(event.message)
+                        if verdict == "drop":
+                            continue
+                        if verdict == "duplicate":  # processed earlier in this assignment: only ack it
+                            self._pending.append((manual, event))
+                            continue
                     try:
                         await handler(event)
                     except Exception:  # noqa: BLE001 - one bad record must not stop the stream
@@ -513,12 +571,76 @@ class Worker:
             await self.expire_rollouts()
             await self.expire_groups()
             await self.commit_point()
+            await self.reread_missing_tails()
 
         @app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: Any, **_: Any) -> None:
             await self.commit_point()
             for tp in revoked:
-                FIRST_SEEN.pop(tp, None)
+                for d in (START, FRONTIER, self._seeks, self._last_in):
+                    d.pop((tp.topic, tp.partition), None)
+
+    async def _admit(self, msg: Any) -> str:
+        """``process``, ``duplicate`` (below the frontier) or ``drop`` (past it: seek back to it).
+
+        Offsets of rb.spans and the done topic are contiguous (no compaction, no transactions); records
+        arriving past the frontier mean faust skipped some. The first time, we seek back and drop what
+        arrives past the frontier for ``gap_accept_s`` (stale buffered records); a gap still there after
+        that is real on the broker, and we go on from the record in hand."""
+        key = (msg.topic, msg.partition)
+        now = time.monotonic()
+        self._last_in[key] = now
+        expected = FRONTIER.get(key)
+        offset = msg.offset
+        if expected is None:  # before this assignment's start is known; faust re-delivers after its seek
+            return "process"
+        if offset == expected:
+            FRONTIER[key] = offset + 1
+            return "process"
+        if offset < expected:
+            self.stats["redelivered"] += 1
+            return "duplicate"
+        seek = self._seeks.get(key)
+        if seek is None or seek[0] != expected:
+            log.warning("%s[%d]: offsets %d..%d were not delivered; reading again from %d",
+                        msg.topic, msg.partition, expected, offset - 1, expected)
+            self._seeks[key] = (expected, now)
+            await self._seek(msg.tp, expected, "gap")
+            return "drop"
+        if now - seek[1] < self.cfg.gap_accept_s:
+            self.stats["dropped"] += 1
+            return "drop"
+        log.warning("%s[%d]: no record at offsets %d..%d on the broker; going on from %d",
+                    msg.topic, msg.partition, expected, offset - 1, offset)
+        FRONTIER[key] = offset + 1
+        return "process"
+
+    async def reread_missing_tails(self) -> None:
+        """Seek back a partition whose records past the frontier never arrived (nothing later came to
+        show the gap): quiet for a while with the high watermark above the frontier."""
+        now = time.monotonic()
+        for tp in list(self.app.consumer.assignment()):
+            key = (tp.topic, tp.partition)
+            expected = FRONTIER.get(key)
+            if expected is None:
+                continue
+            try:
+                hw = self.app.consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - not known yet
+                continue
+            quiet = now - max(self._last_in.get(key, 0.0), self._seeks.get(key, (0, 0.0))[1])
+            if hw is not None and hw > expected and quiet >= self.cfg.gap_accept_s * 5:
+                log.info("%s[%d]: high watermark %d but nothing past %d arrived; reading again from %d",
+                         tp.topic, tp.partition, hw, expected - 1, expected)
+                self._seeks[key] = (expected, now)
+                await self._seek(tp, expected, "tail")
+
+    async def _seek(self, tp: Any, offset: int, reason: str) -> None:
+        self.stats["rereads"] += 1
+        REREADS.labels(reason).inc()
+        # In the consumer's own thread (faust's seek() touches aiokafka's fetcher from this one, which
+        # races with a fetch in flight and crashes the fetcher).
+        await self.app.consumer.seek_wait({tp: offset})
 
     def _lag(self, event: Any) -> None:
         tp = event.message.tp
@@ -540,14 +662,28 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
 
             async def flush_then_stop() -> None:
                 try:
-                    await worker.commit_point()
-                    await worker.app.commit(None)
+                    await asyncio.wait_for(flush(), worker.cfg.shutdown_timeout_s / 2)
                     log.warning("flushed and committed before shutdown: %s", worker.stats)
                 except Exception:  # noqa: BLE001 - stopping anyway; un-committed records are replayed
-                    log.exception("flush on shutdown failed; records not committed will be replayed")
+                    log.exception("flush on shutdown failed or timed out (broker gone?); records not committed "
+                                  "will be replayed by the next worker")
                 finally:
                     faust.Worker._schedule_shutdown(self, signal)
 
+            async def flush() -> None:
+                await worker.commit_point()
+                await worker.app.commit(None)
+
+            def hard_exit() -> None:
+                log.error("still stopping %.0fs after the signal (Kafka clients wedged?): exiting now; nothing "
+                          "past the last commit is lost, the next worker replays it", worker.cfg.shutdown_timeout_s)
+                logging.shutdown()
+                os._exit(1)
+
+            # A stop must end: with the broker gone, faust's own shutdown can wait forever.
+            timer = threading.Timer(worker.cfg.shutdown_timeout_s, hard_exit)
+            timer.daemon = True
+            timer.start()
             self._rb_flushing = True
             asyncio.ensure_future(flush_then_stop())
 

@@ -23,6 +23,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 5000)"}),
     ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
     ("--metrics-port", {"type": int, "dest": "metrics_port", "help": "serve Prometheus /metrics on this port (default 0: off)"}),
+    ("--shutdown-timeout", {"type": float, "dest": "shutdown_timeout_s", "help": "seconds SIGTERM may take, broker gone or not (default 60)"}),
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
 ]
 
@@ -91,13 +92,11 @@ def run(args: argparse.Namespace) -> int:
 
     client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
     sink = ClickHouseSink(client, batch_size=s.sink_batch_size, interval_s=s.sink_interval_s)
-    if s.kafka_security_protocol != "PLAINTEXT":
-        log.warning("faust is given only the bootstrap address; Kafka security settings apply to admin calls only")
     cfg = Config(
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
-        finish_grace_s=s.finish_grace_s,
-        store=s.state_store, tick_s=min(0.5, s.sink_interval_s), datadir=str(s.data_dir / "faust" / s.application_id),
+        finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s,
+        store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink)
     if s.metrics_port:

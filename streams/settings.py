@@ -29,6 +29,9 @@ class StreamSettings(CommonSettings):
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
     metrics_port: int = Field(default=0, ge=0, description="Prometheus /metrics port; 0: off.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
+    shutdown_timeout_s: float = Field(
+        default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
+    )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
 
     @property

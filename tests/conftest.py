@@ -104,3 +104,18 @@ def ch(clickhouse_dsn: str) -> Iterator[Any]:
         client.command(f"DROP DATABASE IF EXISTS {database}")
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_workers() -> Iterator[None]:
+    """A failing test must not leave its stream worker running (and eating the CPU of the tests after it)."""
+    yield
+    import sys
+
+    helpers = sys.modules.get("tests.integration.streams.helpers")
+    if helpers is None:
+        return
+    for proc in list(helpers.WorkerProc.live):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from rolloutbus.errors import DecodeError, ValidationError
 from schemas import codec
-from tests.integration.streams.helpers import ROOT, query, read_topic, start_worker, stop_worker
+from tests.integration.streams.helpers import ROOT, WorkerProc, query, read_topic, start_worker, stop_worker
 
 __all__ = ["ROOT", "query", "start_worker", "stop_worker", "read_topic"]
 
@@ -50,7 +50,7 @@ def emitter(env: dict[str, str], out: Path, *flags: str, log: Path | None = None
     return py(env, str(ROOT / "tests" / "faults" / "emitter.py"), str(out), *flags, log=log)
 
 
-def worker(env: dict[str, str], *flags: str, rollout_timeout: float = 4.0) -> subprocess.Popen[bytes]:
+def worker(env: dict[str, str], *flags: str, rollout_timeout: float = 4.0) -> WorkerProc:
     """The stream worker with short timeouts, so timed-out attempts and partial groups drain quickly."""
     return start_worker(env, "--group-size", "2", "--group-min-rollouts", "1", "--group-timeout", "4",
                         "--rollout-timeout", str(rollout_timeout), *flags)
@@ -72,13 +72,34 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+             KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE}
+
+
+def _retry(call: Any, tries: int = 30) -> Any:
+    """``call()``, retried while leadership and group coordination settle (a broker just (re)started)."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if attempt == tries - 1 or not (err.retriable() or err.code() in _SETTLING):
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _high_watermark(c: Consumer, topic: str, partition: int) -> int:
+    return _retry(lambda: c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10))[1]
+
+
 def records(env_or_conf: dict[str, Any], topic: str, timeout: float = 20.0) -> list[tuple[int, int, bytes | None, bytes]]:
     """Every record on ``topic`` now, as (partition, offset, key, value): read up to the high watermarks."""
     conf = {"bootstrap.servers": env_or_conf.get("bootstrap.servers") or env_or_conf["ROLLOUTBUS_KAFKA_BOOTSTRAP"]}
     c = Consumer({**conf, "group.id": f"truth-{uuid.uuid4().hex}", "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
+        ends = {p: _high_watermark(c, topic, p) for p in md.partitions}
         want = {p: e for p, e in ends.items() if e > 0}
         c.assign([TopicPartition(topic, p, 0) for p in want])
         out: list[tuple[int, int, bytes | None, bytes]] = []
@@ -123,17 +144,17 @@ def committed_behind(conf: dict[str, Any], group: str, topic: str) -> int:
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         tps = [TopicPartition(topic, p) for p in md.partitions]
-        committed = c.committed(tps, timeout=10)
+        committed = _retry(lambda: c.committed(tps, timeout=10))
         behind = 0
         for tp in committed:
-            _lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            hi = _high_watermark(c, topic, tp.partition)
             behind += hi - max(tp.offset, 0) if hi > 0 else 0
         return behind
     finally:
         c.close()
 
 
-def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: subprocess.Popen[bytes], timeout: float = 90.0,
+def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: WorkerProc, timeout: float = 90.0,
                  settle: float = 6.0) -> None:
     """Until the worker committed every record of rb.spans (so it flushed their rows), then ``settle``
     seconds more for timers (timed-out attempts, partial groups) and one more commit."""
@@ -142,7 +163,7 @@ def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: subprocess.Pop
     behind = -1
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"worker exited early: {proc.stdout.read().decode(errors='replace')[-3000:]}")  # type: ignore[union-attr]
+            raise AssertionError(f"worker exited early: {proc.output()[-3000:]}")
         behind = committed_behind(conf, f"{prefix}streams", f"{prefix}spans")
         if behind == 0:
             time.sleep(settle)
@@ -150,7 +171,8 @@ def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: subprocess.Pop
                 return
         time.sleep(1.0)
     proc.kill()
-    tail = proc.communicate()[0].decode(errors="replace")[-2500:]  # type: ignore[union-attr]
+    proc.wait()
+    tail = proc.output()[-2500:]
     raise AssertionError(f"worker still {behind} records behind on {prefix}spans after {timeout}s; its log ends:\n{tail}")
 
 

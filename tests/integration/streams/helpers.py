@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, Producer
 
@@ -51,24 +53,48 @@ def encoded(spans: list[Span], ev: RolloutEvent) -> list[tuple[str, bytes]]:
     return [(s.rollout_id, codec.encode(s)) for s in spans] + [(ev.rollout_id, codec.encode(ev))]
 
 
-def start_worker(env: dict[str, str], *flags: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "streams.cli", "--sink-interval", "0.3", *flags],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+class WorkerProc(subprocess.Popen):  # type: ignore[type-arg]
+    """The worker subprocess, its output drained by a thread into memory: a pipe nobody reads fills
+    up (64 KiB — a broker outage logs that much in seconds) and blocks the worker in its logging."""
+
+    live: ClassVar[weakref.WeakSet[WorkerProc]] = weakref.WeakSet()  # killed after each test (tests/conftest.py)
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        super().__init__(args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        WorkerProc.live.add(self)
+        self._out = bytearray()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
+
+    def _drain(self) -> None:
+        assert self.stdout is not None
+        for chunk in iter(lambda: self.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            self._out += chunk
+            if len(self._out) > 4 << 20:  # keep the last 2 MiB
+                del self._out[: len(self._out) - (2 << 20)]
+
+    def output(self) -> str:
+        """What the worker printed so far (all of it once it exited)."""
+        if self.poll() is not None:
+            self._drainer.join(10)
+        return bytes(self._out).decode(errors="replace")
 
 
-def stop_worker(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+def start_worker(env: dict[str, str], *flags: str) -> WorkerProc:
+    return WorkerProc([sys.executable, "-m", "streams.cli", "--sink-interval", "0.3", *flags], env)
+
+
+def stop_worker(proc: WorkerProc, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
     proc.send_signal(sig)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-    return proc.returncode, out.decode(errors="replace")
+        proc.wait()
+    return proc.returncode, proc.output()
 
 
-def read_topic(conf: dict[str, Any], topic: str, want: int, timeout: float = 45.0, proc: subprocess.Popen[bytes] | None = None, distinct: bool = False) -> list[tuple[bytes, bytes]]:
+def read_topic(conf: dict[str, Any], topic: str, want: int, timeout: float = 45.0, proc: WorkerProc | None = None, distinct: bool = False) -> list[tuple[bytes, bytes]]:
     """Read ``topic`` from the beginning until ``want`` records arrived or ``timeout`` passed."""
     c = Consumer({**conf, "group.id": f"test-{time.time_ns()}", "auto.offset.reset": "earliest", "enable.auto.commit": False})
     c.subscribe([topic])
@@ -77,7 +103,7 @@ def read_topic(conf: dict[str, Any], topic: str, want: int, timeout: float = 45.
     try:
         while len({k for k, _ in out} if distinct else out) < want and time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {proc.stdout.read().decode(errors='replace')[-3000:]}")  # type: ignore[union-attr]
+                raise AssertionError(f"worker exited early: {proc.output()[-3000:]}")
             m = c.poll(0.5)
             if m is not None and not m.error():
                 out.append((m.key(), m.value()))
@@ -92,7 +118,7 @@ def read_topic(conf: dict[str, Any], topic: str, want: int, timeout: float = 45.
     return out
 
 
-def batches(conf: dict[str, Any], topic: str, groups: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 45.0) -> list[GroupBatch]:
+def batches(conf: dict[str, Any], topic: str, groups: int, proc: WorkerProc | None = None, timeout: float = 45.0) -> list[GroupBatch]:
     """GroupBatch records on ``topic`` until ``groups`` distinct group ids were seen (or the timeout)."""
     return [codec.decode(v) for _, v in read_topic(conf, topic, groups, timeout, proc, distinct=True)]  # type: ignore[misc]
 

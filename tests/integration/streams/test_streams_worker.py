@@ -57,12 +57,6 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
     assert {r[0] for r in rows["dlq"]} == {"decode.unknown_fingerprint", "decode.not_avro"}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug: after a SIGKILL right after new records arrive, one span (offset 0 of a partition first "
-    "written while the worker was up) is sometimes missing from ClickHouse; the tests/faults crash suite, with "
-    "kills under steady load, has not shown it. Root cause not yet found (see README, Known issues).",
-)
 def test_sigkill_mid_stream_leaves_every_span_once(kafka_conf, topics, test_env):
     first = {f"k-r{i}": rollout(f"k-r{i}", f"k{i // 2}", reward=float(i % 2)) for i in range(4)}
     second = {f"k-r{i}": rollout(f"k-r{i}", f"k{i // 2}", reward=float(i % 2)) for i in range(4, 8)}

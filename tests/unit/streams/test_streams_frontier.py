@@ -1,0 +1,110 @@
+"""The worker's per-partition frontier: records faust skips are read again, never passed over.
+
+Pure logic: ``Worker._admit`` runs on a stand-in holding only what it touches, with a fake consumer
+that records seeks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from streams import app as streams_app
+from streams.app import Worker
+
+TOPIC = "x.spans"
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[Any, int]] = []
+
+    async def seek_wait(self, partitions: dict[Any, int]) -> None:
+        self.seeks.extend(partitions.items())
+
+
+def stand_in(gap_accept_s: float = 2.0) -> Any:
+    w = SimpleNamespace(_last_in={}, _seeks={}, cfg=SimpleNamespace(gap_accept_s=gap_accept_s),
+                        app=SimpleNamespace(consumer=FakeConsumer()), stats={"rereads": 0, "dropped": 0, "redelivered": 0})
+    w._seek = lambda tp, offset, reason: Worker._seek(w, tp, offset, reason)
+    return w
+
+
+def msg(offset: int, partition: int = 0) -> Any:
+    return SimpleNamespace(topic=TOPIC, partition=partition, offset=offset, tp=(TOPIC, partition))
+
+
+@pytest.fixture(autouse=True)
+def frontier() -> Any:
+    streams_app.FRONTIER.clear()
+    yield streams_app.FRONTIER
+    streams_app.FRONTIER.clear()
+
+
+def admit(w: Any, offset: int) -> str:
+    return asyncio.run(Worker._admit(w, msg(offset)))
+
+
+def test_in_order_records_are_processed_and_redeliveries_only_acked(frontier: dict) -> None:
+    w = stand_in()
+    frontier[(TOPIC, 0)] = 5
+    assert [admit(w, o) for o in (5, 6, 7)] == ["process"] * 3
+    assert [admit(w, o) for o in (5, 6)] == ["duplicate", "duplicate"]
+    assert admit(w, 8) == "process" and frontier[(TOPIC, 0)] == 9
+    assert w.app.consumer.seeks == []
+
+
+def test_a_skipped_range_is_read_again_from_the_frontier(frontier: dict) -> None:
+    w = stand_in()
+    frontier[(TOPIC, 0)] = 4
+    # offsets 4..8 never reached the stream: 9 arrives; the worker seeks back instead of going on
+    assert admit(w, 9) == "drop"
+    assert w.app.consumer.seeks == [((TOPIC, 0), 4)]
+    # stale records past the frontier that were already buffered are dropped, with no second seek
+    assert admit(w, 10) == "drop"
+    assert len(w.app.consumer.seeks) == 1
+    # the re-read arrives in order
+    assert [admit(w, o) for o in range(4, 11)] == ["process"] * 7
+    assert frontier[(TOPIC, 0)] == 11
+
+
+def test_a_gap_that_is_on_the_broker_is_accepted_after_one_re_read(frontier: dict) -> None:
+    w = stand_in(gap_accept_s=0.0)
+    frontier[(TOPIC, 0)] = 3
+    assert admit(w, 7) == "drop"  # first: read again from 3
+    assert admit(w, 7) == "process"  # after the re-read the broker still has nothing at 3..6
+    assert frontier[(TOPIC, 0)] == 8
+    assert w.app.consumer.seeks == [((TOPIC, 0), 3)]
+
+
+def test_before_the_start_is_known_everything_is_processed(frontier: dict) -> None:
+    w = stand_in()
+    assert admit(w, 12) == "process" and admit(w, 3) == "process"
+    assert (TOPIC, 0) not in frontier
+
+
+def test_commit_floor_holds_a_commit_above_an_unacked_head() -> None:
+    """faust would commit 7 here (acked 5, 6 with nothing committed) and offsets 3, 4 would be lost."""
+    streams_app._patch_faust_commit_floor()
+    from faust.transport.consumer import Consumer
+
+    streams_app.STRICT_TOPICS.add(TOPIC)
+    streams_app.START[(TOPIC, 0)] = 3
+    from faust.types import TP
+    from intervaltree import IntervalTree
+
+    tp = TP(TOPIC, 0)
+    fake = SimpleNamespace(_acked={tp: [5, 6]}, _committed_offset={tp: None}, _gap={tp: IntervalTree()},
+                           _acked_index={tp: {5, 6}})
+    try:
+        assert Consumer._new_offset(fake, tp) is None
+        fake._committed_offset[tp] = 4  # committed: next to read is 4; 5, 6 acked, 4 is not
+        assert Consumer._new_offset(fake, tp) is None
+        fake._acked[tp] = [4, 5, 6]  # once 4 is acked the run commits
+        assert Consumer._new_offset(fake, tp) == 7
+    finally:
+        streams_app.STRICT_TOPICS.discard(TOPIC)
+        streams_app.START.clear()
