@@ -40,6 +40,9 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
 
+SPOOL_FRAME_BYTES = 16  # a spool record's framing around its key and value, rounded up
+
+
 class BadRequest(ValueError):
     """The body is not an OTLP trace export request."""
 
@@ -232,17 +235,22 @@ class Gateway:
         except BadRequest as exc:
             return self._reply(400, str(exc))
         spans, errors = request_to_spans(req, self.counters)
-        accepted = 0
+        encoded: list[tuple[bytes, bytes, str]] = []
         for span in spans:
             try:
-                value = encode_raw(SPAN, span)
+                encoded.append((span["rollout_id"].encode(), encode_raw(SPAN, span), span["name"]))
             except EncodeError as exc:
                 errors.append(f"{span['name']}: {exc}")
-                continue
-            if self.transport.emit_encoded(span["rollout_id"].encode(), value):
+        # Kafka down: accept only what the spool can keep (frame overhead included), all or nothing.
+        if not self.transport.accepting(sum(len(k) + len(v) + SPOOL_FRAME_BYTES for k, v, _ in encoded)):
+            return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
+                               {"Retry-After": str(self.retry_after_s)})
+        accepted = 0
+        for key, value, name in encoded:
+            if self.transport.emit_encoded(key, value):
                 accepted += 1
             else:
-                errors.append(f"{span['name']}: local queue full")
+                errors.append(f"{name}: local queue full")
         self.m_spans.inc(accepted)
         if errors:
             self.m_rejected.inc(len(errors))

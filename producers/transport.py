@@ -208,9 +208,10 @@ class SpanTransport:
 
     # ------------------------------------------------------------------ status
 
-    def accepting(self) -> bool:
-        """False when Kafka is down and the spool is full: a caller (the gateway) should push back."""
-        return not (self.spool.full() and not self.kafka_up)
+    def accepting(self, nbytes: int = 0) -> bool:
+        """False when Kafka is down and the spool has no room for ``nbytes`` more (records about to be
+        emitted, with their framing): a caller (the gateway) should push back rather than accept them."""
+        return self.kafka_up or not self.spool.full(nbytes)
 
     def stats(self) -> dict[str, Any]:
         return {

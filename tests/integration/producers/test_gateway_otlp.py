@@ -129,3 +129,55 @@ def test_gateway_http_contract(gateway: Any, kafka_conf: dict[str, Any], topics:
     assert key == b"ro-json" and span["span_id"] == "b7ad6b7169203331" and span["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert span["kind"] == "tool" and span["tool"]["name"] == "calc" and span["sequence_id"] == 1
     assert span["resource"] == {"service.name": "js"}
+
+
+def test_gateway_pushes_back_with_503_when_kafka_is_down_and_the_spool_is_full(test_env: dict[str, str], tmp_path: Path) -> None:
+    """No broker at all: spans go to the spool until it is full; then the gateway answers 503 with
+    Retry-After (what an OTLP exporter retries on) instead of accepting spans it cannot keep."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_gateway import build_bodies
+
+    port = _free_port()
+    env = {**test_env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_KAFKA_BOOTSTRAP": f"127.0.0.1:{_free_port()}",
+           "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw"), "ROLLOUTBUS_SPOOL_MAX_BYTES": "200000",
+           "ROLLOUTBUS_GATEWAY_RETRY_AFTER_S": "7"}
+    log = (tmp_path / "gateway.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"{base}/healthz", timeout=1)  # 200, or 503 "degraded" once it sees no broker
+                break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        body = build_bodies(200)[0]
+        statuses: list[int] = []
+        got_503 = None
+        deadline = time.monotonic() + 60
+        while got_503 is None and time.monotonic() < deadline:
+            r = requests.post(f"{base}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}, timeout=10)
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                got_503 = r
+            else:
+                assert r.status_code == 200, r.text
+                time.sleep(0.05)
+        assert got_503 is not None, f"no 503 in {len(statuses)} requests; gateway log:\n{(tmp_path / 'gateway.log').read_text()[-2000:]}"
+        assert got_503.headers["Retry-After"] == "7" and "spool is full" in got_503.text
+        assert statuses.count(200) >= 1  # it took spans while the spool had room
+        metrics = requests.get(f"{base}/metrics", timeout=5).text
+        assert 'rolloutbus_gateway_requests_total{code="503"} 1.0' in metrics
+        # every span it answered 200 for is in the spool, kept for the broker's return; none was dropped
+        health = requests.get(f"{base}/healthz", timeout=5).json()
+        assert health["dropped_spool_full"] == 0 and health["dropped_queue_full"] == 0, health
+        assert health["spool_pending"] == 200 * statuses.count(200), health
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
