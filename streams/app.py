@@ -16,7 +16,9 @@ and the group stage merges a rollout once by id. State changes that would make a
 (an attempt marked done, its spans released) are written only at the commit point, after the flush.
 
 Table writes use an explicit partition (the partition of the source record, kept in the state), so
-they also work from timers; state values are JSON/Avro bytes (raw serializers).
+they also work from timers; state values are JSON/Avro bytes (raw serializers). A changed entry
+reaches its changelog at the commit point — once per key however often it changed, before the acks —
+so the changelog never runs ahead of what was flushed by more than the records about to be acked.
 """
 
 from __future__ import annotations
@@ -220,6 +222,8 @@ class Worker:
         self._completing: dict[tuple[str, str], int] = {}
         self._ready: list[tuple[str, str, int]] = []  # attempts a span made whole: (rollout, attempt, offset)
         self._lock = asyncio.Lock()
+        # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
+        self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
         self._seeks: dict[tuple[str, int], tuple[int, float]] = {}  # partition → (frontier sought to, when)
         self._last_in: dict[tuple[str, int], float] = {}
         self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0, "rereads": 0, "dropped": 0, "redelivered": 0}
@@ -228,12 +232,25 @@ class Worker:
     # ------------------------------------------------------------------ table helpers
 
     def _put(self, table: Any, partition: int, key: str, value: bytes | None) -> None:
+        """Change a table entry now; its changelog record goes out at the next commit point (one per
+        key, however often it changed since), before the offsets of what changed it are acked."""
         k = key.encode()
+        slot = (id(table), k)
+        prev = self._dirty.get(slot)
+        fresh = prev[2] if prev is not None else k not in table.data  # not on the changelog yet
         if value is None:
             table.data.pop(k, None)
+            if fresh:  # created and dropped since the last commit point: the changelog never saw it
+                self._dirty.pop(slot, None)
+                return
         else:
             table.data[k] = value
-        table.send_changelog(partition, k, value)
+        self._dirty[slot] = (table, partition, fresh)
+
+    def _send_changelogs(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for (_, k), (table, partition, _fresh) in dirty.items():
+            table.send_changelog(partition, k, table.data.get(k))
 
     @staticmethod
     def _get(table: Any, key: str) -> bytes | None:
@@ -258,6 +275,7 @@ class Worker:
                     SINK_ROWS.labels(table).inc(n)
             for partition, rid, att, offset in deferred:
                 self._release(partition, rid, att, offset)
+            self._send_changelogs()
             await self.app.producer.flush()
             for stream, event in pending:
                 await stream.ack(event)
@@ -656,6 +674,12 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
     """A faust.Worker whose SIGTERM/SIGINT first flushes the sink and commits, then stops."""
 
     class _Worker(faust.Worker):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # faust's terminal spinner sets the root logger to DEBUG so that it can spin on every record:
+            # every debug line of aiokafka and faust (several per record produced) would be built.
+            self.spinner = None
+
         def _schedule_shutdown(self, signal: Any) -> None:
             if getattr(self, "_rb_flushing", False):
                 return

@@ -108,3 +108,46 @@ def test_commit_floor_holds_a_commit_above_an_unacked_head() -> None:
     finally:
         streams_app.STRICT_TOPICS.discard(TOPIC)
         streams_app.START.clear()
+
+
+class FakeTable:
+    def __init__(self, data: dict[bytes, bytes] | None = None) -> None:
+        self.data = dict(data or {})
+        self.sent: list[tuple[int, bytes, bytes | None]] = []
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.sent.append((partition, key, value))
+
+
+def table_worker() -> Any:
+    w = SimpleNamespace(_dirty={})
+    w._put = lambda table, p, key, value: Worker._put(w, table, p, key, value)
+    w.flush = lambda: Worker._send_changelogs(w)
+    return w
+
+
+def test_table_changes_reach_the_changelog_once_per_key_at_the_commit_point() -> None:
+    w, t = table_worker(), FakeTable({b"old": b"v0"})
+    for i in range(5):
+        w._put(t, 2, "r1", f"state{i}".encode())
+    w._put(t, 2, "old", None)
+    assert t.data == {b"r1": b"state4"} and t.sent == []  # readers see the change at once
+    w.flush()
+    assert sorted(t.sent) == [(2, b"old", None), (2, b"r1", b"state4")]
+    w.flush()
+    assert len(t.sent) == 2  # nothing dirty any more
+
+
+def test_an_entry_created_and_dropped_between_commit_points_never_reaches_the_changelog() -> None:
+    w, t = table_worker(), FakeTable()
+    w._put(t, 0, "span-a", b"x")
+    w._put(t, 0, "span-a", None)
+    w.flush()
+    assert t.sent == [] and t.data == {}
+    # but one the changelog has seen gets its tombstone, even if re-created and dropped again
+    w._put(t, 1, "span-b", b"y")
+    w.flush()
+    w._put(t, 1, "span-b", b"z")
+    w._put(t, 1, "span-b", None)
+    w.flush()
+    assert t.sent == [(1, b"span-b", b"y"), (1, b"span-b", None)]
