@@ -108,14 +108,18 @@ def ch(clickhouse_dsn: str) -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def _no_leaked_workers() -> Iterator[None]:
-    """A failing test must not leave its stream worker running (and eating the CPU of the tests after it)."""
+    """A failing test must not leave its processes running (eating the CPU of the tests after it)."""
     yield
     import sys
 
+    live: list[Any] = []
     helpers = sys.modules.get("tests.integration.streams.helpers")
-    if helpers is None:
-        return
-    for proc in list(helpers.WorkerProc.live):
+    if helpers is not None:
+        live += list(helpers.WorkerProc.live)
+    faultkit = sys.modules.get("faultkit")
+    if faultkit is not None:  # gateways, runners, emitters of the fault suite
+        live += list(faultkit.LIVE)
+    for proc in live:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
+
+
 def py(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     """A Python subprocess of ours in the repo root; output to ``log`` (or a pipe)."""
     out: Any = log.open("ab") if log is not None else subprocess.PIPE
-    return subprocess.Popen([sys.executable, *args], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, *args], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                             stdout=out, stderr=subprocess.STDOUT)
+    LIVE.add(proc)  # killed after each test if still running (tests/conftest.py)
+    return proc
 
 
 def emitter(env: dict[str, str], out: Path, *flags: str, log: Path | None = None) -> subprocess.Popen[bytes]:
