@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from producers.mapping import SEQUENCE_KEYS, ATTEMPT_KEYS, Attribution, MappingError, otel_to_span
+from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode_raw
 from rolloutbus.errors import EncodeError
@@ -38,9 +39,6 @@ log = logging.getLogger(__name__)
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-
-
-SPOOL_FRAME_BYTES = 16  # a spool record's framing around its key and value, rounded up
 
 
 class BadRequest(ValueError):
@@ -242,7 +240,7 @@ class Gateway:
             except EncodeError as exc:
                 errors.append(f"{span['name']}: {exc}")
         # Kafka down: accept only what the spool can keep (frame overhead included), all or nothing.
-        if not self.transport.accepting(sum(len(k) + len(v) + SPOOL_FRAME_BYTES for k, v, _ in encoded)):
+        if not self.transport.accepting(sum(len(k) + len(v) + FRAME_OVERHEAD for k, v, _ in encoded)):
             return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
                                {"Retry-After": str(self.retry_after_s)})
         accepted = 0

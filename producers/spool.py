@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<II")
 _KEYLEN = struct.Struct("<H")
+FRAME_OVERHEAD = _HEADER.size + _KEYLEN.size  # bytes a record takes in the spool beyond its key and value
 _SEG_SUFFIX = ".seg"
 
 

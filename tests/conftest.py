@@ -112,14 +112,8 @@ def _no_leaked_workers() -> Iterator[None]:
     yield
     import sys
 
-    live: list[Any] = []
     helpers = sys.modules.get("tests.integration.streams.helpers")
-    if helpers is not None:
-        live += list(helpers.WorkerProc.live)
-    faultkit = sys.modules.get("faultkit")
-    if faultkit is not None:  # gateways, runners, emitters of the fault suite
-        live += list(faultkit.LIVE)
-    for proc in live:
+    for proc in list(helpers.LIVE) if helpers is not None else []:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)

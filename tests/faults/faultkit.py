@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from rolloutbus.errors import DecodeError, ValidationError
 from schemas import codec
-from tests.integration.streams.helpers import ROOT, WorkerProc, query, read_topic, start_worker, stop_worker
+from tests.integration.streams.helpers import LIVE, ROOT, WorkerProc, query, read_topic, start_worker, stop_worker
 
 __all__ = ["ROOT", "query", "start_worker", "stop_worker", "read_topic"]
 
@@ -38,9 +37,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
 
 
 def py(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
@@ -53,15 +53,18 @@ def encoded(spans: list[Span], ev: RolloutEvent) -> list[tuple[str, bytes]]:
     return [(s.rollout_id, codec.encode(s)) for s in spans] + [(ev.rollout_id, codec.encode(ev))]
 
 
+# Every subprocess a test starts (workers here, gateways/runners/emitters in tests/faults): killed after
+# each test if still running (tests/conftest.py), so a failing test cannot leave them behind.
+LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
+
+
 class WorkerProc(subprocess.Popen):  # type: ignore[type-arg]
     """The worker subprocess, its output drained by a thread into memory: a pipe nobody reads fills
     up (64 KiB — a broker outage logs that much in seconds) and blocks the worker in its logging."""
 
-    live: ClassVar[weakref.WeakSet[WorkerProc]] = weakref.WeakSet()  # killed after each test (tests/conftest.py)
-
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         super().__init__(args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        WorkerProc.live.add(self)
+        LIVE.add(self)
         self._out = bytearray()
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
