@@ -1,19 +1,24 @@
 """The faust-streaming worker: a thin shell around the pure core.
 
-Agents:
+Stages, in one process and one event loop:
 
-* ``spans``    — rb.spans (Span + RolloutEvent, keyed by rollout_id): stores spans, keeps per-rollout
-  state in a faust table, completes an attempt on FINISHED (or times it out), writes spans / rollouts /
-  transitions rows, and re-keys the result by group id onto ``<prefix>rollouts-done``.
-* ``groups``   — ``<prefix>rollouts-done`` (keyed by group_id): group state in a faust table; a
-  complete (or timed-out) group → advantages → ``GroupBatch`` on rb.batches + groups/transitions rows.
-* ``resources``/``metrics``/``dlq`` — store ResourceVersion, TrainStep, DeadLetter records.
+* ``spans``    — rb.spans (Span + RolloutEvent, keyed by rollout_id), read in batches by
+  :class:`streams.spans_stage.SpanStage` (a task of this app): stores spans, assembles attempts in
+  memory, completes an attempt on FINISHED (or times it out), writes spans / rollouts / transitions
+  rows, and re-keys the result by group id onto ``<prefix>rollouts-done``. At tens of thousands of
+  spans a second, faust's per-event machinery would cost more than all the work itself, so this
+  stage reads with confluent-kafka and commits its own offsets (see :mod:`streams.attempts`).
+* ``groups``   — faust agent on ``<prefix>rollouts-done`` (keyed by group_id): group state in a faust
+  table; a complete (or timed-out) group → advantages → ``GroupBatch`` on rb.batches + groups and
+  transitions rows.
+* ``resources``/``metrics``/``dlq`` — faust agents that store ResourceVersion, TrainStep, DeadLetter
+  records.
 
-Delivery: events are acked (so their offsets may be committed) only at a *commit point*, after the
-sink flushed the rows they produced and the producer flushed what they sent. A crash replays the
-un-acked events; sink dedup tokens + ReplacingMergeTree make the replay invisible to FINAL readers,
-and the group stage merges a rollout once by id. State changes that would make a replay skip work
-(an attempt marked done, its spans released) are written only at the commit point, after the flush.
+Delivery: faust events are acked (so their offsets may be committed) only at a *commit point*, after
+the sink flushed the rows they produced and the producer flushed what they sent; the span stage
+commits the same way. A crash replays what was not committed; sink dedup tokens +
+ReplacingMergeTree make the replay invisible to FINAL readers, and the group stage merges a rollout
+once by id.
 
 Table writes use an explicit partition (the partition of the source record, kept in the state), so
 they also work from timers; state values are JSON/Avro bytes (raw serializers). A changed entry
@@ -33,37 +38,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
-from rolloutbus.errors import DecodeError, ValidationError
+from rolloutbus.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
-from schemas.models import DeadLetter, GroupBatch, ResourceVersion, RolloutEvent, RolloutEventType, Span, TrainStep
-from streams.grouping import GroupPolicy, advantages, build_batch, group_id, merge, ready
-from streams.rollout import RolloutResult, Settings, finish_attempt
+from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
+from streams.grouping import GroupPolicy, advantages, build_batch, merge, ready
+from streams.rollout import RolloutResult, Settings
 from streams.sink import (
     ClickHouseSink,
     dead_letter_row,
     group_row,
     resource_version_row,
     rollout_row,
-    span_row,
     train_step_row,
     transition_rows,
 )
+from streams.spans_stage import DLQ_OUT, LAG, SpanStage, dead_letter_reason, state_topic_name
 
 log = logging.getLogger("rolloutbus.streams")
 
-SPANS_IN = Counter("rolloutbus_streams_spans_total", "Spans processed", ["late"])
-EVENTS_IN = Counter("rolloutbus_streams_rollout_events_total", "Rollout lifecycle events processed", ["event"])
-ROLLOUTS_DONE = Counter("rolloutbus_streams_rollouts_completed_total", "Attempts completed", ["status"])
 GROUPS_OUT = Counter("rolloutbus_streams_groups_emitted_total", "GroupBatch records emitted", ["complete"])
-DLQ_OUT = Counter("rolloutbus_streams_dead_letters_total", "Records sent to the dead-letter topic", ["source"])
 SINK_LATENCY = Histogram("rolloutbus_streams_sink_flush_seconds", "ClickHouse flush latency")
 SINK_ROWS = Counter("rolloutbus_streams_sink_rows_total", "Rows written to ClickHouse", ["table"])
 REREADS = Counter("rolloutbus_streams_rereads_total", "Partitions sought back to their frontier", ["reason"])
-LAG = Gauge("rolloutbus_streams_lag", "Records behind the end of the partition", ["topic", "partition"])
-
-SEP = "\x1f"
 
 
 @dataclass
@@ -89,6 +87,8 @@ class Config:
     gap_accept_s: float = 2.0
     # faust broker_credentials (KafkaSecurity.faust()); None: PLAINTEXT
     credentials: Any = None
+    # librdkafka configuration (bootstrap servers, security) for the span stage
+    kafka_conf: dict[str, Any] = field(default_factory=dict)
     # SIGTERM: flush and commit within half of this, and exit within all of it whatever happens.
     shutdown_timeout_s: float = 60.0
     # A restarted worker rejoins only when the dead member's session expired: keep it short.
@@ -204,9 +204,8 @@ class Worker:
             consumer_max_fetch_size=16 * 1024 * 1024,
         )
         raw = {"key_serializer": "raw", "value_serializer": "raw"}
-        self.spans_topic = self.app.topic(f"{p}spans", **raw)
         self.done_topic = self.app.topic(done_topic_name(p), partitions=cfg.partitions, **raw)
-        STRICT_TOPICS.update({f"{p}spans", done_topic_name(p)})
+        STRICT_TOPICS.add(done_topic_name(p))
         _patch_faust_commit_floor()
         _patch_faust_seek_uncommitted()
         self.batches_topic = self.app.topic(f"{p}batches", **raw)
@@ -214,19 +213,16 @@ class Worker:
         self.resources_topic = self.app.topic(f"{p}resources", **raw)
         self.metrics_topic = self.app.topic(f"{p}metrics", **raw)
         tbl = {"partitions": cfg.partitions, "default": None, "key_type": bytes, "value_type": bytes}
-        self.rollouts = self.app.Table("rollout-state", **tbl)
-        self.span_store = self.app.Table("rollout-spans", **tbl)
         self.group_state = self.app.Table("group-state", **tbl)
+        self.stage: SpanStage | None = None
+        self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
-        self._deferred: list[tuple[int, str, str, int]] = []  # (partition, rollout_id, attempt_id, finished offset)
-        self._completing: dict[tuple[str, str], int] = {}
-        self._ready: list[tuple[str, str, int]] = []  # attempts a span made whole: (rollout, attempt, offset)
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
         self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
         self._seeks: dict[tuple[str, int], tuple[int, float]] = {}  # partition → (frontier sought to, when)
         self._last_in: dict[tuple[str, int], float] = {}
-        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "groups": 0, "rereads": 0, "dropped": 0, "redelivered": 0}
+        self.stats = {"dlq": 0, "groups": 0, "rereads": 0, "dropped": 0, "redelivered": 0}
         self._register()
 
     # ------------------------------------------------------------------ table helpers
@@ -256,42 +252,26 @@ class Worker:
     def _get(table: Any, key: str) -> bytes | None:
         return table.data.get(key.encode())
 
-    def _state(self, rollout_id: str) -> dict[str, Any] | None:
-        raw = self._get(self.rollouts, rollout_id)
-        return json.loads(raw) if raw else None
-
     # ------------------------------------------------------------------ commit point
 
+    def flush_sink(self) -> None:
+        """Write every buffered row (both stages share the sink). Raises ClickHouseError, keeping them."""
+        if self.sink.pending:
+            started = time.monotonic()
+            written = self.sink.flush()
+            SINK_LATENCY.observe(time.monotonic() - started)
+            for table, n in written.items():
+                SINK_ROWS.labels(table).inc(n)
+
     async def commit_point(self) -> None:
-        """Flush the sink, persist deferred state, flush the producer, then ack what they carried."""
+        """Flush the sink, persist changed table entries, flush the producer, then ack what they carried."""
         async with self._lock:
             pending, self._pending = self._pending, []
-            deferred, self._deferred = self._deferred, []
-            if self.sink.pending:
-                started = time.monotonic()
-                written = self.sink.flush()
-                SINK_LATENCY.observe(time.monotonic() - started)
-                for table, n in written.items():
-                    SINK_ROWS.labels(table).inc(n)
-            for partition, rid, att, offset in deferred:
-                self._release(partition, rid, att, offset)
+            self.flush_sink()
             self._send_changelogs()
             await self.app.producer.flush()
             for stream, event in pending:
                 await stream.ack(event)
-
-    def _release(self, partition: int, rid: str, att: str, offset: int) -> None:
-        """Mark an attempt done (with the offset of its FINISHED record) and drop its spans."""
-        state = self._state(rid)
-        self._completing.pop((rid, att), None)
-        if state is None:
-            return
-        info = state["attempts"].pop(att, None)
-        for span_id in (info or {}).get("spans", []):
-            self._put(self.span_store, partition, SEP.join((rid, att, span_id)), None)
-        state["done"][att] = offset
-        state["seen"] = time.time_ns()
-        self._put(self.rollouts, partition, rid, _dumps(state))
 
     async def _maybe_commit(self) -> None:
         if self.sink.due() or len(self._pending) >= self.sink.batch_size:
@@ -311,166 +291,48 @@ class Worker:
         self.stats["dlq"] += 1
         log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
 
-    @staticmethod
-    def _reason(exc: Exception) -> str:
-        text = str(exc)
-        if isinstance(exc, ValidationError):
-            return "validation"
-        if "fingerprint" in text:
-            return "decode.unknown_fingerprint"
-        if "marker" in text or "too short" in text or "Confluent" in text:
-            return "decode.not_avro"
-        return "decode.invalid"
 
     # ------------------------------------------------------------------ spans stage
 
-    async def on_span_record(self, event: Any) -> None:
-        msg = event.message
-        try:
-            record = codec.decode(msg.value, ("rolloutbus.Span", "rolloutbus.RolloutEvent"))
-        except (DecodeError, ValidationError) as exc:
-            await self.dead_letter(event, self._reason(exc), str(exc))
-            return
-        if isinstance(record, Span):
-            self._on_span(record, msg.partition, msg.offset, msg.topic)
-            if self._ready:
-                await self.finish_ready(grace_scan=False)
-        else:
-            assert isinstance(record, RolloutEvent)
-            await self._on_event(record, msg.partition, msg.offset, msg.topic)
-
-    def _new_state(self, partition: int) -> dict[str, Any]:
-        return {"p": partition, "seen": time.time_ns(), "attempts": {}, "done": {}}
-
-    @staticmethod
-    def _attempt(state: dict[str, Any], att: str) -> dict[str, Any]:
-        return state["attempts"].setdefault(
-            att, {"spans": [], "task_id": "", "mode": "train", "attempt": 1, "started_ns": 0, "rv": None}
+    def make_stage(self) -> SpanStage:
+        p = self.cfg.topic_prefix
+        return SpanStage(
+            self.cfg.kafka_conf, group=f"{self.cfg.app_id}.spans", spans_topic=f"{p}spans", done_topic=done_topic_name(p),
+            dlq_topic=f"{p}dlq", state_topic=state_topic_name(p), sink=self.sink, flush_sink=self.flush_sink,
+            core=self.cfg.core, finish_grace_s=self.cfg.finish_grace_s, rollout_timeout_s=self.cfg.rollout_timeout_s,
+            completed_retention_s=self.cfg.completed_retention_s, session_timeout_s=self.cfg.session_timeout_s,
         )
 
-    def _on_span(self, span: Span, partition: int, offset: int, topic: str) -> None:
-        rid, att = span.rollout_id, span.attempt_id
-        state = self._state(rid) or self._new_state(partition)
-        finished_at = state["done"].get(att, self._completing.get((rid, att)))
-        # A span after its attempt's FINISHED record is late; one before it is a replayed delivery.
-        late = finished_at is not None and offset > finished_at
-        self.sink.add("spans", span_row(span, partition, offset, late=late), (topic, partition, offset))
-        SPANS_IN.labels(str(late).lower()).inc()
-        self.stats["spans"] += 1
-        if finished_at is not None:
-            self.stats["late"] += int(late)
-            return
-        info = self._attempt(state, att)
-        if span.span_id not in info["spans"]:
-            info["spans"].append(span.span_id)
-            info.setdefault("seqs", []).append(span.sequence_id)
-            self._put(self.span_store, partition, SEP.join((rid, att, span.span_id)), codec.encode(span))
-        state["seen"] = time.time_ns()
-        self._put(self.rollouts, partition, rid, _dumps(state))
-        if info.get("finished") and self._all_in(info):
-            self._ready.append((rid, att, max(offset, info["finished"]["offset"])))
+    async def run_stage(self) -> None:
+        """The span stage's loop: poll a batch, complete what is due, commit when the sink is due."""
+        stage = self.stage = self.make_stage()
+        last_tick = last_commit = time.monotonic()
+        try:
+            while not self._stopping:
+                n = stage.poll()
+                now = time.monotonic()
+                if now - last_tick >= self.cfg.tick_s:
+                    stage.tick()
+                    last_tick = now
+                if self.sink.due() or now - last_commit >= self.cfg.tick_s:
+                    try:
+                        stage.commit_point()
+                    except (ClickHouseError, KafkaUnavailable) as exc:
+                        log.error("span stage commit point failed (retrying; nothing is committed past what was written): %s", exc)
+                    last_commit = now
+                await asyncio.sleep(0 if n else 0.005)
+        finally:
+            if not self._stopping:  # cancelled without a SIGTERM flush: the next owner replays
+                stage.close()
 
-    async def _on_event(self, ev: RolloutEvent, partition: int, offset: int, topic: str) -> None:
-        EVENTS_IN.labels(ev.event.value).inc()
-        rid, att = ev.rollout_id, ev.attempt_id
-        state = self._state(rid) or self._new_state(partition)
-        if att in state["done"] or (rid, att) in self._completing:
-            return  # a replay of an attempt already completed
-        info = self._attempt(state, att)
-        info.update(task_id=ev.task_id, mode=ev.mode, attempt=ev.attempt, rv=ev.resource_version)
-        if ev.event == RolloutEventType.STARTED:
-            info["started_ns"] = ev.time_ns
-        state["seen"] = time.time_ns()
-        self._put(self.rollouts, partition, rid, _dumps(state))
-        if ev.event == RolloutEventType.FINISHED:
-            info["finished"] = {"offset": offset, "at": time.time_ns(), "event": ev.model_dump(mode="json")}
-            self._put(self.rollouts, partition, rid, _dumps(state))
-            if self._all_in(info):
-                await self._finish(rid, att, partition, offset, topic)
-
-    @staticmethod
-    def _all_in(info: dict[str, Any]) -> bool:
-        """Every sequence id up to the FINISHED event's span_count has arrived."""
-        count = int(info["finished"]["event"].get("span_count") or 0)
-        seqs = {int(q) for q in info.get("seqs", ())}
-        return all(q in seqs for q in range(1, count + 1))
-
-    async def _finish(self, rid: str, att: str, partition: int, offset: int, topic: str | None) -> None:
-        """Complete an attempt whose FINISHED event arrived (all spans in, or its grace period over)."""
-        state = self._state(rid)
-        if state is None or att in state["done"] or (rid, att) in self._completing:
-            return
-        info = state["attempts"][att]
-        ev = RolloutEvent.model_validate(info["finished"]["event"])
-        spans = self._load_spans(rid, att, info)
-        result = finish_attempt(spans, ev, self.cfg.core, started_ns=info["started_ns"])
-        await self._complete(result, partition, offset, topic)
-
-    async def finish_ready(self, grace_scan: bool = True) -> None:
-        """Complete the attempts a span made whole, and (``grace_scan``) those whose grace period ran out."""
-        ready, self._ready = self._ready, []
-        for rid, att, offset in ready:
-            state = self._state(rid)
-            if state is not None:
-                await self._finish(rid, att, state["p"], offset, self.cfg.topic_prefix + "spans")
-        if not grace_scan:
-            return
-        now = time.time_ns()
-        for key, raw in list(self.rollouts.data.items()):
-            if raw is None:
-                continue
-            state = json.loads(raw)
-            rid = key.decode() if isinstance(key, bytes) else key
-            for att, info in state["attempts"].items():
-                fin = info.get("finished")
-                if fin and (now - fin["at"]) / 1e9 >= self.cfg.finish_grace_s and (rid, att) not in self._completing:
-                    await self._finish(rid, att, state["p"], fin["offset"], self.cfg.topic_prefix + "spans")
-
-    def _load_spans(self, rid: str, att: str, info: dict[str, Any]) -> list[Span]:
-        out = []
-        for span_id in info["spans"]:
-            raw = self._get(self.span_store, SEP.join((rid, att, span_id)))
-            if raw is not None:
-                out.append(codec.decode(raw, "rolloutbus.Span"))
-        return out  # type: ignore[return-value]
-
-    async def _complete(self, result: RolloutResult, partition: int, offset: int, topic: str | None) -> None:
-        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" else ""
-        now = time.time_ns()
-        source = (topic, partition, offset) if topic else None
-        self.sink.add("rollouts", rollout_row(result, gid, now), source)
-        self.sink.add_many("transitions", transition_rows(result, gid, now), source)
-        if gid:
-            await self.done_topic.send(key=gid.encode(), value=result.to_json())
-        self._completing[(result.rollout_id, result.attempt_id)] = offset
-        self._deferred.append((partition, result.rollout_id, result.attempt_id, offset))
-        ROLLOUTS_DONE.labels(result.status).inc()
-        self.stats["rollouts"] += 1
-
-    async def expire_rollouts(self) -> None:
-        """Time out attempts with no record for ``rollout_timeout_s``; forget old completed rollouts."""
-        now = time.time_ns()
-        for key, raw in list(self.rollouts.data.items()):
-            if raw is None:
-                continue
-            state = json.loads(raw)
-            idle = (now - state["seen"]) / 1e9
-            rid = key.decode() if isinstance(key, bytes) else key
-            if idle >= self.cfg.rollout_timeout_s:
-                for att, info in list(state["attempts"].items()):
-                    if (rid, att) in self._completing:
-                        continue
-                    spans = self._load_spans(rid, att, info)
-                    result = finish_attempt(
-                        spans, None, self.cfg.core, rollout_id=rid, attempt_id=att, task_id=info["task_id"],
-                        mode=info["mode"], attempt=info["attempt"], started_ns=info["started_ns"], finished_ns=now,
-                    )
-                    if result.resource_version is None:
-                        result.resource_version = info["rv"]
-                    # -1: every later span of this attempt counts as late.
-                    await self._complete(result, state["p"], -1, None)
-            if not state["attempts"] and idle >= self.cfg.completed_retention_s:
-                self._put(self.rollouts, state["p"], rid, None)
+    def stop_stage(self) -> None:
+        """Final commit point of the span stage, then leave its consumer group."""
+        self._stopping = True
+        if self.stage is not None:
+            try:
+                self.stage.commit_point()
+            finally:
+                self.stage.close()
 
     # ------------------------------------------------------------------ groups stage
 
@@ -536,7 +398,7 @@ class Worker:
             if msg.topic == self.dlq_topic.get_topic_name():
                 log.error("unreadable record on the dead-letter topic at %s@%s: %s", msg.partition, msg.offset, exc)
             else:
-                await self.dead_letter(event, self._reason(exc), str(exc))
+                await self.dead_letter(event, dead_letter_reason(exc), str(exc))
             return
         if isinstance(record, ResourceVersion):
             self.sink.add("resource_versions", resource_version_row(record), source)
@@ -577,16 +439,17 @@ class Worker:
             agent.__name__ = agent.__qualname__ = name
             app.agent(topic, name=f"{self.cfg.app_id}.{name}")(agent)
 
-        make_agent(self.spans_topic, self.on_span_record, "spans")
         make_agent(self.done_topic, self.on_rollout_done, "groups")
         make_agent(self.resources_topic, self.on_store_record, "resources")
         make_agent(self.metrics_topic, self.on_store_record, "metrics")
         make_agent(self.dlq_topic, self.on_store_record, "dlq")
 
+        @app.task
+        async def spans() -> None:
+            await self.run_stage()
+
         @app.timer(self.cfg.tick_s)
         async def tick() -> None:
-            await self.finish_ready()
-            await self.expire_rollouts()
             await self.expire_groups()
             await self.commit_point()
             await self.reread_missing_tails()
@@ -695,6 +558,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
                     faust.Worker._schedule_shutdown(self, signal)
 
             async def flush() -> None:
+                worker.stop_stage()
                 await worker.commit_point()
                 await worker.app.commit(None)
 

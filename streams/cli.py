@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from rolloutbus.errors import ConfigError, KafkaUnavailable
     from rolloutbus.kafka_admin import TopicSpec, ensure_topics, topic_specs
     from streams.app import Config, Worker, done_topic_name, faust_worker
+    from streams.spans_stage import state_topic_name
     from streams.grouping import GroupPolicy
     from streams.rewards import RewardRules
     from streams.rollout import Settings
@@ -88,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if partitions < 1:
         raise KafkaUnavailable(f"topic {topics.spans} has no partitions on {s.bootstrap}")
     # Summaries re-keyed by group id: same partition count, so the group table co-partitions with it.
-    ensure_topics(conf, [TopicSpec(done_topic_name(topics.prefix), partitions)])
+    # The span stage's changelog of completed attempts: one partition per rb.spans partition.
+    ensure_topics(conf, [
+        TopicSpec(done_topic_name(topics.prefix), partitions),
+        TopicSpec(state_topic_name(topics.prefix), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+    ])
 
     client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
     sink = ClickHouseSink(client, batch_size=s.sink_batch_size, interval_s=s.sink_interval_s)
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
         finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s,
-        store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), datadir=str(s.data_dir / "faust" / s.application_id),
+        store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink)
     if s.metrics_port:

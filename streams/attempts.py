@@ -1,0 +1,199 @@
+"""The in-flight attempts of one rb.spans partition, and the offset that is safe to commit. Pure.
+
+The span stage keeps each attempt's spans in memory until the attempt completes; it does not write
+them to a changelog. What makes that durable is the source topic itself: the offset committed for a
+partition is the first offset of its oldest in-flight attempt (or, with none in flight, the next
+offset to read), so a restarted worker reads every span of every attempt it must still complete
+again. Completed attempts are remembered (by the offset of their FINISHED record) in a small
+changelog written at commit points, so a replay neither completes an attempt twice nor misses a
+late span. The commit also records how far rows were written (``sunk_below``), so a replay does not
+insert those spans again.
+
+A restart after a crash therefore re-reads at most from the oldest in-flight attempt — bounded by
+the inactivity timeout — which is the price of not writing every span twice.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from schemas.codec import unpack_floats, unpack_tokens
+from schemas.models import RolloutEvent, RolloutEventType
+
+Key = tuple[str, str]  # (rollout_id, attempt_id)
+
+
+def span_view(d: dict[str, Any]) -> Any:
+    """A decoded (and checked) Span dict → an object with the attribute shape of ``schemas.models.Span``.
+
+    What the pure core and the row builders read, without pydantic's per-field validation (the
+    dict was checked by :func:`schemas.checks.check_span`)."""
+    v = SimpleNamespace(**d)
+    llm = d["llm"]
+    if llm is not None:
+        v.llm = SimpleNamespace(
+            model=llm["model"],
+            prompt_token_ids=unpack_tokens(llm["prompt_token_ids"]),
+            response_token_ids=unpack_tokens(llm["response_token_ids"]),
+            response_logprobs=unpack_floats(llm["response_logprobs"]),
+            response_mask=array("B", llm["response_mask"]).tolist(),
+            resource_version=llm["resource_version"],
+            request_id=llm["request_id"],
+            finish_reason=llm["finish_reason"],
+        )
+    if d["tool"] is not None:
+        v.tool = SimpleNamespace(**d["tool"])
+    if d["reward"] is not None:
+        v.reward = SimpleNamespace(**d["reward"])
+    if d["events"]:
+        v.events = [SimpleNamespace(**e) for e in d["events"]]
+    return v
+
+
+@dataclass
+class Attempt:
+    """One attempt still being assembled."""
+
+    rollout_id: str
+    attempt_id: str
+    first_offset: int
+    seen: float
+    spans: dict[str, Any] = field(default_factory=dict)  # span_id → span (the first one kept)
+    seqs: set[int] = field(default_factory=set)
+    task_id: str = ""
+    mode: str = "train"
+    attempt: int = 1
+    started_ns: int = 0
+    resource_version: int | None = None
+    finished: RolloutEvent | None = None
+    finished_offset: int = -1
+    finished_at: float = 0.0
+
+    @property
+    def key(self) -> Key:
+        return (self.rollout_id, self.attempt_id)
+
+    def all_in(self) -> bool:
+        """FINISHED arrived and every sequence id up to its span_count is in."""
+        if self.finished is None:
+            return False
+        return all(q in self.seqs for q in range(1, self.finished.span_count + 1))
+
+
+class PartitionState:
+    """Attempts of one partition: in flight, completed since the last commit point, and done."""
+
+    def __init__(self, partition: int, sunk_below: int = 0) -> None:
+        self.partition = partition
+        self.sunk_below = sunk_below
+        self.inflight: dict[Key, Attempt] = {}
+        self.completing: dict[Key, int] = {}  # completed, rows not yet flushed → FINISHED offset
+        self.done: dict[Key, tuple[int, int]] = {}  # → (FINISHED offset, completed ns), oldest first
+        self.position = -1  # next offset to process; -1: nothing processed yet
+        self.committed: tuple[int, int] = (-1, -1)  # (offset, position) of the last commit
+
+    def finished_offset(self, key: Key) -> int | None:
+        off = self.completing.get(key)
+        if off is not None:
+            return off
+        done = self.done.get(key)
+        return done[0] if done is not None else None
+
+    def _attempt(self, key: Key, offset: int, now: float) -> Attempt:
+        att = self.inflight.get(key)
+        if att is None:
+            att = self.inflight[key] = Attempt(key[0], key[1], offset, now)
+        return att
+
+    def on_span(self, span: Any, offset: int, now: float) -> tuple[bool, bool, Attempt | None]:
+        """→ (write its row, is it late, the attempt it made whole or None).
+
+        A span of a completed attempt after its FINISHED record is late (stored, flagged); one
+        before it is a replay of a span already stored. Spans below ``sunk_below`` were written
+        before a restart: they rebuild state only."""
+        self.position = offset + 1
+        key = (span.rollout_id, span.attempt_id)
+        fin = self.finished_offset(key)
+        if fin is not None:
+            late = offset > fin
+            return late and offset >= self.sunk_below, late, None
+        att = self._attempt(key, offset, now)
+        if span.span_id not in att.spans:
+            att.spans[span.span_id] = span
+            att.seqs.add(span.sequence_id)
+        att.seen = now
+        return offset >= self.sunk_below, False, att if att.finished is not None and att.all_in() else None
+
+    def on_event(self, ev: RolloutEvent, offset: int, now: float) -> Attempt | None:
+        """Record a lifecycle event; → the attempt when a FINISHED found every span in."""
+        self.position = offset + 1
+        key = (ev.rollout_id, ev.attempt_id)
+        if self.finished_offset(key) is not None:
+            return None  # a replay of a completed attempt
+        att = self._attempt(key, offset, now)
+        att.task_id, att.mode, att.attempt, att.resource_version = ev.task_id, ev.mode, ev.attempt, ev.resource_version
+        att.seen = now
+        if ev.event == RolloutEventType.STARTED:
+            att.started_ns = ev.time_ns
+        elif ev.event == RolloutEventType.FINISHED:
+            att.finished, att.finished_offset, att.finished_at = ev, offset, now
+            if att.all_in():
+                return att
+        return None
+
+    def skip(self, offset: int) -> None:
+        """A record that changes no attempt (dead-lettered)."""
+        self.position = offset + 1
+
+    def complete(self, att: Attempt, finished_offset: int) -> None:
+        """``att`` was completed and its rows buffered: it is done once they are flushed."""
+        self.inflight.pop(att.key, None)
+        self.completing[att.key] = finished_offset
+
+    def due(self, now: float, grace_s: float, timeout_s: float) -> tuple[list[Attempt], list[Attempt]]:
+        """(attempts whose FINISHED waited ``grace_s`` for missing spans, attempts idle ``timeout_s``)."""
+        graced, timed_out = [], []
+        for att in self.inflight.values():
+            if att.finished is not None:
+                if now - att.finished_at >= grace_s:
+                    graced.append(att)
+            elif now - att.seen >= timeout_s:
+                timed_out.append(att)
+        return graced, timed_out
+
+    def commit_point(self, now_ns: int, retention_ns: int) -> tuple[list[tuple[Key, int | None]], int | None]:
+        """Call after the sink flushed. Completed attempts become done; done ones older than
+        ``retention_ns`` are forgotten. → (changelog entries: key → FINISHED offset, None to
+        forget; the offset to commit, None when nothing new)."""
+        entries: list[tuple[Key, int | None]] = []
+        for key, off in self.completing.items():
+            self.done[key] = (off, now_ns)
+            entries.append((key, off))
+        self.completing.clear()
+        while self.done:
+            key = next(iter(self.done))
+            if now_ns - self.done[key][1] < retention_ns:
+                break
+            del self.done[key]
+            entries.append((key, None))
+        if self.position < 0:
+            return entries, None
+        offset = min((a.first_offset for a in self.inflight.values()), default=self.position)
+        if (offset, self.position) == self.committed:
+            return entries, None
+        self.committed = (offset, self.position)
+        return entries, offset
+
+    def restore(self, key: Key, finished_offset: int | None, completed_ns: int = 0) -> None:
+        """Apply one changelog entry (replayed at assignment, in log order)."""
+        if finished_offset is None:
+            self.done.pop(key, None)
+        else:
+            self.done.pop(key, None)
+            self.done[key] = (finished_offset, completed_ns)
+
+
+__all__ = ["Attempt", "PartitionState", "span_view", "Key"]

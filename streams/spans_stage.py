@@ -1,0 +1,352 @@
+"""The span stage: rb.spans → attempts → spans / rollouts / transitions rows and rollout summaries.
+
+It reads rb.spans in batches with confluent-kafka (librdkafka fetches and decompresses in C) inside
+the faust worker's event loop, and keeps each partition's in-flight attempts in memory
+(:mod:`streams.attempts`, which explains why that is durable). A completed attempt's summary goes,
+keyed by its group id, to ``<prefix>rollouts-done``, where the faust group stage picks it up.
+
+Delivery: offsets are committed only at a commit point, after the sink flushed every row the
+records below them produced and the producer delivered every summary, dead letter and changelog
+entry they caused. A crash replays from the last commit; see :mod:`streams.attempts`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from prometheus_client import Counter, Gauge
+
+from rolloutbus.errors import DecodeError, KafkaUnavailable, ValidationError
+from schemas import codec
+from schemas.checks import check_span
+from schemas.models import DeadLetter
+from streams.attempts import Attempt, Key, PartitionState, span_view
+from streams.grouping import group_id
+from streams.rollout import RolloutResult, Settings, finish_attempt
+from streams.sink import ClickHouseSink, rollout_row, span_row, transition_rows
+
+log = logging.getLogger("rolloutbus.streams")
+
+SPANS_IN = Counter("rolloutbus_streams_spans_total", "Spans processed", ["late"])
+EVENTS_IN = Counter("rolloutbus_streams_rollout_events_total", "Rollout lifecycle events processed", ["event"])
+ROLLOUTS_DONE = Counter("rolloutbus_streams_rollouts_completed_total", "Attempts completed", ["status"])
+DLQ_OUT = Counter("rolloutbus_streams_dead_letters_total", "Records sent to the dead-letter topic", ["source"])
+INFLIGHT = Gauge("rolloutbus_streams_inflight_attempts", "Attempts being assembled (state held in memory)")
+LAG = Gauge("rolloutbus_streams_lag", "Records behind the end of the partition", ["topic", "partition"])
+
+SEP = "\x1f"
+_SPAN = "rolloutbus.Span"
+_NAMES = (_SPAN, "rolloutbus.RolloutEvent")
+
+
+def dead_letter_reason(exc: Exception) -> str:
+    """A short, stable reason for the dead-letter topic (what an operator groups by)."""
+    text = str(exc)
+    if isinstance(exc, ValidationError):
+        return "validation"
+    if "fingerprint" in text:
+        return "decode.unknown_fingerprint"
+    if "marker" in text or "too short" in text or "Confluent" in text:
+        return "decode.not_avro"
+    return "decode.invalid"
+
+
+def state_topic_name(prefix: str) -> str:
+    """The compacted changelog of completed attempts (one partition per rb.spans partition)."""
+    return f"{prefix}spans-state"
+
+
+class SpanStage:
+    """Consumes rb.spans in batches; call :meth:`poll` repeatedly and :meth:`commit_point` when due."""
+
+    def __init__(
+        self,
+        kafka_conf: dict[str, Any],
+        *,
+        group: str,
+        spans_topic: str,
+        done_topic: str,
+        dlq_topic: str,
+        state_topic: str,
+        sink: ClickHouseSink,
+        flush_sink: Callable[[], None],
+        core: Settings,
+        finish_grace_s: float = 10.0,
+        rollout_timeout_s: float = 600.0,
+        completed_retention_s: float = 3600.0,
+        session_timeout_s: float = 10.0,
+        batch: int = 5000,
+    ) -> None:
+        self.kafka_conf = kafka_conf
+        self.spans_topic, self.done_topic, self.dlq_topic, self.state_topic = spans_topic, done_topic, dlq_topic, state_topic
+        self.sink = sink
+        self.flush_sink = flush_sink
+        self.core = core
+        self.finish_grace_s = finish_grace_s
+        self.rollout_timeout_s = rollout_timeout_s
+        self.retention_ns = int(completed_retention_s * 1e9)
+        self.batch = batch
+        self.parts: dict[int, PartitionState] = {}
+        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0}
+        self.consumer = Consumer({
+            **kafka_conf,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": int(session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(min(3.0, session_timeout_s / 3) * 1000),
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "log_level": 3,
+        })
+        self.producer = Producer({
+            **kafka_conf,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": 16 * 1024 * 1024,
+            "log_level": 3,
+        })
+        self._failed: list[str] = []  # delivery errors since the last commit point
+        self._closed = False
+        self.consumer.subscribe([spans_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    # ------------------------------------------------------------------ rebalance
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            sunk = int(tp.metadata) if tp.metadata and tp.metadata.isdigit() else 0
+            self.parts[tp.partition] = PartitionState(tp.partition, sunk_below=sunk)
+        restored = self._restore([tp.partition for tp in partitions])
+        log.info("span stage assigned %s (committed %s); %d completed attempts restored",
+                 sorted(tp.partition for tp in partitions), {tp.partition: tp.offset for tp in committed}, restored)
+
+    def _restore(self, partitions: list[int]) -> int:
+        """Read the completed-attempts changelog of ``partitions`` from its beginning to its end."""
+        reader = Consumer({**self.kafka_conf, "group.id": "unused", "enable.auto.commit": False, "log_level": 3})
+        n = 0
+        try:
+            ends: dict[int, int] = {}
+            for p in partitions:
+                lo, hi = reader.get_watermark_offsets(TopicPartition(self.state_topic, p), timeout=30)
+                if hi > lo:
+                    ends[p] = hi
+            if not ends:
+                return 0
+            reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING) for p in ends])
+            deadline = time.monotonic() + 300
+            while ends and time.monotonic() < deadline:
+                for msg in reader.consume(10000, 1.0):
+                    if msg.error():
+                        continue
+                    p = msg.partition()
+                    rid, att = msg.key().decode().split(SEP, 1)
+                    value = msg.value()
+                    if value is None:
+                        self.parts[p].restore((rid, att), None)
+                    else:
+                        entry = json.loads(value)
+                        self.parts[p].restore((rid, att), entry["o"], entry["t"])
+                    n += 1
+                    if msg.offset() + 1 >= ends.get(p, 0):
+                        ends.pop(p, None)
+            if ends:
+                raise KafkaUnavailable(f"could not read the changelog {self.state_topic} partitions {sorted(ends)} to their end")
+        finally:
+            reader.close()
+        return n
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        try:
+            self.commit_point()
+        except Exception:  # noqa: BLE001 - the next owner replays what was not committed
+            log.exception("commit on revoke failed; the next owner of %s replays from the last commit", partitions)
+        for tp in partitions:
+            self.parts.pop(tp.partition, None)
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.warning("span stage lost %s (session expired); the new owner replays from the last commit", partitions)
+        for tp in partitions:
+            self.parts.pop(tp.partition, None)
+
+    # ------------------------------------------------------------------ records
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Process the records librdkafka has fetched (at most ``batch``); → how many."""
+        msgs = self.consumer.consume(self.batch, timeout)
+        if not msgs:
+            return 0
+        now = time.monotonic()
+        spans = late = 0
+        for msg in msgs:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error on %s: %s", self.spans_topic, msg.error())
+                continue
+            st = self.parts.get(msg.partition())
+            if st is None:  # revoked while this batch was fetched
+                continue
+            offset = msg.offset()
+            try:
+                name, d = codec.decode_raw(msg.value(), _NAMES)
+                if name == _SPAN:
+                    check_span(d)
+                    record: Any = span_view(d)
+                else:
+                    record = codec.from_avro(name, d)
+            except (DecodeError, ValidationError) as exc:
+                if offset >= st.sunk_below:
+                    self.dead_letter(msg, dead_letter_reason(exc), str(exc))
+                st.skip(offset)
+                continue
+            if name == _SPAN:
+                write, is_late, ready = st.on_span(record, offset, now)
+                if write:
+                    self.sink.add("spans", span_row(record, st.partition, offset, late=is_late), (self.spans_topic, st.partition, offset))
+                else:
+                    self.stats["replayed"] += 1
+                spans += 1
+                late += is_late
+                if ready is not None:
+                    self._finish(st, ready, max(offset, ready.finished_offset))
+            else:
+                EVENTS_IN.labels(record.event.value).inc()
+                ready = st.on_event(record, offset, now)
+                if ready is not None:
+                    self._finish(st, ready, offset)
+        if spans:
+            SPANS_IN.labels("false").inc(spans - late)
+            if late:
+                SPANS_IN.labels("true").inc(late)
+            self.stats["spans"] += spans
+            self.stats["late"] += late
+        return len(msgs)
+
+    def dead_letter(self, msg: Any, reason: str, detail: str) -> None:
+        dl = DeadLetter(
+            source_topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
+            reason=reason, detail=detail[:4000], stage="streams", time_ns=time.time_ns(),
+        )
+        self._produce(self.dlq_topic, msg.key(), codec.encode(dl))
+        DLQ_OUT.labels(msg.topic()).inc()
+        self.stats["dlq"] += 1
+        log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic(), msg.partition(), msg.offset(), reason, detail)
+
+    # ------------------------------------------------------------------ completion
+
+    def _finish(self, st: PartitionState, att: Attempt, offset: int) -> None:
+        """Complete an attempt whose FINISHED arrived (all spans in, or its grace period over)."""
+        ev = att.finished
+        assert ev is not None
+        result = finish_attempt(list(att.spans.values()), ev, self.core, started_ns=att.started_ns)
+        self._complete(st, att, result, offset)
+
+    def _time_out(self, st: PartitionState, att: Attempt) -> None:
+        result = finish_attempt(
+            list(att.spans.values()), None, self.core, rollout_id=att.rollout_id, attempt_id=att.attempt_id,
+            task_id=att.task_id, mode=att.mode, attempt=att.attempt, started_ns=att.started_ns, finished_ns=time.time_ns(),
+        )
+        if result.resource_version is None:
+            result.resource_version = att.resource_version
+        # Spans of this attempt after what was read so far are late.
+        self._complete(st, att, result, st.position - 1)
+
+    def _complete(self, st: PartitionState, att: Attempt, result: RolloutResult, offset: int) -> None:
+        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" else ""
+        now = time.time_ns()
+        source = (self.spans_topic, st.partition, offset)
+        self.sink.add("rollouts", rollout_row(result, gid, now), source)
+        self.sink.add_many("transitions", transition_rows(result, gid, now), source)
+        if gid:
+            self._produce(self.done_topic, gid.encode(), result.to_json())
+        st.complete(att, offset)
+        ROLLOUTS_DONE.labels(result.status).inc()
+        self.stats["rollouts"] += 1
+
+    def tick(self) -> None:
+        """Complete attempts whose grace period ran out and time out idle ones."""
+        now = time.monotonic()
+        inflight = 0
+        for st in list(self.parts.values()):
+            graced, timed_out = st.due(now, self.finish_grace_s, self.rollout_timeout_s)
+            for att in graced:
+                self._finish(st, att, att.finished_offset)
+            for att in timed_out:
+                self._time_out(st, att)
+            inflight += len(st.inflight)
+        INFLIGHT.set(inflight)
+
+    # ------------------------------------------------------------------ commit point
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                self._failed.append(f"{msg.topic()}: {err}")
+
+        while True:
+            try:
+                if partition >= 0:
+                    self.producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
+                else:
+                    self.producer.produce(topic, value=value, key=key, on_delivery=delivered)
+                return
+            except BufferError:  # librdkafka's queue is full: let it drain
+                self.producer.poll(0.05)
+
+    def commit_point(self) -> None:
+        """Flush the sink, persist completed attempts, deliver what was produced, commit offsets."""
+        if self._closed:
+            return
+        self.flush_sink()
+        now_ns = time.time_ns()
+        offsets = []
+        for st in self.parts.values():
+            entries, offset = st.commit_point(now_ns, self.retention_ns)
+            for (rid, att), fin in entries:
+                value = None if fin is None else json.dumps({"o": fin, "t": now_ns}).encode()
+                self._produce(self.state_topic, f"{rid}{SEP}{att}".encode(), value, partition=st.partition)
+            if offset is not None:
+                offsets.append(TopicPartition(self.spans_topic, st.partition, offset, metadata=str(st.position)))
+        left = self.producer.flush(30)
+        if left or self._failed:
+            failed, self._failed = self._failed, []
+            for st in self.parts.values():
+                st.committed = (-1, -1)  # commit again next time
+            raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
+        if offsets:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        self._lag()
+
+    def _lag(self) -> None:
+        for st in self.parts.values():
+            if st.position < 0:
+                continue
+            try:
+                _, hi = self.consumer.get_watermark_offsets(TopicPartition(self.spans_topic, st.partition), cached=True)
+            except KafkaException:
+                continue
+            if hi >= 0:
+                LAG.labels(self.spans_topic, str(st.partition)).set(max(hi - st.position, 0))
+
+    def inflight(self) -> dict[Key, Attempt]:
+        return {k: a for st in self.parts.values() for k, a in st.inflight.items()}
+
+    def close(self) -> None:
+        """Leave the consumer group (after the caller's last commit point)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.producer.flush(10)
+            self.consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the span stage's Kafka clients: %s", exc)
+
+
+__all__ = ["SpanStage", "dead_letter_reason", "state_topic_name"]
