@@ -43,7 +43,7 @@ from prometheus_client import Counter, Histogram
 from rolloutbus.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
-from streams.grouping import GroupPolicy, advantages, build_batch, merge, ready
+from streams.grouping import GroupPolicy, advantages, build_batch, ready
 from streams.rollout import RolloutResult, Settings
 from streams.sink import (
     ClickHouseSink,
@@ -52,9 +52,8 @@ from streams.sink import (
     resource_version_row,
     rollout_row,
     train_step_row,
-    transition_rows,
 )
-from streams.spans_stage import DLQ_OUT, LAG, SpanStage, dead_letter_reason, state_topic_name
+from streams.spans_stage import DLQ_OUT, LAG, SpanStage, dead_letter_reason, span_group, state_topic_name
 
 log = logging.getLogger("rolloutbus.streams")
 
@@ -167,6 +166,10 @@ def _patch_faust_seek_uncommitted() -> None:
     cls.seek_to_committed = seek_to_committed
 
 
+SEP = "\x1f"
+SCAN_EVERY_S = 30.0
+
+
 def done_topic_name(prefix: str) -> str:
     return f"{prefix}rollouts-done"
 
@@ -214,6 +217,9 @@ class Worker:
         self.metrics_topic = self.app.topic(f"{p}metrics", **raw)
         tbl = {"partitions": cfg.partitions, "default": None, "key_type": bytes, "value_type": bytes}
         self.group_state = self.app.Table("group-state", **tbl)
+        self.group_members = self.app.Table("group-members", **tbl)
+        self._open_groups: set[str] = set()  # groups not yet emitted (see expire_groups)
+        self._last_scan = 0
         self.stage: SpanStage | None = None
         self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
@@ -297,8 +303,8 @@ class Worker:
     def make_stage(self) -> SpanStage:
         p = self.cfg.topic_prefix
         return SpanStage(
-            self.cfg.kafka_conf, group=f"{self.cfg.app_id}.spans", spans_topic=f"{p}spans", done_topic=done_topic_name(p),
-            dlq_topic=f"{p}dlq", state_topic=state_topic_name(p), sink=self.sink, flush_sink=self.flush_sink,
+            self.cfg.kafka_conf, group=span_group(self.cfg.app_id), spans_topic=f"{p}spans", done_topic=done_topic_name(p),
+            dlq_topic=f"{p}dlq", state_topic=state_topic_name(self.cfg.app_id), sink=self.sink, flush_sink=self.flush_sink,
             core=self.cfg.core, finish_grace_s=self.cfg.finish_grace_s, rollout_timeout_s=self.cfg.rollout_timeout_s,
             completed_retention_s=self.cfg.completed_retention_s, session_timeout_s=self.cfg.session_timeout_s,
         )
@@ -337,6 +343,8 @@ class Worker:
     # ------------------------------------------------------------------ groups stage
 
     async def on_rollout_done(self, event: Any) -> None:
+        """Add a rollout summary to its group. The group's state holds only who is in it; each
+        member's summary is stored once, as it arrived, and read back when the group is emitted."""
         msg = event.message
         try:
             result = RolloutResult.from_json(msg.value)
@@ -349,43 +357,72 @@ class Worker:
         if state["emitted"]:
             log.info("rollout %s finished after its group %s was emitted; stored, not trained", result.rollout_id, gid)
             return
-        members = {k: RolloutResult.from_json(json.dumps(v)) for k, v in state["members"].items()}
-        if not merge(members, result):
+        # As grouping.merge: a later attempt replaces an earlier one; a re-delivered or older one is ignored.
+        current = state["members"].get(result.rollout_id)
+        if current is not None and tuple(current) >= (result.attempt, result.finished_ns):
             return
-        state["members"][result.rollout_id] = json.loads(result.to_json())
-        self._put(self.group_state, msg.partition, gid, _dumps(state))
-        await self._maybe_emit(gid, state, members, time.time_ns())
+        state["members"][result.rollout_id] = [result.attempt, result.finished_ns]
+        self._put(self.group_members, state["p"], f"{gid}{SEP}{result.rollout_id}", msg.value)
+        self._put(self.group_state, state["p"], gid, _dumps(state))
+        self._open_groups.add(gid)
+        await self._maybe_emit(gid, state, time.time_ns(), {result.rollout_id: result})
 
-    async def _maybe_emit(self, gid: str, state: dict[str, Any], members: dict[str, RolloutResult], now: int) -> None:
-        why = ready(len(members), state["first"], now, self.cfg.groups)
+    async def _maybe_emit(self, gid: str, state: dict[str, Any], now: int, loaded: dict[str, RolloutResult] | None = None) -> None:
+        why = ready(len(state["members"]), state["first"], now, self.cfg.groups)
         if why is None:
             return
-        batch = build_batch(list(members.values()), self.cfg.groups, now, complete=why == "complete")
-        adv = advantages([r.reward for r in sorted(members.values(), key=lambda r: r.rollout_id)],
+        members = []
+        for rid in state["members"]:
+            result = (loaded or {}).get(rid)
+            if result is None:
+                raw = self._get(self.group_members, f"{gid}{SEP}{rid}")
+                if raw is None:  # pragma: no cover - written together with the state
+                    log.error("group %s: summary of member %s is missing; emitting without it", gid, rid)
+                    continue
+                result = RolloutResult.from_json(raw)
+            members.append(result)
+        batch = build_batch(members, self.cfg.groups, now, complete=why == "complete")
+        adv = advantages([r.reward for r in sorted(members, key=lambda r: r.rollout_id)],
                          self.cfg.groups.scale_by_std, self.cfg.groups.eps)
         self.sink.add("groups", group_row(batch, adv))
-        for result in members.values():
-            self.sink.add_many("transitions", transition_rows(result, gid, now))
+        for result in members:
+            self.sink.add_transitions(result, gid, now)
             self.sink.add("rollouts", rollout_row(result, gid, now))
         await self.batches_topic.send(key=gid.encode(), value=codec.encode(batch))
         # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
+        for rid in state["members"]:
+            self._put(self.group_members, state["p"], f"{gid}{SEP}{rid}", None)
         self._put(self.group_state, state["p"], gid, _dumps({"p": state["p"], "first": state["first"], "members": {}, "emitted": True, "at": now}))
+        self._open_groups.discard(gid)
         GROUPS_OUT.labels(str(batch.complete).lower()).inc()
         self.stats["groups"] += 1
 
     async def expire_groups(self) -> None:
+        """Emit groups that reached their timeout; forget emitted markers past their retention.
+
+        Each tick looks only at the groups still open (an index kept as they change); a full scan of
+        the table, which also finds groups its changelog restored, runs every ``SCAN_EVERY_S`` (or half the
+        group timeout, if shorter)."""
         now = time.time_ns()
-        for key, raw in list(self.group_state.data.items()):
-            if raw is None:
-                continue
-            state = json.loads(raw)
-            gid = key.decode() if isinstance(key, bytes) else key
-            if state["emitted"]:
-                if (now - state.get("at", now)) / 1e9 >= self.cfg.completed_retention_s:
+        if now - self._last_scan >= min(SCAN_EVERY_S, self.cfg.groups.timeout_s / 2) * 1e9:
+            self._last_scan = now
+            self._open_groups.clear()
+            for key, raw in list(self.group_state.data.items()):
+                if raw is None:
+                    continue
+                state = json.loads(raw)
+                gid = key.decode() if isinstance(key, bytes) else key
+                if not state["emitted"]:
+                    self._open_groups.add(gid)
+                elif (now - state.get("at", now)) / 1e9 >= self.cfg.completed_retention_s:
                     self._put(self.group_state, state["p"], gid, None)
+        for gid in list(self._open_groups):
+            raw = self._get(self.group_state, gid)
+            state = json.loads(raw) if raw else None
+            if state is None or state["emitted"]:
+                self._open_groups.discard(gid)
                 continue
-            members = {k: RolloutResult.from_json(json.dumps(v)) for k, v in state["members"].items()}
-            await self._maybe_emit(gid, state, members, now)
+            await self._maybe_emit(gid, state, now)
 
     # ------------------------------------------------------------------ other topics
 
@@ -550,7 +587,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
             async def flush_then_stop() -> None:
                 try:
                     await asyncio.wait_for(flush(), worker.cfg.shutdown_timeout_s / 2)
-                    log.warning("flushed and committed before shutdown: %s", worker.stats)
+                    log.warning("flushed and committed before shutdown: %s", {**(worker.stage.stats if worker.stage else {}), **worker.stats})
                 except Exception:  # noqa: BLE001 - stopping anyway; un-committed records are replayed
                     log.exception("flush on shutdown failed or timed out (broker gone?); records not committed "
                                   "will be replayed by the next worker")

@@ -1,16 +1,17 @@
 """The in-flight attempts of one rb.spans partition, and the offset that is safe to commit. Pure.
 
 The span stage keeps each attempt's spans in memory until the attempt completes; it does not write
-them to a changelog. What makes that durable is the source topic itself: the offset committed for a
-partition is the first offset of its oldest in-flight attempt (or, with none in flight, the next
-offset to read), so a restarted worker reads every span of every attempt it must still complete
-again. Completed attempts are remembered (by the offset of their FINISHED record) in a small
-changelog written at commit points, so a replay neither completes an attempt twice nor misses a
-late span. The commit also records how far rows were written (``sunk_below``), so a replay does not
-insert those spans again.
+them to a changelog. What makes that durable is the source topic itself. At a commit point (after
+the sink flushed) the partition's committed offset is the next offset to read — so consumer lag
+means what it always means, and rows below it are written (``sunk_below``) — and the commit's
+metadata carries the first offset of the oldest attempt still in flight (``replay_from``). A
+restarted worker reads from ``replay_from``: spans below ``sunk_below`` rebuild the attempts it must
+still complete without being written again. Completed attempts are remembered (by the offset of
+their FINISHED record) in a small changelog written at commit points, so a replay neither completes
+an attempt twice nor misses a late span.
 
-A restart after a crash therefore re-reads at most from the oldest in-flight attempt — bounded by
-the inactivity timeout — which is the price of not writing every span twice.
+A restart after a crash therefore re-reads from the oldest in-flight attempt — bounded by the
+inactivity timeout — which is the price of not writing every span twice.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def span_view(d: dict[str, Any]) -> Any:
             resource_version=llm["resource_version"],
             request_id=llm["request_id"],
             finish_reason=llm["finish_reason"],
+            # the wire bytes, which streams.rowbinary writes to ClickHouse as they are
+            packed=(llm["prompt_token_ids"], llm["response_token_ids"], llm["response_logprobs"]),
         )
     if d["tool"] is not None:
         v.tool = SimpleNamespace(**d["tool"])
@@ -93,7 +96,7 @@ class PartitionState:
         self.completing: dict[Key, int] = {}  # completed, rows not yet flushed → FINISHED offset
         self.done: dict[Key, tuple[int, int]] = {}  # → (FINISHED offset, completed ns), oldest first
         self.position = -1  # next offset to process; -1: nothing processed yet
-        self.committed: tuple[int, int] = (-1, -1)  # (offset, position) of the last commit
+        self.committed: tuple[int, int] = (-1, -1)  # (position, replay_from) of the last commit
 
     def finished_offset(self, key: Key) -> int | None:
         off = self.completing.get(key)
@@ -164,10 +167,10 @@ class PartitionState:
                 timed_out.append(att)
         return graced, timed_out
 
-    def commit_point(self, now_ns: int, retention_ns: int) -> tuple[list[tuple[Key, int | None]], int | None]:
+    def commit_point(self, now_ns: int, retention_ns: int) -> tuple[list[tuple[Key, int | None]], tuple[int, int] | None]:
         """Call after the sink flushed. Completed attempts become done; done ones older than
         ``retention_ns`` are forgotten. → (changelog entries: key → FINISHED offset, None to
-        forget; the offset to commit, None when nothing new)."""
+        forget; (offset to commit, replay_from) or None when nothing changed)."""
         entries: list[tuple[Key, int | None]] = []
         for key, off in self.completing.items():
             self.done[key] = (off, now_ns)
@@ -181,11 +184,12 @@ class PartitionState:
             entries.append((key, None))
         if self.position < 0:
             return entries, None
-        offset = min((a.first_offset for a in self.inflight.values()), default=self.position)
-        if (offset, self.position) == self.committed:
+        commit = (self.position, min((a.first_offset for a in self.inflight.values()), default=self.position))
+        if commit == self.committed:
             return entries, None
-        self.committed = (offset, self.position)
-        return entries, offset
+        self.committed = commit
+        self.sunk_below = max(self.sunk_below, self.position)
+        return entries, commit
 
     def restore(self, key: Key, finished_offset: int | None, completed_ns: int = 0) -> None:
         """Apply one changelog entry (replayed at assignment, in log order)."""

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     # The span stage's changelog of completed attempts: one partition per rb.spans partition.
     ensure_topics(conf, [
         TopicSpec(done_topic_name(topics.prefix), partitions),
-        TopicSpec(state_topic_name(topics.prefix), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+        TopicSpec(state_topic_name(s.application_id), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
     ])
 
     client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)

@@ -7,7 +7,7 @@ to check what lands in ClickHouse.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.models import RolloutEvent, Span
@@ -59,7 +59,10 @@ class RolloutResult:
         return self.final_reward if self.final_reward is not None else 0.0
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # Not dataclasses.asdict: it copies every token id of every step one Python call at a time.
+        d = dict(vars(self))
+        d["steps"] = [vars(s) for s in self.steps]
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> RolloutResult:

@@ -20,12 +20,15 @@ from typing import Any
 
 from rolloutbus.errors import ClickHouseError
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, Span, TrainStep
+from streams import rowbinary
 from streams.grouping import Advantages
 from streams.rollout import RolloutResult
 
 log = logging.getLogger(__name__)
 
 TABLES = ("spans", "rollouts", "transitions", "groups", "resource_versions", "train_steps", "dead_letters")
+# Tables that also take pre-encoded RowBinary rows (streams.rowbinary), and their column order.
+ENCODED_COLUMNS = {"spans": rowbinary.SPANS_COLUMNS, "transitions": rowbinary.TRANSITIONS_COLUMNS}
 
 
 # --------------------------------------------------------------------------- rows
@@ -168,6 +171,7 @@ def dead_letter_row(dl: DeadLetter, dlq_partition: int, dlq_offset: int) -> dict
 @dataclass
 class _Buffer:
     rows: list[dict[str, Any]] = field(default_factory=list)
+    encoded: list[bytes] = field(default_factory=list)  # RowBinary rows in ENCODED_COLUMNS[table] order
     # (topic, partition) → [min offset, max offset] of the records these rows came from
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
@@ -214,9 +218,22 @@ class ClickHouseSink:
         for row in rows:
             self.add(table, row, source)
 
+    def add_encoded(self, table: str, row: bytes, source: tuple[str, int, int] | None = None) -> None:
+        """Buffer one RowBinary row of ``table`` (columns in ``ENCODED_COLUMNS[table]`` order)."""
+        if table not in ENCODED_COLUMNS:
+            raise ValueError(f"table {table!r} takes no encoded rows; these do: {sorted(ENCODED_COLUMNS)}")
+        buf = self._buffers[table]
+        buf.encoded.append(row)
+        buf.note(source)
+
+    def add_transitions(self, result: RolloutResult, group: str, updated_ns: int, source: tuple[str, int, int] | None = None) -> None:
+        """Buffer the ``transitions`` rows of ``result`` (RowBinary: token ids never become Python rows)."""
+        for step in result.steps:
+            self.add_encoded("transitions", rowbinary.transition(step, group, result.credit, updated_ns), source)
+
     @property
     def pending(self) -> int:
-        return sum(len(b.rows) for b in self._buffers.values())
+        return sum(len(b.rows) + len(b.encoded) for b in self._buffers.values())
 
     def due(self) -> bool:
         return self.pending >= self.batch_size or (
@@ -229,18 +246,25 @@ class ClickHouseSink:
         written: dict[str, int] = {}
         for table in TABLES:
             buf = self._buffers.get(table)
-            if not buf or not buf.rows:
+            if not buf or not (buf.rows or buf.encoded):
                 continue
-            columns = list(buf.rows[0])
-            data = [[row[c] for c in columns] for row in buf.rows]
-            token = dedup_token(table, buf.ranges, len(data))
-            settings = {"insert_deduplication_token": token} if token else {}
+            n = len(buf.rows) + len(buf.encoded)
+            # The token names the rows' source records and the batch size, whichever way they travel.
+            token = dedup_token(table, buf.ranges, n)
             try:
-                self.client.insert(table, data, column_names=columns, settings=settings)
+                if buf.encoded:
+                    settings = {"insert_deduplication_token": f"{token}-rb"} if token else {}
+                    self.client.raw_insert(table, ENCODED_COLUMNS[table], b"".join(buf.encoded), settings=settings, fmt="RowBinary")
+                    buf.encoded = []
+                if buf.rows:
+                    columns = list(buf.rows[0])
+                    data = [[row[c] for c in columns] for row in buf.rows]
+                    settings = {"insert_deduplication_token": token} if token else {}
+                    self.client.insert(table, data, column_names=columns, settings=settings)
             except Exception as exc:  # noqa: BLE001 - mapped once, here
-                raise ClickHouseError(f"insert of {len(data)} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
-            written[table] = len(data)
-            self.rows_written[table] += len(data)
+                raise ClickHouseError(f"insert of {n} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
+            written[table] = n
+            self.rows_written[table] += n
             del self._buffers[table]
         self._last_flush = time.monotonic()
         self.last_flush_s = self._last_flush - started
@@ -248,6 +272,7 @@ class ClickHouseSink:
 
 
 __all__ = [
+    "ENCODED_COLUMNS",
     "TABLES",
     "ClickHouseSink",
     "dedup_token",

@@ -28,7 +28,8 @@ from schemas.models import DeadLetter
 from streams.attempts import Attempt, Key, PartitionState, span_view
 from streams.grouping import group_id
 from streams.rollout import RolloutResult, Settings, finish_attempt
-from streams.sink import ClickHouseSink, rollout_row, span_row, transition_rows
+from streams import rowbinary
+from streams.sink import ClickHouseSink, rollout_row
 
 log = logging.getLogger("rolloutbus.streams")
 
@@ -56,9 +57,25 @@ def dead_letter_reason(exc: Exception) -> str:
     return "decode.invalid"
 
 
-def state_topic_name(prefix: str) -> str:
-    """The compacted changelog of completed attempts (one partition per rb.spans partition)."""
-    return f"{prefix}spans-state"
+REPLAY_PREFIX = "replay_from="
+
+
+def parse_replay_from(metadata: str | None) -> int | None:
+    """The offset a restarted worker reads from, from the commit's metadata (None: not ours)."""
+    if metadata and metadata.startswith(REPLAY_PREFIX) and metadata[len(REPLAY_PREFIX):].isdigit():
+        return int(metadata[len(REPLAY_PREFIX):])
+    return None
+
+
+def state_topic_name(app_id: str) -> str:
+    """The compacted changelog of completed attempts (one partition per rb.spans partition). It
+    belongs to the application, as its consumer group does: a new app id starts from nothing."""
+    return f"{app_id}-spans-state-changelog"
+
+
+def span_group(app_id: str) -> str:
+    """The span stage's consumer group (faust's own group is ``app_id``; the two cannot be one)."""
+    return f"{app_id}.spans"
 
 
 class SpanStage:
@@ -119,13 +136,19 @@ class SpanStage:
     # ------------------------------------------------------------------ rebalance
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Restore the completed attempts, then read each partition from its oldest in-flight attempt."""
         committed = consumer.committed(partitions, timeout=30)
+        start = []
         for tp in committed:
-            sunk = int(tp.metadata) if tp.metadata and tp.metadata.isdigit() else 0
+            replay_from = parse_replay_from(tp.metadata) if tp.offset >= 0 else None
+            sunk = tp.offset if replay_from is not None else 0
             self.parts[tp.partition] = PartitionState(tp.partition, sunk_below=sunk)
+            start.append(TopicPartition(self.spans_topic, tp.partition, replay_from if replay_from is not None else tp.offset))
         restored = self._restore([tp.partition for tp in partitions])
-        log.info("span stage assigned %s (committed %s); %d completed attempts restored",
-                 sorted(tp.partition for tp in partitions), {tp.partition: tp.offset for tp in committed}, restored)
+        consumer.assign(start)
+        log.info("span stage assigned %s (reading from %s, rows written below %s); %d completed attempts restored",
+                 sorted(tp.partition for tp in partitions), {tp.partition: tp.offset for tp in start},
+                 {tp.partition: tp.offset for tp in committed}, restored)
 
     def _restore(self, partitions: list[int]) -> int:
         """Read the completed-attempts changelog of ``partitions`` from its beginning to its end."""
@@ -183,6 +206,7 @@ class SpanStage:
         if not msgs:
             return 0
         now = time.monotonic()
+        ingested_ns = time.time_ns()
         spans = late = 0
         for msg in msgs:
             if msg.error():
@@ -208,7 +232,8 @@ class SpanStage:
             if name == _SPAN:
                 write, is_late, ready = st.on_span(record, offset, now)
                 if write:
-                    self.sink.add("spans", span_row(record, st.partition, offset, late=is_late), (self.spans_topic, st.partition, offset))
+                    self.sink.add_encoded("spans", rowbinary.span(record, st.partition, offset, is_late, ingested_ns),
+                                          (self.spans_topic, st.partition, offset))
                 else:
                     self.stats["replayed"] += 1
                 spans += 1
@@ -262,7 +287,7 @@ class SpanStage:
         now = time.time_ns()
         source = (self.spans_topic, st.partition, offset)
         self.sink.add("rollouts", rollout_row(result, gid, now), source)
-        self.sink.add_many("transitions", transition_rows(result, gid, now), source)
+        self.sink.add_transitions(result, gid, now, source)
         if gid:
             self._produce(self.done_topic, gid.encode(), result.to_json())
         st.complete(att, offset)
@@ -312,7 +337,8 @@ class SpanStage:
                 value = None if fin is None else json.dumps({"o": fin, "t": now_ns}).encode()
                 self._produce(self.state_topic, f"{rid}{SEP}{att}".encode(), value, partition=st.partition)
             if offset is not None:
-                offsets.append(TopicPartition(self.spans_topic, st.partition, offset, metadata=str(st.position)))
+                position, replay_from = offset
+                offsets.append(TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}"))
         left = self.producer.flush(30)
         if left or self._failed:
             failed, self._failed = self._failed, []
@@ -320,7 +346,12 @@ class SpanStage:
                 st.committed = (-1, -1)  # commit again next time
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
         if offsets:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:  # e.g. the group rebalanced: the new owner replays from the last commit
+                for st in self.parts.values():
+                    st.committed = (-1, -1)
+                raise KafkaUnavailable(f"offset commit failed: {exc.args[0] if exc.args else exc}") from exc
         self._lag()
 
     def _lag(self) -> None:
@@ -349,4 +380,4 @@ class SpanStage:
             log.warning("closing the span stage's Kafka clients: %s", exc)
 
 
-__all__ = ["SpanStage", "dead_letter_reason", "state_topic_name"]
+__all__ = ["SpanStage", "dead_letter_reason", "parse_replay_from", "span_group", "state_topic_name"]

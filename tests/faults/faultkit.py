@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from rolloutbus.errors import DecodeError, ValidationError
 from schemas import codec
+from streams.spans_stage import span_group
 from tests.integration.streams.helpers import LIVE, ROOT, WorkerProc, query, read_topic, start_worker, stop_worker
 
 __all__ = ["ROOT", "query", "start_worker", "stop_worker", "read_topic"]
@@ -166,10 +167,10 @@ def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: WorkerProc, ti
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"worker exited early: {proc.output()[-3000:]}")
-        behind = committed_behind(conf, f"{prefix}streams", f"{prefix}spans")
+        behind = committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans")
         if behind == 0:
             time.sleep(settle)
-            if committed_behind(conf, f"{prefix}streams", f"{prefix}spans") == 0:
+            if committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans") == 0:
                 return
         time.sleep(1.0)
     proc.kill()

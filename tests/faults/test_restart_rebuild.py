@@ -78,8 +78,8 @@ def test_rebuild_from_the_topics_into_an_empty_store(kafka_conf: dict[str, Any],
     wk2 = worker(env2, rollout_timeout=120)
     prefix = test_env["ROLLOUTBUS_TOPIC_PREFIX"]
     deadline = time.monotonic() + 120
-    from faultkit import committed_behind
-    while committed_behind(kafka_conf, f"{prefix}rebuild", f"{prefix}spans") and time.monotonic() < deadline:
+    from faultkit import committed_behind, span_group
+    while committed_behind(kafka_conf, span_group(f"{prefix}rebuild"), f"{prefix}spans") and time.monotonic() < deadline:
         time.sleep(1)
     time.sleep(6)
     rc, log = stop_worker(wk2)

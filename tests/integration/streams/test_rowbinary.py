@@ -1,0 +1,76 @@
+"""RowBinary rows read back from the real ClickHouse engine equal the rows the sink builds as dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas import codec
+from schemas.models import LLMCall, Reward, Span, SpanEvent, ToolCall
+from streams import rowbinary
+from streams.attempts import span_view
+from streams.rollout import Settings, finish_attempt
+from streams.sink import ClickHouseSink, span_row, transition_rows
+from tests.unit.streams.spans import finished
+
+pytestmark = pytest.mark.integration
+
+SPANS = [
+    Span(span_id="s1", trace_id="t" * 32, rollout_id="r1", attempt_id="a1", sequence_id=1, name="chat", kind="llm",
+         start_time_ns=1, end_time_ns=2, agent_name="solver", attributes={"k": "v", "ünï": "cödé"},
+         llm=LLMCall(model="m", prompt_token_ids=list(range(300)) + [2**32 - 1], response_token_ids=[7, 8],
+                     response_logprobs=[-0.5, -1.25], response_mask=[1, 0], resource_version=3)),
+    Span(span_id="s2", trace_id="t" * 32, parent_id="s1", rollout_id="r1", attempt_id="a1", sequence_id=2, name="calc",
+         kind="tool", start_time_ns=3, end_time_ns=4, status_code="ERROR", status_message="boom",
+         events=[SpanEvent(name="exception", time_ns=5, attributes={"type": "ValueError"})],
+         resource={"service.name": "agent"}, tool=ToolCall(name="calc", arguments='{"x": 1}', ok=False, error="bad")),
+    Span(span_id="s3", trace_id="t" * 32, rollout_id="r1", attempt_id="a1", sequence_id=3, name="reward", kind="reward",
+         start_time_ns=6, end_time_ns=7, reward=Reward(value=0.75, dimensions={"style": -1.0, "len": 2.5})),
+    Span(span_id="s4", trace_id="t" * 32, rollout_id="r1", attempt_id="a1", sequence_id=4, name="plain",
+         start_time_ns=8, end_time_ns=9, tool=ToolCall(name="noargs")),
+]
+
+
+def _select(ch: Any, table: str, order: str) -> list[tuple[Any, ...]]:
+    return ch.query(f"SELECT * FROM {table} ORDER BY {order}").result_rows
+
+
+def test_spans_and_transitions_round_trip(ch: Any) -> None:
+    views = [span_view(codec.decode_raw(codec.encode(s))[1]) for s in SPANS]
+    result = finish_attempt(views, finished(span_count=4), Settings(credit="discounted", gamma=0.5))
+    sink = ClickHouseSink(ch)
+    for i, v in enumerate(views):
+        sink.add("spans", span_row(v, 2, 100 + i, late=i == 3, ingested_ns=42))
+    sink.add_many("transitions", transition_rows(result, "task1@3", 99))
+    sink.flush()
+    as_dicts = _select(ch, "spans", "span_id"), _select(ch, "transitions", "turn")
+    ch.command("TRUNCATE TABLE spans")
+    ch.command("TRUNCATE TABLE transitions")
+
+    for i, v in enumerate(views):
+        sink.add_encoded("spans", rowbinary.span(v, 2, 100 + i, i == 3, 42))
+    for step in result.steps:
+        sink.add_encoded("transitions", rowbinary.transition(step, "task1@3", result.credit, 99))
+    assert sink.flush() == {"spans": 4, "transitions": 1}
+    assert (_select(ch, "spans", "span_id"), _select(ch, "transitions", "turn")) == as_dicts
+    assert as_dicts[0][0][17][-1] == 2**32 - 1 and len(as_dicts[0]) == 4
+
+
+def test_packed_tokens_are_used_as_they_came() -> None:
+    v = span_view(codec.decode_raw(codec.encode(SPANS[0]))[1])
+    assert v.llm.packed[0] == codec.pack_tokens(SPANS[0].llm.prompt_token_ids)
+    assert rowbinary.span(v, 0, 0, False, 0) == rowbinary.span(_without_packed(v), 0, 0, False, 0)
+
+
+def _without_packed(v: Any) -> Any:
+    from types import SimpleNamespace
+
+    out = SimpleNamespace(**vars(v))
+    out.llm = SimpleNamespace(**{k: x for k, x in vars(v.llm).items() if k != "packed"})
+    return out
+
+
+@pytest.mark.parametrize(("n", "encoded"), [(0, b"\x00"), (127, b"\x7f"), (128, b"\x80\x01"), (300, b"\xac\x02"), (2**21, b"\x80\x80\x80\x01")])
+def test_varint(n: int, encoded: bytes) -> None:
+    assert rowbinary.varint(n) == encoded

@@ -1,0 +1,112 @@
+"""In-flight attempts of one partition: completion, late spans, replay after a crash, commit offsets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import codec
+from schemas.models import RolloutEvent
+from streams.attempts import PartitionState, span_view
+from streams.rollout import Settings, finish_attempt
+from tests.unit.streams.spans import finished, llm, span, tool
+
+
+def view(s: Any) -> Any:
+    return span_view(codec.decode_raw(codec.encode(s))[1])
+
+
+def run(st: PartitionState, records: list[tuple[int, Any]], now: float = 0.0) -> tuple[list[int], list[int], list[tuple[str, int]]]:
+    """Feed (offset, record); → (offsets whose span row is written, offsets flagged late, completions)."""
+    written, late, completed = [], [], []
+    for offset, rec in records:
+        if isinstance(rec, RolloutEvent):
+            att = st.on_event(rec, offset, now)
+        else:
+            write, is_late, att = st.on_span(view(rec), offset, now)
+            if write:
+                written.append(offset)
+            if is_late:
+                late.append(offset)
+        if att is not None:
+            completed.append((att.rollout_id, offset))
+            st.complete(att, max(offset, att.finished_offset))
+    return written, late, completed
+
+
+def test_view_has_the_shape_the_core_reads() -> None:
+    spans = [llm(1, prompt=[7, 8, 2**32 - 1]), tool(2, ok=False), span(3, events=[])]
+    ev = finished(span_count=3)
+    assert finish_attempt([view(s) for s in spans], ev, Settings()) == finish_attempt(spans, ev, Settings())
+    v = view(spans[0])
+    assert v.llm.prompt_token_ids == [7, 8, 2**32 - 1] and v.llm.response_mask == [] and v.tool is None
+
+
+def test_an_attempt_completes_when_finished_finds_every_span() -> None:
+    st = PartitionState(0)
+    written, late, completed = run(st, [(0, span(1)), (1, finished(span_count=3)), (2, span(2)), (3, span(3))])
+    assert written == [0, 2, 3] and late == [] and completed == [("r1", 3)]
+    assert st.finished_offset(("r1", "a1")) == 3
+
+
+def test_commit_is_the_position_and_replay_starts_at_the_oldest_inflight_attempt() -> None:
+    st = PartitionState(0)
+    run(st, [(10, span(1, rid="old")), (11, span(1, rid="r1")), (12, finished(rid="r1", span_count=1)), (13, span(2, rid="old"))])
+    entries, commit = st.commit_point(now_ns=5, retention_ns=100)
+    assert commit == (14, 10) and entries == [(("r1", "a1"), 12)]
+    run(st, [(14, finished(rid="old", span_count=2))])
+    entries, commit = st.commit_point(now_ns=6, retention_ns=100)
+    assert commit == (15, 15) and entries == [(("old", "a1"), 14)]
+    assert st.commit_point(now_ns=7, retention_ns=100) == ([], None)  # nothing new
+
+
+def test_late_spans_are_written_and_flagged_replays_are_not_written() -> None:
+    st = PartitionState(0)
+    run(st, [(0, span(1)), (1, finished(span_count=1))])
+    st.commit_point(1, 100)
+    written, late, completed = run(st, [(0, span(1)), (1, finished(span_count=1)), (5, span(2))])
+    assert written == [5] and late == [5] and completed == []
+
+
+def test_crash_and_replay_completes_each_attempt_once_and_writes_each_span() -> None:
+    records = [
+        (0, span(1, rid="a")), (1, span(1, rid="b")), (2, finished(rid="a", span_count=1)),
+        (3, span(2, rid="b")), (4, span(1, rid="c")), (5, finished(rid="c", span_count=1)),
+        (6, finished(rid="b", span_count=2)),
+    ]
+    first = PartitionState(0)
+    w1, _, c1 = run(first, records[:4])  # a completes; b in flight
+    entries, commit = first.commit_point(now_ns=1, retention_ns=10**12)
+    assert commit == (4, 1) and c1 == [("a", 2)]
+    position, replay_from = commit
+    w1b, _, c1b = run(first, records[4:6])  # c completes, then the process dies before its next commit
+
+    # restart: the changelog gives the done attempts, the commit metadata how far rows were written
+    second = PartitionState(0, sunk_below=position)
+    for key, off in entries:
+        second.restore(key, off)
+    replay = [r for r in records if r[0] >= replay_from]
+    w2, late, c2 = run(second, replay)
+    assert late == []
+    assert sorted(c1 + c2) == [("a", 2), ("b", 6), ("c", 5)]  # c again: its completion was not committed
+    assert sorted(set(w1 + w1b + w2)) == [0, 1, 3, 4]
+    assert [o for o in w2 if o < second.sunk_below] == []  # rows written before the commit are not written again
+
+
+def test_done_attempts_are_forgotten_after_their_retention() -> None:
+    st = PartitionState(0)
+    run(st, [(0, finished(rid="x", span_count=0))])
+    st.commit_point(now_ns=0, retention_ns=100)
+    entries, _ = st.commit_point(now_ns=50, retention_ns=100)
+    assert entries == [] and ("x", "a1") in st.done
+    entries, _ = st.commit_point(now_ns=100, retention_ns=100)
+    assert entries == [(("x", "a1"), None)] and not st.done
+
+
+def test_due_after_grace_and_after_inactivity() -> None:
+    st = PartitionState(0)
+    run(st, [(0, span(1, rid="quiet"))], now=0.0)
+    run(st, [(1, finished(rid="gap", span_count=2))], now=5.0)
+    graced, timed_out = st.due(now=9.0, grace_s=10.0, timeout_s=10.0)
+    assert graced == [] and timed_out == []
+    graced, timed_out = st.due(now=15.0, grace_s=10.0, timeout_s=10.0)
+    assert [a.rollout_id for a in graced] == ["gap"] and [a.rollout_id for a in timed_out] == ["quiet"]
