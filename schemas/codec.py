@@ -163,7 +163,9 @@ def schema_set() -> SchemaSet:
 # --------------------------------------------------------------------------- model ⇄ Avro dict
 
 
-def _pack(code: str, values: list[Any]) -> bytes:
+def _pack(code: str, values: Any) -> bytes:
+    if _LITTLE and isinstance(values, array) and values.typecode == code:
+        return values.tobytes()  # already packed in memory: a copy, not a conversion per item
     arr = array(code, values)
     if not _LITTLE:
         arr.byteswap()
@@ -183,6 +185,17 @@ def _unpack(code: str, data: bytes) -> list[Any]:
 def pack_tokens(ids: list[int]) -> bytes:
     """Token ids → little-endian uint32 bytes (the wire form)."""
     return _pack("I", ids)
+
+
+def unpack_array(code: str, data: bytes) -> array:  # type: ignore[type-arg]
+    """Packed little-endian items → an ``array`` over them (a copy, no Python object per item)."""
+    arr = array(code)
+    if len(data) % arr.itemsize:
+        raise ValueError(f"packed field of {len(data)} bytes is not a whole number of {arr.itemsize}-byte items")
+    arr.frombytes(data)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr
 
 
 def unpack_tokens(data: bytes) -> list[int]:
@@ -358,6 +371,7 @@ __all__ = [
     "to_avro",
     "from_avro",
     "pack_tokens",
+    "unpack_array",
     "unpack_tokens",
     "pack_floats",
     "unpack_floats",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from schemas.codec import unpack_floats, unpack_tokens
+from schemas.codec import unpack_array
 from schemas.models import RolloutEvent, RolloutEventType
 
 Key = tuple[str, str]  # (rollout_id, attempt_id)
@@ -37,15 +37,14 @@ def span_view(d: dict[str, Any]) -> Any:
     if llm is not None:
         v.llm = SimpleNamespace(
             model=llm["model"],
-            prompt_token_ids=unpack_tokens(llm["prompt_token_ids"]),
-            response_token_ids=unpack_tokens(llm["response_token_ids"]),
-            response_logprobs=unpack_floats(llm["response_logprobs"]),
+            # arrays, not lists: a 1,000-token prompt stays one buffer on its way to the sink
+            prompt_token_ids=unpack_array("I", llm["prompt_token_ids"]),
+            response_token_ids=unpack_array("I", llm["response_token_ids"]),
+            response_logprobs=unpack_array("f", llm["response_logprobs"]),
             response_mask=array("B", llm["response_mask"]).tolist(),
             resource_version=llm["resource_version"],
             request_id=llm["request_id"],
             finish_reason=llm["finish_reason"],
-            # the wire bytes, which streams.rowbinary writes to ClickHouse as they are
-            packed=(llm["prompt_token_ids"], llm["response_token_ids"], llm["response_logprobs"]),
         )
     if d["tool"] is not None:
         v.tool = SimpleNamespace(**d["tool"])

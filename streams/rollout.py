@@ -7,9 +7,11 @@ to check what lands in ClickHouse.
 from __future__ import annotations
 
 import json
+from base64 import b64decode, b64encode
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.codec import _pack, _unpack
 from schemas.models import RolloutEvent, Span
 from streams.assembly import assemble
 from streams.credit import returns
@@ -17,6 +19,8 @@ from streams.rewards import RewardRules, assign, signals
 from streams.transitions import Step, extract_transitions
 
 TIMED_OUT = "timed_out"
+# Step fields that travel packed (array typecode), as on the wire (schemas/codec.py).
+_PACKED_STEP_FIELDS = {"prompt_token_ids": "I", "response_token_ids": "I", "response_logprobs": "f", "response_mask": "B"}
 
 
 @dataclass
@@ -59,15 +63,28 @@ class RolloutResult:
         return self.final_reward if self.final_reward is not None else 0.0
 
     def to_json(self) -> bytes:
+        """JSON, with each step's token ids, logprobs and mask as base64 of their packed wire bytes:
+        JSON-encoding thousands of integers per rollout would cost more than everything else."""
         # Not dataclasses.asdict: it copies every token id of every step one Python call at a time.
         d = dict(vars(self))
-        d["steps"] = [vars(s) for s in self.steps]
+        steps = []
+        for step in self.steps:
+            sd = dict(vars(step))
+            for name, code in _PACKED_STEP_FIELDS.items():
+                sd[name] = b64encode(_pack(code, sd[name])).decode()
+            steps.append(sd)
+        d["steps"] = steps
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> RolloutResult:
         d: dict[str, Any] = json.loads(data)
-        d["steps"] = [Step(**s) for s in d["steps"]]
+        steps = []
+        for sd in d["steps"]:
+            for name, code in _PACKED_STEP_FIELDS.items():
+                sd[name] = _unpack(code, b64decode(sd[name], validate=True))
+            steps.append(Step(**sd))
+        d["steps"] = steps
         return cls(**d)
 
 

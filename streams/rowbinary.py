@@ -1,8 +1,9 @@
 """ClickHouse RowBinary encoding of the two wide tables, ``spans`` and ``transitions``. Pure.
 
 Token ids and log-probabilities travel packed (little-endian uint32 / float32) from the producer to
-here, and RowBinary's ``Array(UInt32)`` / ``Array(Float32)`` is a length and exactly those bytes: a
-1,000-token prompt costs a copy instead of a thousand Python integers through the column encoder.
+here (the stream worker holds them as ``array`` over the wire bytes), and RowBinary's
+``Array(UInt32)`` / ``Array(Float32)`` is a length and exactly those bytes: a 1,000-token prompt
+costs a copy instead of a thousand Python integers through the column encoder.
 The other columns are encoded in the table's column order (``SPANS_COLUMNS``, ``TRANSITIONS_COLUMNS``);
 tests check that what ClickHouse reads back equals the rows :mod:`streams.sink` builds.
 """
@@ -78,12 +79,9 @@ def _map_sf(m: Mapping[str, float]) -> bytes:
     return varint(len(m)) + b"".join(_str(k) + _F64(v) for k, v in m.items())
 
 
-def packed_array(data: bytes, itemsize: int) -> bytes:
-    """An ``Array(UInt32|Float32|UInt8)`` from its packed little-endian items."""
-    return varint(len(data) // itemsize) + data
-
-
 def _ints(values: Iterable[int], code: str) -> bytes:
+    if _LITTLE and isinstance(values, array) and values.typecode == code:
+        return varint(len(values)) + values.tobytes()
     arr = array(code, values)
     if not _LITTLE:
         arr.byteswap()
@@ -91,15 +89,11 @@ def _ints(values: Iterable[int], code: str) -> bytes:
 
 
 def span(s: Any, partition: int, offset: int, late: bool, ingested_ns: int) -> bytes:
-    """One ``spans`` row. ``s`` has the attribute shape of ``schemas.models.Span``; where its LLM call
-    also carries ``packed`` (the wire bytes: prompt, response, logprobs), those are used as they are."""
+    """One ``spans`` row. ``s`` has the attribute shape of ``schemas.models.Span``; token ids and
+    logprobs held as ``array`` (as the stream worker's span views do) are copied as one buffer."""
     llm, tool, reward = s.llm, s.tool, s.reward
     if llm is not None:
-        packed = getattr(llm, "packed", None)
-        if packed is not None:
-            tokens = packed_array(packed[0], 4) + packed_array(packed[1], 4) + packed_array(packed[2], 4)
-        else:
-            tokens = _ints(llm.prompt_token_ids, "I") + _ints(llm.response_token_ids, "I") + _ints(llm.response_logprobs, "f")
+        tokens = _ints(llm.prompt_token_ids, "I") + _ints(llm.response_token_ids, "I") + _ints(llm.response_logprobs, "f")
         llm_cols = (_nstr(llm.model), tokens, _NULL if llm.resource_version is None else _SOME + _I64(llm.resource_version))
     else:
         llm_cols = (_NULL, _EMPTY * 3, _NULL)
@@ -134,4 +128,4 @@ def transition(step: Any, group: str, credit: str, updated_ns: int) -> bytes:
     ))
 
 
-__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "packed_array", "span", "transition", "varint"]
+__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "span", "transition", "varint"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streams.assembly import Trajectory
@@ -25,9 +26,9 @@ class Step:
     sequence_id: int
     agent_name: str | None
     resource_version: int | None
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_logprobs: list[float] = field(default_factory=list)
+    prompt_token_ids: Sequence[int]
+    response_token_ids: Sequence[int]
+    response_logprobs: Sequence[float] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     trained: bool = True
     reward: float = 0.0
@@ -74,9 +75,10 @@ def extract_transitions(
                 sequence_id=span.sequence_id,
                 agent_name=span.agent_name,
                 resource_version=llm.resource_version,
-                prompt_token_ids=list(llm.prompt_token_ids),
-                response_token_ids=list(llm.response_token_ids),
-                response_logprobs=list(llm.response_logprobs),
+                # the span's own sequences, not copies (the stream worker's are arrays over the wire bytes)
+                prompt_token_ids=llm.prompt_token_ids,
+                response_token_ids=llm.response_token_ids,
+                response_logprobs=llm.response_logprobs,
                 response_mask=mask,
                 trained=is_trained(span.agent_name, pattern),
             )

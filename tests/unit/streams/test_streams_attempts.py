@@ -7,7 +7,7 @@ from typing import Any
 from schemas import codec
 from schemas.models import RolloutEvent
 from streams.attempts import PartitionState, span_view
-from streams.rollout import Settings, finish_attempt
+from streams.rollout import RolloutResult, Settings, finish_attempt
 from tests.unit.streams.spans import finished, llm, span, tool
 
 
@@ -36,9 +36,11 @@ def run(st: PartitionState, records: list[tuple[int, Any]], now: float = 0.0) ->
 def test_view_has_the_shape_the_core_reads() -> None:
     spans = [llm(1, prompt=[7, 8, 2**32 - 1]), tool(2, ok=False), span(3, events=[])]
     ev = finished(span_count=3)
-    assert finish_attempt([view(s) for s in spans], ev, Settings()) == finish_attempt(spans, ev, Settings())
+    from_views, from_models = finish_attempt([view(s) for s in spans], ev, Settings()), finish_attempt(spans, ev, Settings())
+    assert from_views.to_json() == from_models.to_json()
+    assert RolloutResult.from_json(from_views.to_json()) == from_models
     v = view(spans[0])
-    assert v.llm.prompt_token_ids == [7, 8, 2**32 - 1] and v.llm.response_mask == [] and v.tool is None
+    assert list(v.llm.prompt_token_ids) == [7, 8, 2**32 - 1] and v.llm.response_mask == [] and v.tool is None
 
 
 def test_an_attempt_completes_when_finished_finds_every_span() -> None:
