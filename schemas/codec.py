@@ -212,7 +212,7 @@ def unpack_floats(data: bytes) -> list[float]:
 
 def _packed_to_wire(d: dict[str, Any]) -> None:
     for key, code in _PACKED.items():
-        if key in d and isinstance(d[key], list):
+        if key in d and isinstance(d[key], (list, array)):
             d[key] = _pack(code, d[key])
 
 
@@ -224,15 +224,21 @@ def _wire_to_packed(d: dict[str, Any]) -> None:
 
 def to_avro(record: Record) -> dict[str, Any]:
     """A model → the dict fastavro writes (lists of token ids packed to bytes)."""
-    d = record.model_dump(mode="python")
     name = record.schema_name
+    if name in ("rolloutbus.Transition", "rolloutbus.GroupBatch"):
+        # Flat models of plain values (GroupBatch nests only Transitions): a shallow dict, no
+        # model_dump copy of every token id; token sequences may be lists or arrays.
+        d = dict(record)
+        if name == "rolloutbus.GroupBatch":
+            d["transitions"] = [dict(t) for t in d["transitions"]]
+            for t in d["transitions"]:
+                _packed_to_wire(t)
+        else:
+            _packed_to_wire(d)
+        return d
+    d = record.model_dump(mode="python")
     if name == "rolloutbus.Span" and d.get("llm"):
         _packed_to_wire(d["llm"])
-    elif name == "rolloutbus.Transition":
-        _packed_to_wire(d)
-    elif name == "rolloutbus.GroupBatch":
-        for t in d["transitions"]:
-            _packed_to_wire(t)
     elif name == "rolloutbus.RolloutEvent":
         d["event"] = d["event"].value if hasattr(d["event"], "value") else d["event"]
     return d

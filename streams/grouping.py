@@ -93,8 +93,9 @@ def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_n
         for step in result.steps:
             step.advantage = a
             if step.trained:
+                # Built from the validated core's own values: no re-validation of every token id.
                 transitions.append(
-                    Transition(
+                    Transition.model_construct(
                         rollout_id=step.rollout_id,
                         attempt_id=step.attempt_id,
                         task_id=step.task_id,

@@ -11,7 +11,7 @@ from base64 import b64decode, b64encode
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.codec import _pack, _unpack
+from schemas.codec import _pack, unpack_array
 from schemas.models import RolloutEvent, Span
 from streams.assembly import assemble
 from streams.credit import returns
@@ -82,7 +82,7 @@ class RolloutResult:
         steps = []
         for sd in d["steps"]:
             for name, code in _PACKED_STEP_FIELDS.items():
-                sd[name] = _unpack(code, b64decode(sd[name], validate=True))
+                sd[name] = unpack_array(code, b64decode(sd[name], validate=True))
             steps.append(Step(**sd))
         d["steps"] = steps
         return cls(**d)

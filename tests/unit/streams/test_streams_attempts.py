@@ -38,7 +38,7 @@ def test_view_has_the_shape_the_core_reads() -> None:
     ev = finished(span_count=3)
     from_views, from_models = finish_attempt([view(s) for s in spans], ev, Settings()), finish_attempt(spans, ev, Settings())
     assert from_views.to_json() == from_models.to_json()
-    assert RolloutResult.from_json(from_views.to_json()) == from_models
+    assert RolloutResult.from_json(from_views.to_json()).to_json() == from_models.to_json()
     v = view(spans[0])
     assert list(v.llm.prompt_token_ids) == [7, 8, 2**32 - 1] and v.llm.response_mask == [] and v.tool is None
 

@@ -11,7 +11,10 @@ def test_finish_attempt_end_to_end_discounted():
     assert [s.reward for s in res.steps] == pytest.approx([-0.1, 0.0])
     assert [s.return_ for s in res.steps] == pytest.approx([-0.1 + 0.5 * 1.0, 1.0])
     assert res.status == "succeeded" and res.reward == 1.0 and res.resource_version == 3
-    assert RolloutResult.from_json(res.to_json()) == res
+    back = RolloutResult.from_json(res.to_json())  # token sequences come back as arrays over the packed bytes
+    assert back.to_json() == res.to_json()
+    assert [(list(s.prompt_token_ids), list(s.response_logprobs)) for s in back.steps] == [
+        (s.prompt_token_ids, s.response_logprobs) for s in res.steps]
 
 
 def test_timed_out_attempt_has_no_final_reward():
