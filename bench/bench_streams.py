@@ -29,7 +29,6 @@ opens the worker's store and checks the row counts (``FINAL``). Peak RSS is the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -46,7 +45,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    ROOT,
     ProcWatch,
     broker,
     child_env,
@@ -64,6 +62,7 @@ from producers.context import RolloutContext  # noqa: E402
 from producers.emit import base_span, llm_record  # noqa: E402
 from producers.transport import SpanTransport  # noqa: E402
 from rolloutbus.config import Topics  # noqa: E402
+from streams.rollout import RolloutResult  # noqa: E402
 
 GROUP_SIZE = 4
 PROMPT_TOKENS = 1000
@@ -283,7 +282,7 @@ def read_done_times(bootstrap: str, topic: str, expected: int, timeout_s: float 
             msg = c.poll(0.5)
             if msg is None or msg.error():
                 continue
-            rid = json.loads(msg.value())["rollout_id"]
+            rid = RolloutResult.from_bytes(msg.value()).rollout_id
             out.setdefault(rid, (msg.timestamp()[1] + 1) / 1000.0)
     finally:
         c.close()

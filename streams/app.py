@@ -347,7 +347,7 @@ class Worker:
         member's summary is stored once, as it arrived, and read back when the group is emitted."""
         msg = event.message
         try:
-            result = RolloutResult.from_json(msg.value)
+            result = RolloutResult.from_bytes(msg.value)
         except (ValueError, TypeError, KeyError) as exc:
             await self.dead_letter(event, "decode.rollout_summary", str(exc))
             return
@@ -379,7 +379,7 @@ class Worker:
                 if raw is None:  # pragma: no cover - written together with the state
                     log.error("group %s: summary of member %s is missing; emitting without it", gid, rid)
                     continue
-                result = RolloutResult.from_json(raw)
+                result = RolloutResult.from_bytes(raw)
             members.append(result)
         batch = build_batch(members, self.cfg.groups, now, complete=why == "complete")
         adv = advantages([r.reward for r in sorted(members, key=lambda r: r.rollout_id)],

@@ -7,7 +7,7 @@ to check what lands in ClickHouse.
 from __future__ import annotations
 
 import json
-from base64 import b64decode, b64encode
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,8 @@ from streams.rewards import RewardRules, assign, signals
 from streams.transitions import Step, extract_transitions
 
 TIMED_OUT = "timed_out"
+SUMMARY_MAGIC = b"RS1"
+_LEN = struct.Struct("<I")
 # Step fields that travel packed (array typecode), as on the wire (schemas/codec.py).
 _PACKED_STEP_FIELDS = {"prompt_token_ids": "I", "response_token_ids": "I", "response_logprobs": "f", "response_mask": "B"}
 
@@ -62,30 +64,51 @@ class RolloutResult:
         """The score the group compares: the final reward, 0 when there is none (failed, timed out)."""
         return self.final_reward if self.final_reward is not None else 0.0
 
-    def to_json(self) -> bytes:
-        """JSON, with each step's token ids, logprobs and mask as base64 of their packed wire bytes:
-        JSON-encoding thousands of integers per rollout would cost more than everything else."""
+    def to_bytes(self) -> bytes:
+        """The summary the span stage sends to the group stage: ``RS1``, a 4-byte little-endian
+        length, a JSON header, then each step's token ids, logprobs and mask as their packed wire
+        bytes (the header gives each one's length). JSON-encoding thousands of token ids per
+        rollout, even as base64, would cost more than all the other work on it."""
         # Not dataclasses.asdict: it copies every token id of every step one Python call at a time.
-        d = dict(vars(self))
-        steps = []
+        head = dict(vars(self))
+        steps, blobs = [], []
         for step in self.steps:
             sd = dict(vars(step))
             for name, code in _PACKED_STEP_FIELDS.items():
-                sd[name] = b64encode(_pack(code, sd[name])).decode()
+                blob = _pack(code, sd[name])
+                sd[name] = len(blob)
+                blobs.append(blob)
             steps.append(sd)
-        d["steps"] = steps
-        return json.dumps(d, separators=(",", ":")).encode()
+        head["steps"] = steps
+        header = json.dumps(head, separators=(",", ":")).encode()
+        return b"".join((SUMMARY_MAGIC, _LEN.pack(len(header)), header, *blobs))
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> RolloutResult:
-        d: dict[str, Any] = json.loads(data)
-        steps = []
-        for sd in d["steps"]:
-            for name, code in _PACKED_STEP_FIELDS.items():
-                sd[name] = unpack_array(code, b64decode(sd[name], validate=True))
-            steps.append(Step(**sd))
-        d["steps"] = steps
-        return cls(**d)
+    def from_bytes(cls, data: bytes) -> RolloutResult:
+        """Inverse of :meth:`to_bytes`; ValueError when ``data`` is not such a summary."""
+        if data[:3] != SUMMARY_MAGIC or len(data) < 7:
+            raise ValueError("not a rollout summary (expected the RS1 marker)")
+        (n,) = _LEN.unpack_from(data, 3)
+        if 7 + n > len(data):
+            raise ValueError(f"rollout summary is truncated ({len(data)} bytes, header of {n})")
+        try:
+            d: dict[str, Any] = json.loads(data[7:7 + n])
+            view, pos = memoryview(data), 7 + n
+            steps = []
+            for sd in d["steps"]:
+                for name, code in _PACKED_STEP_FIELDS.items():
+                    end = pos + sd[name]
+                    if end > len(data):
+                        raise ValueError(f"rollout summary is truncated ({len(data)} bytes)")
+                    sd[name] = unpack_array(code, view[pos:end])
+                    pos = end
+                steps.append(Step(**sd))
+            if pos != len(data):
+                raise ValueError(f"{len(data) - pos} trailing bytes after a rollout summary")
+            d["steps"] = steps
+            return cls(**d)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"rollout summary header is not valid: {exc!r}") from exc
 
 
 def finish_attempt(

@@ -289,7 +289,7 @@ class SpanStage:
         self.sink.add("rollouts", rollout_row(result, gid, now), source)
         self.sink.add_transitions(result, gid, now, source)
         if gid:
-            self._produce(self.done_topic, gid.encode(), result.to_json())
+            self._produce(self.done_topic, gid.encode(), result.to_bytes())
         st.complete(att, offset)
         ROLLOUTS_DONE.labels(result.status).inc()
         self.stats["rollouts"] += 1

@@ -37,8 +37,8 @@ def test_view_has_the_shape_the_core_reads() -> None:
     spans = [llm(1, prompt=[7, 8, 2**32 - 1]), tool(2, ok=False), span(3, events=[])]
     ev = finished(span_count=3)
     from_views, from_models = finish_attempt([view(s) for s in spans], ev, Settings()), finish_attempt(spans, ev, Settings())
-    assert from_views.to_json() == from_models.to_json()
-    assert RolloutResult.from_json(from_views.to_json()).to_json() == from_models.to_json()
+    assert from_views.to_bytes() == from_models.to_bytes()
+    assert RolloutResult.from_bytes(from_views.to_bytes()).to_bytes() == from_models.to_bytes()
     v = view(spans[0])
     assert list(v.llm.prompt_token_ids) == [7, 8, 2**32 - 1] and v.llm.response_mask == [] and v.tool is None
 

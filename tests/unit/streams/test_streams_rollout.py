@@ -11,8 +11,8 @@ def test_finish_attempt_end_to_end_discounted():
     assert [s.reward for s in res.steps] == pytest.approx([-0.1, 0.0])
     assert [s.return_ for s in res.steps] == pytest.approx([-0.1 + 0.5 * 1.0, 1.0])
     assert res.status == "succeeded" and res.reward == 1.0 and res.resource_version == 3
-    back = RolloutResult.from_json(res.to_json())  # token sequences come back as arrays over the packed bytes
-    assert back.to_json() == res.to_json()
+    back = RolloutResult.from_bytes(res.to_bytes())  # token sequences come back as arrays over the packed bytes
+    assert back.to_bytes() == res.to_bytes()
     assert [(list(s.prompt_token_ids), list(s.response_logprobs)) for s in back.steps] == [
         (s.prompt_token_ids, s.response_logprobs) for s in res.steps]
 
@@ -21,3 +21,16 @@ def test_timed_out_attempt_has_no_final_reward():
     res = finish_attempt([llm(1)], None, Settings(), rollout_id="r1", attempt_id="a1", task_id="t", finished_ns=5)
     assert res.status == "timed_out" and res.final_reward is None and res.reward == 0.0
     assert res.steps[0].return_ == 0.0
+
+
+@pytest.mark.parametrize("cut", [b"", b"{}", b"RS1", b"RS1\xff\x00\x00\x00{}"])
+def test_a_broken_summary_is_a_value_error(cut):
+    with pytest.raises(ValueError):
+        RolloutResult.from_bytes(cut)
+
+
+def test_a_truncated_or_padded_summary_is_a_value_error():
+    data = finish_attempt([llm(1)], finished(span_count=1), Settings()).to_bytes()
+    for bad in (data[:-1], data + b"x"):
+        with pytest.raises(ValueError):
+            RolloutResult.from_bytes(bad)
