@@ -27,6 +27,11 @@ _SOME = b"\x00"
 _FALSE = b"\x00"
 _TRUE = b"\x01"
 _EMPTY = b"\x00"  # an empty array or map: length 0
+_I64_2 = struct.Struct("<qq").pack
+_TAIL = struct.Struct("<?iqq").pack  # late, kafka_partition, kafka_offset, ingested_ns
+_NO_LLM = _NULL + _EMPTY * 3 + _NULL  # model, prompt/response ids, logprobs, resource_version
+_NO_REWARD = _NULL + _EMPTY  # reward, reward_dimensions
+_NO_TOOL = _NULL * 5
 
 SPANS_COLUMNS = [
     "rollout_id", "attempt_id", "span_id", "sequence_id", "trace_id", "parent_id", "name", "kind", "agent_name",
@@ -94,26 +99,24 @@ def span(s: Any, partition: int, offset: int, late: bool, ingested_ns: int) -> b
     llm, tool, reward = s.llm, s.tool, s.reward
     if llm is not None:
         tokens = _ints(llm.prompt_token_ids, "I") + _ints(llm.response_token_ids, "I") + _ints(llm.response_logprobs, "f")
-        llm_cols = (_nstr(llm.model), tokens, _NULL if llm.resource_version is None else _SOME + _I64(llm.resource_version))
+        llm_cols = _nstr(llm.model) + tokens + (_NULL if llm.resource_version is None else _SOME + _I64(llm.resource_version))
     else:
-        llm_cols = (_NULL, _EMPTY * 3, _NULL)
+        llm_cols = _NO_LLM
     if s.events:
         events = varint(len(s.events)) + b"".join(_str(e.name) + _I64(e.time_ns) + _map_ss(e.attributes) for e in s.events)
     else:
         events = _EMPTY
+    if tool is None:
+        tool_cols = _NO_TOOL
+    else:
+        tool_cols = b"".join((_SOME, _str(tool.name), _SOME, _TRUE if tool.ok else _FALSE, _SOME, _str(tool.arguments),
+                              _nstr(tool.result), _nstr(tool.error)))
     return b"".join((
         _str(s.rollout_id), _str(s.attempt_id), _str(s.span_id), _U64(s.sequence_id), _str(s.trace_id),
-        _nstr(s.parent_id), _str(s.name), _str(s.kind), _nstr(s.agent_name), _I64(s.start_time_ns),
-        _I64(s.end_time_ns), _str(s.status_code), _nstr(s.status_message), _map_ss(s.attributes), events,
-        _map_ss(s.resource), *llm_cols,
-        _NULL if reward is None else _SOME + _F64(reward.value),
-        _EMPTY if reward is None else _map_sf(reward.dimensions),
-        _NULL if tool is None else _SOME + _str(tool.name),
-        _NULL if tool is None else _SOME + (_TRUE if tool.ok else _FALSE),
-        _NULL if tool is None else _SOME + _str(tool.arguments),
-        _NULL if tool is None else _nstr(tool.result),
-        _NULL if tool is None else _nstr(tool.error),
-        _TRUE if late else _FALSE, _I32(partition), _I64(offset), _I64(ingested_ns),
+        _nstr(s.parent_id), _str(s.name), _str(s.kind), _nstr(s.agent_name), _I64_2(s.start_time_ns, s.end_time_ns),
+        _str(s.status_code), _nstr(s.status_message), _map_ss(s.attributes), events, _map_ss(s.resource), llm_cols,
+        _NO_REWARD if reward is None else _SOME + _F64(reward.value) + _map_sf(reward.dimensions),
+        tool_cols, _TAIL(late, partition, offset, ingested_ns),
     ))
 
 
