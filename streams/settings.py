@@ -25,7 +25,7 @@ class StreamSettings(CommonSettings):
         default=10.0, gt=0, description="After FINISHED, how long to wait for spans up to its span_count (other producers)."
     )
     completed_retention_s: float = Field(default=3600.0, gt=0, description="How long a completed rollout is remembered (late-span detection).")
-    sink_batch_size: int = Field(default=5000, ge=1, description="Rows buffered before a ClickHouse insert.")
+    sink_batch_size: int = Field(default=20000, ge=1, description="Rows buffered before a ClickHouse insert.")
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
     metrics_port: int = Field(default=0, ge=0, description="Prometheus /metrics port; 0: off.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")

@@ -197,7 +197,7 @@ def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]], rows: int)
 class ClickHouseSink:
     """Buffers rows per table; flushes when ``batch_size`` rows are buffered or ``interval_s`` passed."""
 
-    def __init__(self, client: Any, batch_size: int = 5000, interval_s: float = 1.0) -> None:
+    def __init__(self, client: Any, batch_size: int = 20000, interval_s: float = 1.0) -> None:
         self.client = client
         self.batch_size = batch_size
         self.interval_s = interval_s
