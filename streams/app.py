@@ -168,6 +168,7 @@ def _patch_faust_seek_uncommitted() -> None:
 
 SEP = "\x1f"
 SCAN_EVERY_S = 30.0
+HOLD_AT_BATCHES = 4  # sink batches buffered (inserts failing) before the span stage stops fetching
 
 
 def done_topic_name(prefix: str) -> str:
@@ -315,6 +316,9 @@ class Worker:
         last_tick = last_commit = time.monotonic()
         try:
             while not self._stopping:
+                # ClickHouse not taking rows: stop fetching (polling goes on, so the group keeps us)
+                # rather than buffer without bound; what is not committed stays in Kafka.
+                stage.hold(self.sink.pending >= HOLD_AT_BATCHES * self.sink.batch_size)
                 n = stage.poll()
                 now = time.monotonic()
                 if now - last_tick >= self.cfg.tick_s:

@@ -20,6 +20,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--reward-rules", {"dest": "reward_rules", "help": "TOML/JSON file of intermediate reward rules"}),
     ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out (default 600)"}),
     ("--finish-grace", {"type": float, "dest": "finish_grace_s", "help": "seconds after FINISHED to wait for missing sequence ids (default 10)"}),
+    ("--completed-retention", {"type": float, "dest": "completed_retention_s", "help": "seconds a completed attempt is remembered, so later spans count as late (default 3600)"}),
     ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 20000)"}),
     ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
     ("--metrics-port", {"type": int, "dest": "metrics_port", "help": "serve Prometheus /metrics on this port (default 0: off)"}),

@@ -100,6 +100,7 @@ class SpanStage:
         batch: int = 5000,
     ) -> None:
         self.kafka_conf = kafka_conf
+        self.group = group
         self.spans_topic, self.done_topic, self.dlq_topic, self.state_topic = spans_topic, done_topic, dlq_topic, state_topic
         self.sink = sink
         self.flush_sink = flush_sink
@@ -131,6 +132,7 @@ class SpanStage:
         })
         self._failed: list[str] = []  # delivery errors since the last commit point
         self._closed = False
+        self._held = False
         self.consumer.subscribe([spans_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     # ------------------------------------------------------------------ rebalance
@@ -152,7 +154,8 @@ class SpanStage:
 
     def _restore(self, partitions: list[int]) -> int:
         """Read the completed-attempts changelog of ``partitions`` from its beginning to its end."""
-        reader = Consumer({**self.kafka_conf, "group.id": "unused", "enable.auto.commit": False, "log_level": 3})
+        # assign() only: no group is joined; the id stays under the application's prefix for ACLs.
+        reader = Consumer({**self.kafka_conf, "group.id": f"{self.group}-restore", "enable.auto.commit": False, "log_level": 3})
         n = 0
         try:
             ends: dict[int, int] = {}
@@ -229,22 +232,27 @@ class SpanStage:
                     self.dead_letter(msg, dead_letter_reason(exc), str(exc))
                 st.skip(offset)
                 continue
-            if name == _SPAN:
-                write, is_late, ready = st.on_span(record, offset, now)
-                if write:
-                    self.sink.add_encoded("spans", rowbinary.span(record, st.partition, offset, is_late, ingested_ns),
-                                          (self.spans_topic, st.partition, offset))
+            try:
+                if name == _SPAN:
+                    write, is_late, ready = st.on_span(record, offset, now)
+                    if write:
+                        self.sink.add_encoded("spans", rowbinary.span(record, st.partition, offset, is_late, ingested_ns),
+                                              (self.spans_topic, st.partition, offset))
+                    else:
+                        self.stats["replayed"] += 1
+                    spans += 1
+                    late += is_late
+                    if ready is not None:
+                        self._finish(st, ready, max(offset, ready.finished_offset))
                 else:
-                    self.stats["replayed"] += 1
-                spans += 1
-                late += is_late
-                if ready is not None:
-                    self._finish(st, ready, max(offset, ready.finished_offset))
-            else:
-                EVENTS_IN.labels(record.event.value).inc()
-                ready = st.on_event(record, offset, now)
-                if ready is not None:
-                    self._finish(st, ready, offset)
+                    EVENTS_IN.labels(record.event.value).inc()
+                    ready = st.on_event(record, offset, now)
+                    if ready is not None:
+                        self._finish(st, ready, offset)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
+                log.exception("processing %s[%s]@%s failed", msg.topic(), msg.partition(), offset)
+                if offset >= st.sunk_below:
+                    self.dead_letter(msg, "processing_error", f"{type(exc).__name__}: {exc} (see the worker log)")
         if spans:
             SPANS_IN.labels("false").inc(spans - late)
             if late:
@@ -269,18 +277,27 @@ class SpanStage:
         """Complete an attempt whose FINISHED arrived (all spans in, or its grace period over)."""
         ev = att.finished
         assert ev is not None
-        result = finish_attempt(list(att.spans.values()), ev, self.core, started_ns=att.started_ns)
+        try:
+            result = finish_attempt(list(att.spans.values()), ev, self.core, started_ns=att.started_ns)
+        except Exception:
+            st.complete(att, offset)  # its spans are stored; it must not be tried again on every record
+            raise
         self._complete(st, att, result, offset)
 
     def _time_out(self, st: PartitionState, att: Attempt) -> None:
-        result = finish_attempt(
-            list(att.spans.values()), None, self.core, rollout_id=att.rollout_id, attempt_id=att.attempt_id,
-            task_id=att.task_id, mode=att.mode, attempt=att.attempt, started_ns=att.started_ns, finished_ns=time.time_ns(),
-        )
+        # Spans of this attempt after what was read so far are late.
+        offset = st.position - 1
+        try:
+            result = finish_attempt(
+                list(att.spans.values()), None, self.core, rollout_id=att.rollout_id, attempt_id=att.attempt_id,
+                task_id=att.task_id, mode=att.mode, attempt=att.attempt, started_ns=att.started_ns, finished_ns=time.time_ns(),
+            )
+        except Exception:
+            st.complete(att, offset)
+            raise
         if result.resource_version is None:
             result.resource_version = att.resource_version
-        # Spans of this attempt after what was read so far are late.
-        self._complete(st, att, result, st.position - 1)
+        self._complete(st, att, result, offset)
 
     def _complete(self, st: PartitionState, att: Attempt, result: RolloutResult, offset: int) -> None:
         gid = group_id(result.task_id, result.resource_version) if result.mode == "train" else ""
@@ -300,10 +317,14 @@ class SpanStage:
         inflight = 0
         for st in list(self.parts.values()):
             graced, timed_out = st.due(now, self.finish_grace_s, self.rollout_timeout_s)
-            for att in graced:
-                self._finish(st, att, att.finished_offset)
-            for att in timed_out:
-                self._time_out(st, att)
+            for att in graced + timed_out:
+                try:
+                    if att.finished is not None:
+                        self._finish(st, att, att.finished_offset)
+                    else:
+                        self._time_out(st, att)
+                except Exception:  # noqa: BLE001 - logged; the attempt is dropped, its spans are stored
+                    log.exception("completing %s/%s failed; its spans are stored, it is not trained", att.rollout_id, att.attempt_id)
             inflight += len(st.inflight)
         INFLIGHT.set(inflight)
 
@@ -364,6 +385,21 @@ class SpanStage:
                 continue
             if hi >= 0:
                 LAG.labels(self.spans_topic, str(st.partition)).set(max(hi - st.position, 0))
+
+    def hold(self, on: bool) -> None:
+        """Pause (``on``) or resume fetching every assigned partition; idempotent."""
+        if on == self._held:
+            if on:  # partitions assigned since are paused too
+                self.consumer.pause(self.consumer.assignment())
+            return
+        self._held = on
+        assigned = self.consumer.assignment()
+        if on:
+            log.error("ClickHouse is not taking rows (%d buffered): fetching paused until a flush succeeds", self.sink.pending)
+            self.consumer.pause(assigned)
+        else:
+            log.warning("ClickHouse flushed: fetching resumed")
+            self.consumer.resume(assigned)
 
     def inflight(self) -> dict[Key, Attempt]:
         return {k: a for st in self.parts.values() for k, a in st.inflight.items()}

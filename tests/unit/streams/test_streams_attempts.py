@@ -112,3 +112,11 @@ def test_due_after_grace_and_after_inactivity() -> None:
     assert graced == [] and timed_out == []
     graced, timed_out = st.due(now=15.0, grace_s=10.0, timeout_s=10.0)
     assert [a.rollout_id for a in graced] == ["gap"] and [a.rollout_id for a in timed_out] == ["quiet"]
+
+
+def test_replay_from_is_read_back_from_commit_metadata_only_when_it_is_ours() -> None:
+    from streams.spans_stage import REPLAY_PREFIX, parse_replay_from
+
+    assert parse_replay_from(f"{REPLAY_PREFIX}42") == 42
+    assert parse_replay_from(None) is None and parse_replay_from("") is None
+    assert parse_replay_from("42") is None and parse_replay_from(f"{REPLAY_PREFIX}-1") is None
