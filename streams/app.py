@@ -29,6 +29,7 @@ so the changelog never runs ahead of what was flushed by more than the records a
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import logging
@@ -313,6 +314,12 @@ class Worker:
     async def run_stage(self) -> None:
         """The span stage's loop: poll a batch, complete what is due, commit when the sink is due."""
         stage = self.stage = self.make_stage()
+        # Everything built so far (faust, the clients, the schemas) lives as long as the process:
+        # keep the collector from walking it again on every full collection, and collect young
+        # objects less often (the span stage allocates a few per span). Measured: ~3% of the CPU.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(10_000, 20, 20)
         last_tick = last_commit = time.monotonic()
         try:
             while not self._stopping:

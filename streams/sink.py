@@ -182,8 +182,10 @@ class _Buffer:
         r = self.ranges.get((topic, partition))
         if r is None:
             self.ranges[(topic, partition)] = [offset, offset]
-        else:
-            r[0], r[1] = min(r[0], offset), max(r[1], offset)
+        elif offset > r[1]:  # the usual case: offsets arrive in order
+            r[1] = offset
+        elif offset < r[0]:
+            r[0] = offset
 
 
 def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]], rows: int) -> str | None:

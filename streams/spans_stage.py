@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge
 from rolloutbus.errors import DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.checks import check_span
-from schemas.models import DeadLetter
+from schemas.models import DeadLetter, RolloutEventType
 from streams.attempts import Attempt, Key, PartitionState, span_view
 from streams.grouping import group_id
 from streams.rollout import RolloutResult, Settings, finish_attempt
@@ -39,6 +39,8 @@ ROLLOUTS_DONE = Counter("rolloutbus_streams_rollouts_completed_total", "Attempts
 DLQ_OUT = Counter("rolloutbus_streams_dead_letters_total", "Records sent to the dead-letter topic", ["source"])
 INFLIGHT = Gauge("rolloutbus_streams_inflight_attempts", "Attempts being assembled (state held in memory)")
 LAG = Gauge("rolloutbus_streams_lag", "Records behind the end of the partition", ["topic", "partition"])
+
+_EVENT_COUNTERS = {e: EVENTS_IN.labels(e.value) for e in RolloutEventType}
 
 SEP = "\x1f"
 _SPAN = "rolloutbus.Span"
@@ -245,7 +247,7 @@ class SpanStage:
                     if ready is not None:
                         self._finish(st, ready, max(offset, ready.finished_offset))
                 else:
-                    EVENTS_IN.labels(record.event.value).inc()
+                    _EVENT_COUNTERS[record.event].inc()
                     ready = st.on_event(record, offset, now)
                     if ready is not None:
                         self._finish(st, ready, offset)
