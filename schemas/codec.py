@@ -173,13 +173,7 @@ def _pack(code: str, values: Any) -> bytes:
 
 
 def _unpack(code: str, data: bytes) -> list[Any]:
-    arr = array(code)
-    if len(data) % arr.itemsize:
-        raise ValueError(f"packed field of {len(data)} bytes is not a whole number of {arr.itemsize}-byte items")
-    arr.frombytes(data)
-    if not _LITTLE:
-        arr.byteswap()
-    return arr.tolist()
+    return unpack_array(code, data).tolist()
 
 
 def pack_tokens(ids: list[int]) -> bytes:
