@@ -181,7 +181,7 @@ def pack_tokens(ids: list[int]) -> bytes:
     return _pack("I", ids)
 
 
-def unpack_array(code: str, data: bytes) -> array:  # type: ignore[type-arg]
+def unpack_array(code: str, data: bytes | memoryview) -> array:  # type: ignore[type-arg]
     """Packed little-endian items → an ``array`` over them (a copy, no Python object per item)."""
     arr = array(code)
     if len(data) % arr.itemsize:
