@@ -54,7 +54,7 @@ from streams.sink import (
     rollout_row,
     train_step_row,
 )
-from streams.spans_stage import DLQ_OUT, LAG, SpanStage, dead_letter_reason, span_group, state_topic_name
+from streams.spans_stage import DLQ_OUT, LAG, SEP, SpanStage, dead_letter_reason, span_group, state_topic_name
 
 log = logging.getLogger("rolloutbus.streams")
 
@@ -167,7 +167,6 @@ def _patch_faust_seek_uncommitted() -> None:
     cls.seek_to_committed = seek_to_committed
 
 
-SEP = "\x1f"
 SCAN_EVERY_S = 30.0
 HOLD_AT_BATCHES = 4  # sink batches buffered (inserts failing) before the span stage stops fetching
 

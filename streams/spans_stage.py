@@ -337,17 +337,17 @@ class SpanStage:
 
     # ------------------------------------------------------------------ commit point
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
-        def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                self._failed.append(f"{msg.topic()}: {err}")
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._failed.append(f"{msg.topic()}: {err}")
 
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
         while True:
             try:
                 if partition >= 0:
-                    self.producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
+                    self.producer.produce(topic, value=value, key=key, partition=partition, on_delivery=self._delivered)
                 else:
-                    self.producer.produce(topic, value=value, key=key, on_delivery=delivered)
+                    self.producer.produce(topic, value=value, key=key, on_delivery=self._delivered)
                 return
             except BufferError:  # librdkafka's queue is full: let it drain
                 self.producer.poll(0.05)
