@@ -55,7 +55,8 @@ HISTORY_FILES = {"span.v1.avsc": "rolloutbus.Span"}
 _MODELS: dict[str, type[Record]] = {m.schema_name: m for m in RECORD_TYPES}
 
 # Fields packed as bytes on the wire and lists in the models: (array typecode, Python type).
-_PACKED = {
+# Public: the stream worker's summaries and RowBinary rows pack the same fields the same way.
+PACKED_FIELDS = _PACKED = {
     "prompt_token_ids": "I",
     "response_token_ids": "I",
     "response_logprobs": "f",
@@ -174,6 +175,11 @@ def _pack(code: str, values: Any) -> bytes:
 
 def _unpack(code: str, data: bytes) -> list[Any]:
     return unpack_array(code, data).tolist()
+
+
+def pack_array(code: str, values: Any) -> bytes:
+    """A sequence (list or ``array``) → its packed little-endian items (the wire form)."""
+    return _pack(code, values)
 
 
 def pack_tokens(ids: list[int]) -> bytes:
@@ -372,6 +378,8 @@ __all__ = [
     "from_avro",
     "pack_tokens",
     "unpack_array",
+    "pack_array",
+    "PACKED_FIELDS",
     "unpack_tokens",
     "pack_floats",
     "unpack_floats",

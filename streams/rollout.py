@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.codec import _pack, unpack_array
+from schemas.codec import PACKED_FIELDS, pack_array, unpack_array
 from schemas.models import RolloutEvent, Span
 from streams.assembly import assemble
 from streams.credit import returns
@@ -21,8 +21,6 @@ from streams.transitions import Step, extract_transitions
 TIMED_OUT = "timed_out"
 SUMMARY_MAGIC = b"RS1"
 _LEN = struct.Struct("<I")
-# Step fields that travel packed (array typecode), as on the wire (schemas/codec.py).
-_PACKED_STEP_FIELDS = {"prompt_token_ids": "I", "response_token_ids": "I", "response_logprobs": "f", "response_mask": "B"}
 
 
 @dataclass
@@ -74,8 +72,8 @@ class RolloutResult:
         steps, blobs = [], []
         for step in self.steps:
             sd = dict(vars(step))
-            for name, code in _PACKED_STEP_FIELDS.items():
-                blob = _pack(code, sd[name])
+            for name, code in PACKED_FIELDS.items():
+                blob = pack_array(code, sd[name])
                 sd[name] = len(blob)
                 blobs.append(blob)
             steps.append(sd)
@@ -96,7 +94,7 @@ class RolloutResult:
             view, pos = memoryview(data), 7 + n
             steps = []
             for sd in d["steps"]:
-                for name, code in _PACKED_STEP_FIELDS.items():
+                for name, code in PACKED_FIELDS.items():
                     end = pos + sd[name]
                     if end > len(data):
                         raise ValueError(f"rollout summary is truncated ({len(data)} bytes)")

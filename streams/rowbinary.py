@@ -11,12 +11,12 @@ tests check that what ClickHouse reads back equals the rows :mod:`streams.sink` 
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-_LITTLE = sys.byteorder == "little"
+from schemas.codec import pack_array
+
+_ITEMSIZE = {"I": 4, "f": 4, "B": 1}
 _I32 = struct.Struct("<i").pack
 _I64 = struct.Struct("<q").pack
 _U32 = struct.Struct("<I").pack
@@ -85,12 +85,8 @@ def _map_sf(m: Mapping[str, float]) -> bytes:
 
 
 def _ints(values: Iterable[int], code: str) -> bytes:
-    if _LITTLE and isinstance(values, array) and values.typecode == code:
-        return varint(len(values)) + values.tobytes()
-    arr = array(code, values)
-    if not _LITTLE:
-        arr.byteswap()
-    return varint(len(arr)) + arr.tobytes()
+    packed = pack_array(code, values)
+    return varint(len(packed) // _ITEMSIZE[code]) + packed
 
 
 def span(s: Any, partition: int, offset: int, late: bool, ingested_ns: int) -> bytes:
