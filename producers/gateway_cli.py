@@ -18,18 +18,12 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.gateway import Gateway
     from producers.settings import GatewaySettings
+    from rolloutbus.config import load_settings
 
-    overrides = {
-        k: v
-        for k, v in {
-            "data_dir": getattr(args, "data_dir", None),
-            "gateway_host": args.host,
-            "gateway_port": args.port,
-            "gateway_max_body_bytes": args.max_body_bytes,
-        }.items()
-        if v is not None
-    }
-    s = GatewaySettings(**overrides)
+    flags = {"gateway_host": "--host", "gateway_port": "--port", "gateway_max_body_bytes": "--max-body-bytes"}
+    values = {"data_dir": getattr(args, "data_dir", None), "gateway_host": args.host, "gateway_port": args.port,
+              "gateway_max_body_bytes": args.max_body_bytes}
+    s = load_settings(GatewaySettings, {k: v for k, v in values.items() if v is not None}, flags)
     transport = s.transport(spool_name="gateway")
     gw = Gateway(
         transport,

@@ -18,19 +18,13 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.proxy import LLMProxy
     from producers.settings import ProxySettings
+    from rolloutbus.config import load_settings
     from rolloutbus.errors import ConfigError
 
-    overrides = {
-        k: v
-        for k, v in {
-            "data_dir": getattr(args, "data_dir", None),
-            "proxy_upstream": args.upstream,
-            "proxy_host": args.host,
-            "proxy_port": args.port,
-        }.items()
-        if v is not None
-    }
-    s = ProxySettings(**overrides)
+    flags = {"proxy_upstream": "--upstream", "proxy_host": "--host", "proxy_port": "--port"}
+    values = {"data_dir": getattr(args, "data_dir", None), "proxy_upstream": args.upstream, "proxy_host": args.host,
+              "proxy_port": args.port}
+    s = load_settings(ProxySettings, {k: v for k, v in values.items() if v is not None}, flags)
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
     transport = s.transport(spool_name="proxy")

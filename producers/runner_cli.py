@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rolloutbus.flags import Bounded
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("agent", help="the agent, as package.module:AgentClass (a LitAgent or a @litagent function)")
@@ -11,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", default=None, help="consumer group (env ROLLOUTBUS_RUNNER_GROUP)")
     parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout (env ROLLOUTBUS_RUNNER_MAX_ATTEMPTS, default 2)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before an attempt ends as timeout (env ROLLOUTBUS_RUNNER_TIMEOUT_S)")
-    parser.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
+    parser.add_argument("--max-tasks", type=Bounded(int, ge=1), default=None, help="exit after this many tasks")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,19 +23,13 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.runner import TaskRunner, load_agent
     from producers.settings import RunnerSettings
+    from rolloutbus.config import load_settings
 
-    overrides = {
-        k: v
-        for k, v in {
-            "data_dir": getattr(args, "data_dir", None),
-            "runner_concurrency": args.concurrency,
-            "runner_group": args.group,
-            "runner_max_attempts": args.max_attempts,
-            "runner_timeout_s": args.timeout,
-        }.items()
-        if v is not None
-    }
-    s = RunnerSettings(**overrides)
+    flags = {"runner_concurrency": "--concurrency", "runner_group": "--group", "runner_max_attempts": "--max-attempts",
+             "runner_timeout_s": "--timeout"}
+    values = {"data_dir": getattr(args, "data_dir", None), "runner_concurrency": args.concurrency, "runner_group": args.group,
+              "runner_max_attempts": args.max_attempts, "runner_timeout_s": args.timeout}
+    s = load_settings(RunnerSettings, {k: v for k, v in values.items() if v is not None}, flags)
     agent = load_agent(args.agent)
     transport = s.transport(spool_name="runner")
     runner = TaskRunner(

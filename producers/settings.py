@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import CommonSettings
+from rolloutbus.config import PORT, CommonSettings, check_http_url
 
 if TYPE_CHECKING:
     from producers.transport import SpanTransport
@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 class AgentSettings(CommonSettings):
     """An agent process: how its span transport behaves."""
 
-    spool_max_bytes: int = Field(default=1 << 30, description="Bound of the on-disk spool (bytes).")
+    spool_max_bytes: int = Field(default=1 << 30, ge=1, description="Bound of the on-disk spool (bytes).")
     spool_full_policy: Literal["drop_newest", "block"] = Field(
         default="drop_newest", description="What a full spool does to new spans: drop them (counted, logged) or block."
     )
-    spool_fsync_interval_s: float = 1.0
+    spool_fsync_interval_s: float = Field(default=1.0, ge=0)
     emit_outside_rollout: Literal["raise", "ignore"] = Field(
         default="raise", description="emit_* outside a rollout: raise RolloutContextError, or do nothing."
     )
@@ -43,31 +43,38 @@ class GatewaySettings(AgentSettings):
     """``rolloutbus gateway``: the OTLP/HTTP ingest endpoint."""
 
     gateway_host: str = "127.0.0.1"
-    gateway_port: int = 4318
-    gateway_max_body_bytes: int = Field(default=16 << 20, description="Larger (decompressed) bodies get 413.")
+    gateway_port: int = Field(default=4318, **PORT)
+    gateway_max_body_bytes: int = Field(default=16 << 20, ge=1, description="Larger (decompressed) bodies get 413.")
     gateway_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
-    gateway_retry_after_s: int = 5
+    gateway_retry_after_s: int = Field(default=5, ge=0)
 
 
 class ProxySettings(AgentSettings):
     """``rolloutbus proxy``: the OpenAI-compatible LLM proxy that records token ids."""
 
     proxy_host: str = "127.0.0.1"
-    proxy_port: int = 8788
+    proxy_port: int = Field(default=8788, **PORT)
     proxy_upstream: str | None = Field(default=None, description="Upstream OpenAI-compatible base URL, e.g. http://host:8000/v1.")
     proxy_upstream_api_key: SecretStr | None = None
     proxy_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
-    proxy_timeout_s: float = 600.0
+    proxy_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("proxy_upstream")
+    @classmethod
+    def _upstream_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_http_url(v)
+        return v
 
 
 class RunnerSettings(AgentSettings):
     """``rolloutbus run-agent``: consumes rb.tasks and runs the agent."""
 
     runner_group: str = Field(default="rolloutbus-runners", description="Consumer group on rb.tasks.")
-    runner_concurrency: int = Field(default=4, description="Rollouts run at the same time.")
-    runner_max_attempts: int = Field(default=2, description="Attempts per rollout (1 = no retry).")
-    runner_timeout_s: float = Field(default=600.0, description="An attempt running longer is ended as timeout.")
-    runner_heartbeat_s: float = 10.0
+    runner_concurrency: int = Field(default=4, ge=1, description="Rollouts run at the same time.")
+    runner_max_attempts: int = Field(default=2, ge=1, description="Attempts per rollout (1 = no retry).")
+    runner_timeout_s: float = Field(default=600.0, gt=0, description="An attempt running longer is ended as timeout.")
+    runner_heartbeat_s: float = Field(default=10.0, gt=0)
 
 
 __all__ = ["AgentSettings", "GatewaySettings", "ProxySettings", "RunnerSettings"]

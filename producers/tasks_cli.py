@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rolloutbus.errors import ConfigError
+from rolloutbus.errors import ConfigError, KafkaUnavailable
+from rolloutbus.flags import Bounded
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     p = sub.add_parser("publish", help="publish tasks from a JSONL file")
     p.add_argument("file", type=Path)
-    p.add_argument("--group-size", type=int, default=None, help="default group_size for lines without one")
+    p.add_argument("--group-size", type=Bounded(int, ge=1), default=None, help="default group_size for lines without one")
 
 
 def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
@@ -57,10 +58,10 @@ def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
-    from rolloutbus.config import CommonSettings
+    from rolloutbus.config import CommonSettings, load_settings
     from schemas.codec import encode
 
-    s = CommonSettings(**({"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {}))
+    s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})
     try:
         lines = args.file.read_text().splitlines()
     except OSError as exc:
@@ -72,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
         producer.poll(0)
     left = producer.flush(30)
     if left:
-        raise ConfigError(f"{left} tasks not delivered to {s.bootstrap} within 30s")
+        raise KafkaUnavailable(f"{left} tasks not delivered to {s.bootstrap} within 30s")
     print(f"published {len(tasks)} tasks to {s.topics.tasks}")
     return 0

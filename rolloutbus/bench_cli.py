@@ -48,7 +48,7 @@ BENCHES = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", default=os.environ.get("ROLLOUTBUS_BENCH_QUICK") == "1",
                         help="smaller sizes, a smoke run (env ROLLOUTBUS_BENCH_QUICK=1)")
-    parser.add_argument("--only", action="append", default=None, metavar="NAME",
+    parser.add_argument("--only", action="append", default=None, metavar="NAME", choices=[b.name for b in BENCHES],
                         help=f"run only this bench (repeatable): {', '.join(b.name for b in BENCHES)}")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("ROLLOUTBUS_BENCH_OUT", str(BENCH / "results"))),
                         help="where the results file goes (env ROLLOUTBUS_BENCH_OUT, default bench/results)")
@@ -260,8 +260,21 @@ def write_results(out_dir: Path, rows: list[tuple[str, str, str, str]], info: di
 # --------------------------------------------------------------------------- entry
 
 
+def _bench_port() -> int:
+    from rolloutbus.errors import SettingError
+
+    raw = os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", "29892")
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SettingError(f"bad value {raw!r}", "must be a port, 1-65535", env="ROLLOUTBUS_BENCH_KAFKA_PORT")
+    return int(raw)
+
+
 def run(args: argparse.Namespace) -> int:
+    from rolloutbus.config import CommonSettings, load_settings
     from rolloutbus.errors import ConfigError
+
+    load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})  # the benches read the same ROLLOUTBUS_* variables: check them before a broker starts
+    port = _bench_port()
 
     names = [b.name for b in BENCHES]
     only = args.only or names
@@ -285,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         from rolloutbus.local_kafka import LocalKafka
 
         # One broker for every bench (each uses fresh topics): starting one per bench costs minutes.
-        broker = LocalKafka(scratch / "broker", int(env.get("ROLLOUTBUS_BENCH_KAFKA_PORT", "29892")))
+        broker = LocalKafka(scratch / "broker", port)
         print(f"rolloutbus bench: starting a local broker on {broker.bootstrap}", file=sys.stderr, flush=True)
         broker.start()
         env["ROLLOUTBUS_KAFKA_BOOTSTRAP"] = broker.bootstrap

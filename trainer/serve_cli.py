@@ -21,9 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError as PydanticError
-
-    from rolloutbus.errors import ConfigError
+    from rolloutbus.config import load_settings
     from trainer.settings import ServeSettings
 
     flags = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
@@ -33,14 +31,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         overrides["serve_follow"] = False
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = args.data_dir
-    try:
-        return ServeSettings(**overrides)
-    except PydanticError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"bad serve setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+    names = {f: "--" + k.replace("_", "-") for k, f in flags.items()} | {"serve_follow": "--no-follow"}
+    return load_settings(ServeSettings, overrides, names)
 
 
 def run(args: argparse.Namespace) -> int:
+    s = settings_from_args(args)  # before torch: a bad value is one line, at once
+
     import torch
     from aiohttp import web
 
@@ -48,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
     from trainer.resources import ResourceFollower
     from trainer.serve import PolicyServer, initial_policy
 
-    s = settings_from_args(args)
     if s.torch_threads:
         torch.set_num_threads(s.torch_threads)
     server = PolicyServer(initial_policy(s.serve_model), model_name=s.resource_name, max_batch=s.serve_max_batch,

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from rolloutbus.config import CommonSettings
+from rolloutbus.config import PORT, CommonSettings
+
+
+def _model_ref(v: str | None) -> str | None:
+    if v is not None and v != "tiny" and not Path(v).is_dir():
+        raise ValueError("must be 'tiny' or an existing model directory")
+    return v
 
 
 class TrainerSettings(CommonSettings):
     """Everything ``rolloutbus train`` reads. Flags override these; these override the defaults."""
 
     train_model: str = Field(default="tiny", description="Local HF causal-LM path, or 'tiny' for the project's tiny model.")
-    train_seed: int = Field(default=0, description="Seed of the tiny model and of torch.")
+    train_seed: int = Field(default=0, ge=0, description="Seed of the tiny model and of torch.")
     checkpoint_dir: Path | None = Field(default=None, description="Checkpoints; default <data_dir>/checkpoints/<resource_name>.")
     resource_name: str = Field(default="policy", description="Key of the published versions on rb.resources.")
     train_group: str | None = Field(default=None, description="Consumer group on rb.batches; default <topic prefix>trainer.<resource name>.")
@@ -21,19 +28,22 @@ class TrainerSettings(CommonSettings):
     max_staleness: int = Field(default=4, ge=0, description="Drop batches sampled more than this many versions ago.")
     stale_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="Loss weight of batches exactly max_staleness old.")
     lr: float = Field(default=5e-4, gt=0)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    loss_agg: str = Field(default="grpo", description="grpo | dapo | dr_grpo")
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    clip_eps: float = Field(default=0.2, gt=0.0)
+    clip_eps_high: float | None = Field(default=None, gt=0.0)
+    loss_agg: Literal["grpo", "dapo", "dr_grpo"] = Field(default="grpo", description="grpo | dapo | dr_grpo")
     kl_beta: float = Field(default=0.0, ge=0.0, description="KL-to-reference weight (k3); > 0 keeps a frozen reference model.")
-    max_response_len: int | None = Field(default=None, description="dr_grpo's constant normaliser.")
+    max_response_len: int | None = Field(default=None, ge=1, description="dr_grpo's constant normaliser.")
     micro_batch_tokens: int = Field(default=4096, ge=1, description="Padded tokens per forward/backward (bounds memory).")
     train_temperature: float = Field(default=1.0, gt=0, description="Sampling temperature the behaviour log-probs used.")
     keep_checkpoints: int = Field(default=3, ge=1)
     max_steps: int = Field(default=0, ge=0, description="Stop after this many total steps (0: run forever).")
     idle_exit_s: float = Field(default=0.0, ge=0, description="Exit after this long without new batches (0: never).")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads (0: torch's default).")
+    train_layers: int = Field(default=0, ge=0, description="Train only the top N decoder layers (0: every parameter).")
+
+    check_model = field_validator("train_model")(_model_ref)
 
     def resolved_group(self) -> str:
         # Derived from the prefix so that two topic namespaces on one cluster never share a group.
@@ -48,9 +58,11 @@ class ServeSettings(CommonSettings):
 
     serve_model: str | None = Field(default=None, description="Model dir or 'tiny'; unset: wait for the first version on rb.resources.")
     serve_host: str = "127.0.0.1"
-    serve_port: int = 8000
+    serve_port: int = Field(default=8000, **PORT)
     resource_name: str = "policy"
     serve_follow: bool = Field(default=True, description="Hot-reload new versions from rb.resources.")
     serve_max_batch: int = Field(default=16, ge=1)
     serve_max_tokens: int = Field(default=64, ge=1, description="Default max_tokens of a request.")
     torch_threads: int = Field(default=0, ge=0)
+
+    check_model = field_validator("serve_model")(_model_ref)
