@@ -86,6 +86,7 @@ def child_env(data_dir: Path, bootstrap: str, topics: Topics, **extra: str) -> d
         ROLLOUTBUS_DATA_DIR=str(data_dir),
         ROLLOUTBUS_KAFKA_BOOTSTRAP=bootstrap,
         ROLLOUTBUS_TOPIC_PREFIX=topics.prefix,
+        ROLLOUTBUS_CLICKHOUSE_DSN="chdb://",  # the embedded engine in the worker, under its data dir
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
     )

@@ -1,5 +1,6 @@
-"""ClickHouse through clickhouse-connect: one client for the embedded chDB engine (``chdb://path``)
-and a ClickHouse server (``http(s)://user@host:8123``), and idempotent migrations.
+"""ClickHouse through clickhouse-connect: one client for a ClickHouse server or the local store
+(``http(s)://user@host:8123``) and the embedded chDB engine in this process (``chdb://path``, for a
+single process that wants no server), and idempotent migrations.
 
 Migrations are the ``NNN_*.sql`` files under ``deploy/clickhouse/migrations`` (or another directory,
 e.g. the cluster variant). ``{db}`` in them is the database name. ``schema_migrations`` records which
@@ -8,6 +9,7 @@ ran, so applying them again is a no-op.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -56,6 +58,16 @@ def connect(
         path = urlparse(dsn).path
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            from rolloutbus.store.local import holder
+
+            owner = holder(Path(path))
+            if owner is not None:
+                raise ClickHouseError(
+                    f"the embedded ClickHouse store {path} is served by {owner}: connect to it over HTTP "
+                    "(ROLLOUTBUS_CLICKHOUSE_DSN=http://127.0.0.1:8123, the default) instead of opening it in this process"
+                )
+    # urllib3 logs each refused connection as a warning before the error below says it once, plainly.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
         client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
         if database:
@@ -67,7 +79,7 @@ def connect(
             client.set_client_setting("readonly", "1")
     except OperationalError as exc:
         raise ClickHouseError(
-            f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_scrub(str(exc), password).splitlines()[0][:200]}"
+            f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_scrub(str(exc), password).splitlines()[0][:200]}{_hint(dsn, exc)}"
         ) from exc
     except CCError as exc:
         msg = str(exc)
@@ -85,6 +97,13 @@ def connect(
             msg = msg.replace(password.get_secret_value(), "***")
         raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
     return client
+
+
+def _hint(dsn: str, exc: BaseException) -> str:
+    """What to do when nothing listens at an HTTP DSN (most often: the store is not running)."""
+    if dsn.startswith("http") and "refused" in str(exc).lower():
+        return " (nothing listens there: start `rolloutbus store`, or set ROLLOUTBUS_CLICKHOUSE_DSN=chdb://<dir> to open the data in this process)"
+    return ""
 
 
 def _scrub(msg: str, password: SecretStr | None) -> str:

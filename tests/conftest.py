@@ -80,6 +80,8 @@ def test_env(kafka_bootstrap: str, topics: Any, tmp_path: Path) -> dict[str, str
             "ROLLOUTBUS_KAFKA_BOOTSTRAP": kafka_bootstrap,
             "ROLLOUTBUS_TOPIC_PREFIX": topics.prefix,
             "ROLLOUTBUS_DATA_DIR": str(tmp_path / "data"),
+            # The embedded engine under each process's own data dir, not the local store's HTTP default.
+            "ROLLOUTBUS_CLICKHOUSE_DSN": "chdb://",
             "PYTHONUNBUFFERED": "1",
         }
     )

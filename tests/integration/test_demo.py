@@ -17,7 +17,13 @@ TABLES = ["spans", "rollouts", "transitions", "groups", "resource_versions", "tr
 
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
-    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT="29992", PYTHONUNBUFFERED="1")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        store_port = str(sock.getsockname()[1])
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT="29992", PYTHONUNBUFFERED="1",
+               ROLLOUTBUS_STORE_PORT=store_port)
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--out", str(out)],
@@ -29,11 +35,13 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert (out / "reward_curve.png").stat().st_size > 10_000
 
     def query(sql: str) -> str:
-        q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", sql], env=env, capture_output=True, text=True, timeout=120)
+        # The demo stopped the store it started; the embedded engine opens the same data in this process.
+        q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", sql], env={**env, "ROLLOUTBUS_CLICKHOUSE_DSN": "chdb://"},
+                           capture_output=True, text=True, timeout=120)
         assert q.returncode == 0, q.stderr
         return q.stdout
 
-    # `rolloutbus query` works after the demo stopped (the embedded store is free again).
+    # `rolloutbus query` works after the demo stopped (the store process is gone, the data dir is free).
     for table in TABLES:
         rows = int(query(f"SELECT count() AS n FROM {table} FINAL").splitlines()[2])
         assert rows > 0, f"no rows in {table}"
@@ -47,6 +55,11 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     answered = int(query("SELECT count() AS n FROM spans FINAL WHERE kind = 'llm' AND resource_version >= 1").splitlines()[2])
     assert answered > 0
     # analyst SQL cannot modify data
-    bad = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "DROP TABLE spans"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "DROP TABLE spans"],
+                         env={**env, "ROLLOUTBUS_CLICKHOUSE_DSN": "chdb://"}, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "readonly" in bad.stderr.lower()
+    # With the store stopped, the default DSN (the store's HTTP endpoint) fails in one line that says what to do.
+    gone = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "SELECT 1"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert gone.returncode != 0 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr
+    assert "rolloutbus store" in gone.stderr, gone.stderr

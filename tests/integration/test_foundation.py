@@ -24,6 +24,18 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rolloutbus.cli", *args], env=env, capture_output=True, text=True, timeout=180)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Beside the session broker's port, so that parallel test sessions on other ports do not collide.
+UP_PORT = int(os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT", "29092")) + 500
+
+
 def _java_pids(port: int) -> list[str]:
     out = subprocess.run(["pgrep", "-f", f"listeners=PLAINTEXT://127.0.0.1:{port}|kafka.Kafka"], capture_output=True, text=True)
     return out.stdout.split()
@@ -31,25 +43,38 @@ def _java_pids(port: int) -> list[str]:
 
 @pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="tests the local broker")
 def test_up_status_down_twice_and_up_is_idempotent(tmp_path: Path) -> None:
-    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT="29592")
+    store_port = _free_port()
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(UP_PORT), ROLLOUTBUS_STORE_PORT=str(store_port))
     env.pop("ROLLOUTBUS_KAFKA_BOOTSTRAP", None)
+    env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     try:
         for _ in range(2):
             up = _cli(env, "up")
             assert up.returncode == 0, up.stderr
-            assert "started on 127.0.0.1:29592" in up.stdout
+            assert f"started on 127.0.0.1:{UP_PORT}" in up.stdout
+            assert f"store    started on http://127.0.0.1:{store_port}" in up.stdout
             pid = (tmp_path / "data" / "kafka" / "broker.pid").read_text().strip()
+            store_pid = (tmp_path / "data" / "store" / "store.pid").read_text().strip()
             again = _cli(env, "up")
             assert again.returncode == 0, again.stderr
-            assert "already running" in again.stdout
+            assert "already running" in again.stdout and "store    already running" in again.stdout
             assert (tmp_path / "data" / "kafka" / "broker.pid").read_text().strip() == pid, "a second broker was started"
+            assert (tmp_path / "data" / "store" / "store.pid").read_text().strip() == store_pid, "a second store was started"
+            # Every process reaches the store over HTTP: `rolloutbus query` and curl.
+            q = _cli(env, "query", "SELECT count() AS n FROM rollouts")
+            assert q.returncode == 0 and q.stdout.splitlines()[-1].strip() == "0", q.stderr
+            curl = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{store_port}/?query=SELECT+count()+FROM+rolloutbus.spans"],
+                                  capture_output=True, text=True, timeout=30)
+            assert curl.stdout == "0\n", curl.stderr
             status = _cli(env, "status")
             assert status.returncode == 0, status.stderr
+            assert f"store    pid {store_pid} on http://127.0.0.1:{store_port} (answers)" in status.stdout
             for topic in ("rb.spans", "rb.tasks", "rb.batches", "rb.resources", "rb.dlq"):
                 assert topic in status.stdout
             assert "cleanup.policy=compact" in status.stdout
             down = _cli(env, "down")
-            assert down.returncode == 0 and "stopped" in down.stdout
+            assert down.returncode == 0 and "store    stopped" in down.stdout and "kafka    stopped" in down.stdout
+            assert not Path(f"/proc/{store_pid}").exists() or "Z" in Path(f"/proc/{store_pid}/stat").read_text().split(")")[-1][:3]
             assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
         stopped = _cli(env, "status")
         assert stopped.returncode == 1 and "not running" in stopped.stdout

@@ -1,0 +1,53 @@
+"""``rolloutbus store``: serve the embedded ClickHouse engine over ClickHouse's HTTP interface."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+log = logging.getLogger("rolloutbus.store")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="address to serve on (env ROLLOUTBUS_STORE_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (env ROLLOUTBUS_STORE_PORT, default 8123)")
+    parser.add_argument("--path", default=None, help="the engine's data directory (default <data dir>/clickhouse)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rolloutbus.config import load_settings
+    from rolloutbus.errors import StoreError
+    from rolloutbus.store.local import lock_store
+    from rolloutbus.store.server import Engine, StoreServer, serve
+    from rolloutbus.store.settings import StoreSettings
+
+    overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None), "store_host": args.host,
+                                   "store_port": args.port}.items() if v is not None}
+    s = load_settings(StoreSettings, overrides, {"store_host": "--host", "store_port": "--port"})
+    users, limits = s.users(), s.limits()
+    path = Path(args.path).resolve() if args.path else s.store_path
+    lock_store(path, f"rolloutbus store on {s.store_host}:{s.store_port}")
+    engine = Engine(path)
+    try:
+        server = StoreServer((s.store_host, s.store_port), engine, users, limits)
+    except OSError as exc:
+        engine.close()
+        raise StoreError(f"cannot serve on {s.store_host}:{s.store_port}: {exc.strerror or exc} "
+                         "(another store or server there? set ROLLOUTBUS_STORE_PORT)") from exc
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    roles = ", ".join(f"{u.name} ({u.role})" for u in users)
+    print(f"rolloutbus store: ClickHouse {engine.version} at {path}, serving http://{s.store_host}:{server.port} "
+          f"(users: {roles})", flush=True)
+    try:
+        serve(server, stop)
+    finally:
+        server.server_close()
+        engine.close()
+        print("rolloutbus store: stopped", flush=True)
+    return 0

@@ -1,0 +1,27 @@
+"""Settings of the store process (``rolloutbus store``), from ``ROLLOUTBUS_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rolloutbus.config import CommonSettings
+from rolloutbus.store.access import Limits, User, parse_users
+
+
+class StoreSettings(CommonSettings):
+    """``ROLLOUTBUS_STORE_*``: where the store serves, who may use it, what an analyst query may take."""
+
+    store_users: str = Field(
+        default="",
+        description="Users: a file of 'name role password' lines, or 'name:role:password,...' (roles: writer, analyst). "
+        "Unset: one writer, 'default', no password.",
+    )
+    store_analyst_max_execution_time_s: float = Field(default=60.0, ge=0, description="Longest analyst query, seconds (0: no limit).")
+    store_analyst_max_result_rows: int = Field(default=1_000_000, ge=0, description="Most rows an analyst query returns (0: no limit).")
+    store_analyst_max_result_bytes: int = Field(default=1 << 30, ge=0, description="Most bytes an analyst result holds (0: no limit).")
+
+    def users(self) -> tuple[User, ...]:
+        return parse_users(self.store_users)
+
+    def limits(self) -> Limits:
+        return Limits(self.store_analyst_max_execution_time_s, self.store_analyst_max_result_rows, self.store_analyst_max_result_bytes)
