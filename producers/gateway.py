@@ -1,5 +1,9 @@
 """OTLP/HTTP ingest gateway: ``POST /v1/traces`` (protobuf or JSON, gzip) → Avro spans on rb.spans.
 
+Agent Lightning 1.x agents' event URL too: ``POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events``
+with ``{"event_type", "data"}`` becomes one span (:mod:`producers.agl_events`); the reply is the stored
+event, as its store answers (422 with the reason for a body that is not an event).
+
 Answers as the OTLP spec asks: 200 with ``partial_success.rejected_spans`` for spans that cannot be
 ours, 400 with a reason for undecodable bodies, 413 over the size limit, 503 + ``Retry-After`` when
 Kafka is down and the spool is full, 401 without the configured bearer token. ``/healthz`` and
@@ -13,6 +17,7 @@ import gzip
 import hmac
 import json
 import logging
+import time
 import zlib
 from collections import OrderedDict
 from typing import Any
@@ -29,7 +34,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from producers.mapping import SEQUENCE_KEYS, ATTEMPT_KEYS, Attribution, MappingError, otel_to_span
+from producers.agl_events import EVENT_PATH, event_to_span
+from producers.context import new_span_id
+from producers.mapping import Attribution, MappingError, otel_to_span, span_ids
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode_raw
@@ -129,8 +136,7 @@ def request_to_spans(req: ExportTraceServiceRequest, counters: SequenceCounters)
             for s in ss.spans:
                 attrs = _attrs(s.attributes)
                 att = Attribution(resource={k: str(v) for k, v in resource.items()})
-                attempt = next((attrs[k] for k in ATTEMPT_KEYS if attrs.get(k)), None)
-                seq = next((attrs[k] for k in SEQUENCE_KEYS if attrs.get(k) is not None), None)
+                _rollout, attempt, seq = span_ids(attrs, resource)
                 if attempt is not None:
                     if seq is None:
                         att.sequence_id = counters.next(str(attempt))
@@ -190,6 +196,7 @@ class Gateway:
         # The body limit is checked by hand (after gzip too); aiohttp's own limit sits just above it.
         app = web.Application(client_max_size=self.max_body_bytes + 1)
         app.router.add_post("/v1/traces", self.traces)
+        app.router.add_post(EVENT_PATH, self.agl_event)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
         return app
@@ -261,6 +268,44 @@ class Gateway:
         if ctype.startswith(JSON):
             return web.Response(status=200, text=json_format.MessageToJson(resp), content_type=JSON)
         return web.Response(status=200, body=resp.SerializeToString(), content_type=PROTOBUF)
+
+    async def agl_event(self, request: web.Request) -> web.Response:
+        """One Agent Lightning 1.x event (its ``AGL_EVENT_URL``) → one span on rb.spans."""
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return self._reply(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return self._reply(413, f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reply(413, f"body is over the limit of {self.max_body_bytes} bytes")
+        except RequestPayloadError as exc:
+            return self._reply(400, f"body cannot be read as sent: {exc}")
+        try:
+            event = json.loads(body)
+        except ValueError as exc:
+            return self._reply(400, f"body is not JSON: {exc}")
+        rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
+        now = time.time_ns()
+        try:
+            span = event_to_span(rollout_id, attempt_id, event, sequence_id=0, span_id=new_span_id(), time_ns=now)
+            # Numbered in arrival order per attempt, as Agent Lightning's store keeps events in insertion order.
+            span["sequence_id"] = self.counters.next(attempt_id)
+            value = encode_raw(SPAN, span)
+        except (MappingError, EncodeError) as exc:
+            self.m_rejected.inc()
+            return self._reply(422, f"not an Agent Lightning event: {exc}")
+        if not self.transport.accepting(len(rollout_id.encode()) + len(value) + FRAME_OVERHEAD):
+            return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
+                               {"Retry-After": str(self.retry_after_s)})
+        if not self.transport.emit_encoded(rollout_id.encode(), value):
+            return self._reply(503, "the local queue is full; retry later", {"Retry-After": str(self.retry_after_s)})
+        self.m_spans.inc()
+        self.m_requests.labels("200").inc()
+        return web.json_response({"event_type": event["event_type"], "rollout_id": rollout_id, "attempt_id": attempt_id,
+                                  "timestamp": now / 1e9, "data": event.get("data") or {}})
 
     async def healthz(self, request: web.Request) -> web.Response:
         stats = self.transport.stats()

@@ -21,9 +21,22 @@ ROLLOUT_KEYS = ("agentlightning.rollout_id", "rolloutbus.rollout_id")
 ATTEMPT_KEYS = ("agentlightning.attempt_id", "rolloutbus.attempt_id")
 SEQUENCE_KEYS = ("agentlightning.span_sequence_id", "rolloutbus.sequence_id")
 AGENT_KEYS = ("rolloutbus.agent_name", "agentlightning.agent_name", "gen_ai.agent.name", "agent.name")
+AGL_ANNOTATION = "agentlightning.annotation"
+AGENTOPS_OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
+# Token ids and response id as Agent Lightning's adapter reads them; the plain keys first (they win),
+# then the Weave tracer's (``agentlightning.operation.output.*``).
+PROMPT_IDS_KEYS = ("prompt_token_ids", "gen_ai.prompt.token_ids", "agentlightning.operation.output.prompt_token_ids")
+RESPONSE_IDS_KEYS = (
+    "response_token_ids",
+    "gen_ai.response.token_ids",
+    "agentlightning.operation.output.response_token_ids.0",
+    "agentlightning.operation.output.choices.0.token_ids",
+    "agentlightning.operation.output.choices.0.provider_specific_fields.token_ids",
+)
+RESPONSE_ID_KEYS = ("gen_ai.response.id", "agentlightning.operation.output.id")
 _REWARD_RE = re.compile(r"^agentlightning\.reward\.(\d+)\.(name|value)$")
 # First-class on the Span; not repeated in the attribute map.
-_TOKEN_KEYS = ("prompt_token_ids", "response_token_ids", "response_logprobs", "gen_ai.response.token_ids", "gen_ai.prompt.token_ids")
+_TOKEN_KEYS = frozenset(PROMPT_IDS_KEYS + RESPONSE_IDS_KEYS + ("response_logprobs",))
 _STATUS = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK", "STATUS_CODE_ERROR": "ERROR"}
 
 
@@ -88,7 +101,34 @@ def _float_list(value: Any, what: str) -> list[float]:
         raise MappingError(f"{what} is not a list of numbers") from exc
 
 
-def _rewards(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+_NOT_AGENTOPS = object()
+
+
+def _agentops_reward(attrs: Mapping[str, Any]) -> Any:
+    """AgentOps' reward operation output ``{"type": "reward", "value": x}`` (as Agent Lightning's
+    ``get_reward_value`` reads it): the value, ``None`` for a null value, or ``_NOT_AGENTOPS``."""
+    for key in AGENTOPS_OUTPUT_KEYS:
+        out = attrs.get(key)
+        if isinstance(out, str):
+            try:
+                out = json.loads(out)
+            except ValueError:
+                out = None
+        if isinstance(out, Mapping) and out.get("type") == "reward":
+            value = out.get("value")
+            if value is None:
+                return None
+            try:
+                return float(value)
+            except (TypeError, ValueError) as exc:
+                raise MappingError(f"{key} reward value {value!r} is not a number") from exc
+    return _NOT_AGENTOPS
+
+
+def _rewards(attrs: Mapping[str, Any], name: str | None = None) -> dict[str, Any] | None:
+    """The reward a span carries, in any encoding Agent Lightning's ``get_reward_value`` accepts:
+    ``agentlightning.reward.{i}.name/value`` (index 0 primary), AgentOps' ``agentops.task.output`` /
+    ``agentops.entity.output`` JSON, the 0.2 ``reward`` attribute on an annotation span; and ours."""
     slots: dict[int, dict[str, Any]] = {}
     for k, v in attrs.items():
         m = _REWARD_RE.match(k)
@@ -97,15 +137,24 @@ def _rewards(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     dims: dict[str, float] = {}
     primary = None
     for i in sorted(slots):
-        name = str(slots[i].get("name") or ("reward" if i == 0 else f"reward_{i}"))
+        dim = str(slots[i].get("name") or ("reward" if i == 0 else f"reward_{i}"))
         try:
             value = float(slots[i]["value"])
         except (KeyError, TypeError, ValueError) as exc:
             raise MappingError(f"agentlightning.reward.{i}.value is missing or not a number") from exc
-        dims[name] = value
-        primary = primary or name
+        dims[dim] = value
+        primary = primary or dim
     if not dims:
-        raw = _first(attrs, ("rolloutbus.reward", "agentlightning.reward", "reward"))
+        agentops = _agentops_reward(attrs)
+        if agentops is not _NOT_AGENTOPS:
+            if agentops is None:
+                return None  # {"type": "reward", "value": null}: a reward operation that gave no reward
+            dims, primary = {"reward": agentops}, "reward"
+    if not dims:
+        # The bare ``reward`` attribute is Agent Lightning 0.2's, and only on its annotation spans.
+        keys = ("rolloutbus.reward", "agentlightning.reward", "reward") if name in (None, AGL_ANNOTATION) else (
+            "rolloutbus.reward", "agentlightning.reward")
+        raw = _first(attrs, keys)
         if raw is None:
             return None
         try:
@@ -129,6 +178,36 @@ def _rewards(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"value": dims[primary], "primary": primary, "dimensions": dims}
 
 
+def agent_name_of(name: str, attrs: Mapping[str, Any]) -> str | None:
+    """The agent a span stands for, by the rules of Agent Lightning's ``TraceTree.agent_name``
+    (OpenAI Agents SDK, AgentOps ``@agent``, AutoGen, LangGraph, agent-framework, Weave)."""
+    candidates = (
+        attrs.get("agent.name"),
+        attrs.get("operation.name") if attrs.get("agentops.span.kind") == "agent" else None,
+        attrs.get("recipient_agent_type"),
+        attrs.get("langchain.chain.type"),
+        attrs.get("executor.id"),
+        attrs.get("agentlightning.operation.input.name") if attrs.get("type") == "agent" else None,
+        attrs.get("lc_name") if name.startswith("langchain.Chain.") else None,
+    )
+    return next((str(c) for c in candidates if c is not None), None)
+
+
+def span_ids(attributes: Mapping[str, Any], resource: Mapping[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """(rollout id, attempt id, sequence id) named by a span, each ``None`` when absent.
+
+    Each is read from the span's attributes first, then from its OTel Resource: Agent Lightning's
+    ``LightningStoreOTLPExporter`` puts them on the Resource (``LightningResourceAttributes``), and its
+    store lets a span's own value win, as we do.
+    """
+    res = resource or {}
+    out = []
+    for keys in (ROLLOUT_KEYS, ATTEMPT_KEYS, SEQUENCE_KEYS):
+        v = _first(attributes, keys)
+        out.append(v if v is not None else _first(res, keys))
+    return out[0], out[1], out[2]
+
+
 def otel_to_span(
     *,
     name: str,
@@ -147,11 +226,15 @@ def otel_to_span(
     """One OTel span → our Avro ``Span`` dict. Raises :class:`MappingError` when it cannot be ours."""
     att = attribution or Attribution()
     attrs = attributes
-    rollout_id = _first(attrs, ROLLOUT_KEYS) or att.rollout_id
-    attempt_id = _first(attrs, ATTEMPT_KEYS) or att.attempt_id
+    res_attrs = resource if resource is not None else att.resource
+    rollout_id, attempt_id, seq_raw = span_ids(attrs, res_attrs)
+    rollout_id = rollout_id or att.rollout_id
+    attempt_id = attempt_id or att.attempt_id
     if not rollout_id or not attempt_id:
-        raise MappingError(f"span {name!r} names no rollout/attempt (agentlightning.rollout_id / attempt_id) and none is open")
-    seq_raw = _first(attrs, SEQUENCE_KEYS)
+        raise MappingError(
+            f"span {name!r} names no rollout/attempt (agentlightning.rollout_id / attempt_id on the span or its "
+            "resource) and none is open"
+        )
     try:
         sequence_id = int(seq_raw) if seq_raw is not None else att.sequence_id
     except (TypeError, ValueError) as exc:
@@ -168,9 +251,9 @@ def otel_to_span(
         out_attrs["message.body"] = attr_str(attrs["agentlightning.message.body"])
 
     llm = None
-    prompt = _first(attrs, ("prompt_token_ids", "gen_ai.prompt.token_ids"))
-    response = _first(attrs, ("response_token_ids", "gen_ai.response.token_ids"))
-    model = _first(attrs, ("gen_ai.response.model", "gen_ai.request.model"))
+    prompt = _first(attrs, PROMPT_IDS_KEYS)
+    response = _first(attrs, RESPONSE_IDS_KEYS)
+    model = _first(attrs, ("gen_ai.response.model", "gen_ai.request.model", "agentlightning.operation.output.model"))
     if prompt is not None or response is not None or name.startswith(("openai.chat", "chat ", "text_completion")) or (
         model is not None and "gen_ai.tool.name" not in attrs
     ):
@@ -178,6 +261,7 @@ def otel_to_span(
         finish = attrs.get("gen_ai.response.finish_reasons")
         if isinstance(finish, (list, tuple)):
             finish = finish[0] if finish else None
+        response_id = _first(attrs, RESPONSE_ID_KEYS)
         rv = _first(attrs, ("rolloutbus.resource_version",))
         try:
             resource_version = int(rv) if rv is not None else att.resource_version
@@ -190,11 +274,11 @@ def otel_to_span(
             "response_logprobs": pack_floats(_float_list(logprobs, "response_logprobs") if logprobs is not None else []),
             "response_mask": b"",
             "resource_version": resource_version,
-            "request_id": None if attrs.get("gen_ai.response.id") is None else str(attrs["gen_ai.response.id"]),
+            "request_id": None if response_id is None else str(response_id),
             "finish_reason": None if finish is None else str(finish),
         }
 
-    reward = _rewards(attrs)
+    reward = _rewards(attrs, name)
     tool = None
     tool_name = _first(attrs, ("gen_ai.tool.name", "tool.name"))
     if tool_name is not None:
@@ -225,7 +309,7 @@ def otel_to_span(
             kind = "object"
         else:
             kind = "span"
-    agent = _first(attrs, AGENT_KEYS) or att.agent_name
+    agent = _first(attrs, AGENT_KEYS) or agent_name_of(name, attrs) or att.agent_name
     res = {k: attr_str(v) for k, v in (resource or att.resource).items()}
     return {
         "span_id": span_id,
@@ -250,4 +334,4 @@ def otel_to_span(
     }
 
 
-__all__ = ["otel_to_span", "Attribution", "MappingError", "attr_str"]
+__all__ = ["otel_to_span", "span_ids", "agent_name_of", "Attribution", "MappingError", "attr_str"]

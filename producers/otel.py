@@ -4,7 +4,8 @@
   it stamps the rollout id, attempt id and next sequence id on it (Agent Lightning's attribute names),
   so attribution survives any later batching; when it ends it is mapped and handed to the transport.
 * :class:`RolloutSpanExporter` — a ``SpanExporter`` for a ``BatchSpanProcessor``/``SimpleSpanProcessor``;
-  spans must carry the attribution attributes (stamped by the processor or by the agent itself).
+  spans must carry the attribution attributes (stamped by the processor or by the agent itself), on the
+  span or on the provider's Resource (where Agent Lightning's exporter puts them); the span's own win.
 
 Exporting never raises into the application: failures are logged and counted.
 """
@@ -20,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from producers.context import current_rollout
-from producers.mapping import MappingError, otel_to_span
+from producers.mapping import MappingError, otel_to_span, span_ids
 from producers.transport import SPAN, SpanTransport, get_transport
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ class RolloutSpanExporter(SpanExporter):
         try:
             record = readable_to_avro(span)
         except MappingError as exc:
-            attrs = span.attributes or {}
-            if "agentlightning.rollout_id" in attrs or "rolloutbus.rollout_id" in attrs:
+            rollout_id, _attempt, _seq = span_ids(span.attributes or {}, span.resource.attributes if span.resource else None)
+            if rollout_id is not None:
                 self.rejected += 1
                 log.warning("rolloutbus: OTel span %r not recorded: %s", span.name, exc)
             else:
@@ -102,6 +103,9 @@ class RolloutSpanProcessor(SpanProcessor):
         if ctx is None:
             return
         attrs = span.attributes or {}
+        if span.resource is not None and span_ids({}, span.resource.attributes)[0] is not None:
+            # The provider's Resource names the rollout (Agent Lightning's exporter does that): it decides.
+            return
         if "agentlightning.rollout_id" not in attrs:
             span.set_attribute("agentlightning.rollout_id", ctx.rollout_id)
             span.set_attribute("agentlightning.attempt_id", ctx.attempt_id)

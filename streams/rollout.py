@@ -30,6 +30,8 @@ class Settings:
     credit: str = "identical"
     gamma: float = 1.0
     agent_match: str | None = None
+    llm_call_match: str | None = None
+    exclude_llm_call_in_reward: bool = True
     rules: RewardRules = field(default_factory=RewardRules)
 
 
@@ -135,7 +137,8 @@ def finish_attempt(
         )
         finished_ns = event.time_ns
     final = event.final_reward if event is not None else None
-    steps = extract_transitions(traj, task_id, settings.agent_match)
+    steps = extract_transitions(traj, task_id, settings.agent_match, llm_call_match=settings.llm_call_match,
+                                exclude_llm_call_in_reward=settings.exclude_llm_call_in_reward)
     inter, unassigned = assign(steps, signals(traj, settings.rules, final))
     rets = returns(inter, final if final is not None else 0.0, settings.credit, settings.gamma)
     for step, r, g in zip(steps, inter, rets, strict=True):

@@ -100,6 +100,77 @@ def test_stock_sdk_spans_land_on_kafka_with_attributes(gateway: Any, kafka_conf:
     assert "rolloutbus_gateway_spans_rejected_total 1.0" in metrics
 
 
+RESOURCE_PROGRAM = """
+import sys
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+# The ids on the Resource only, where Agent Lightning's LightningStoreOTLPExporter puts them.
+rollout, compression = sys.argv[2], sys.argv[3]
+provider = TracerProvider(resource=Resource.create({"service.name": "al-agent",
+    "agentlightning.rollout_id": rollout, "agentlightning.attempt_id": "at-r"}))
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1],
+    headers={"Authorization": "Bearer s3cret"}, compression=Compression(compression))))
+tracer = provider.get_tracer("stock")
+with tracer.start_as_current_span("agent.run"):
+    with tracer.start_as_current_span("openai.chat.completion", attributes={"gen_ai.request.model": "tiny",
+            "prompt_token_ids": [1, 2], "response_token_ids": [3]}):
+        pass
+    with tracer.start_as_current_span("agentlightning.annotation", attributes={
+            "agentlightning.reward.0.name": "task", "agentlightning.reward.0.value": 1.0}):
+        pass
+provider.shutdown()
+print("exported")
+"""
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_stock_sdk_with_ids_on_its_resource_gets_every_span_attributed(
+    gateway: Any, kafka_conf: dict[str, Any], topics: Any, compression: str
+) -> None:
+    base, env = gateway
+    rollout = f"ro-res-{compression}"
+    out = subprocess.run([sys.executable, "-c", RESOURCE_PROGRAM, f"{base}/v1/traces", rollout, compression],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "exported", out.stderr[-2000:]
+    records = consume_all(kafka_conf, topics.spans, expect=3, timeout=30)
+    assert sorted(r["name"] for _k, _n, r, _p in records) == ["agent.run", "agentlightning.annotation", "openai.chat.completion"]
+    assert {(k, r["rollout_id"], r["attempt_id"]) for k, _n, r, _p in records} == {(rollout.encode(), rollout, "at-r")}
+    assert sorted(r["sequence_id"] for _k, _n, r, _p in records) == [1, 2, 3], "the gateway numbers them in export order"
+    by_name = {r["name"]: r for _k, _n, r, _p in records}
+    assert by_name["openai.chat.completion"]["kind"] == "llm" and by_name["agentlightning.annotation"]["reward"]["value"] == 1.0
+    metrics = requests.get(f"{base}/metrics", timeout=5).text
+    assert "rolloutbus_gateway_spans_accepted_total 3.0" in metrics and "rolloutbus_gateway_spans_rejected_total 0.0" in metrics
+
+
+def test_otlp_json_with_ids_on_the_resource(gateway: Any, kafka_conf: dict[str, Any], topics: Any) -> None:
+    base, _ = gateway
+    res = [{"key": "agentlightning.rollout_id", "value": {"stringValue": "ro-json-res"}},
+           {"key": "agentlightning.attempt_id", "value": {"stringValue": "at-1"}},
+           {"key": "agentlightning.span_sequence_id", "value": {"stringValue": "3"}}]
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "name": "tool-run",
+            "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000500000000",
+            "attributes": [{"key": "gen_ai.tool.name", "value": {"stringValue": "calc"}}]}
+    body = {"resourceSpans": [{"resource": {"attributes": res}, "scopeSpans": [{"spans": [
+        {**span, "spanId": "b7ad6b7169203331"},
+        {**span, "spanId": "b7ad6b7169203332",  # the span's own sequence id wins
+         "attributes": span["attributes"] + [{"key": "agentlightning.span_sequence_id", "value": {"intValue": "4"}}]}]}]}]}
+    for i, gz in enumerate((False, True)):
+        data = __import__("json").dumps(body).encode()
+        headers = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+        if gz:
+            data, headers = gzip.compress(data), {**headers, "Content-Encoding": "gzip"}
+        resp = requests.post(f"{base}/v1/traces", data=data, headers=headers, timeout=5)
+        assert resp.status_code == 200 and "rejectedSpans" not in resp.text, resp.text
+    records = consume_all(kafka_conf, topics.spans, expect=4, timeout=20)
+    assert len(records) == 4
+    assert {(k, r["attempt_id"]) for k, _n, r, _p in records} == {(b"ro-json-res", "at-1")}
+    assert sorted(r["sequence_id"] for _k, _n, r, _p in records) == [3, 3, 4, 4]
+
+
 def test_gateway_http_contract(gateway: Any, kafka_conf: dict[str, Any], topics: Any) -> None:
     base, _ = gateway
     url = f"{base}/v1/traces"
