@@ -139,6 +139,10 @@ class Trainer:
             first = 0 if self.published_version is None else self.published_version + 1
             self.state = LoopState(0, first, uuid.uuid4().hex[:12])
             self._latest_manifest = None
+        from trainer.model import train_top_layers
+
+        trainable = train_top_layers(self.model, settings.train_layers)
+        log.info("%d of %d parameters are trained", trainable, sum(p.numel() for p in self.model.parameters()))
         ref = None
         if settings.kl_beta > 0:
             ref = self._load_reference()
@@ -177,7 +181,8 @@ class Trainer:
     def _config(self) -> dict[str, str]:
         s = self.s
         return {"loss_agg": str(s.loss_agg), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta), "lr": str(s.lr),
-                "groups_per_step": str(s.groups_per_step), "run_id": self.state.run_id}
+                "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
+                "run_id": self.state.run_id}
 
     def _producer_client(self) -> Any:
         if self._producer is None:

@@ -113,6 +113,25 @@ def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, device: st
     return model, load_tokenizer(p)
 
 
+def train_top_layers(model: Any, layers: int) -> int:
+    """Freeze everything but the top ``layers`` decoder layers and the final norm; returns the trainable
+    parameter count. Backward then stops at the lowest trained layer: on a CPU, training the top third
+    of a model costs about half of a full step. ``layers <= 0`` trains every parameter."""
+    if layers <= 0:
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    decoder = model.get_decoder()
+    stack = getattr(decoder, "layers", None)
+    if stack is None:
+        raise ConfigError("--train-layers needs a decoder with a `layers` stack (Llama-style)")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for module in [*list(stack)[-layers:], getattr(decoder, "norm", None)]:
+        if module is not None:
+            for p in module.parameters():
+                p.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def base_model_name(model: Any, fallback: str = "") -> str:
     """The name recorded as ``base_model`` on published versions."""
     return str(getattr(model.config, "rolloutbus_base_model", None) or getattr(model.config, "_name_or_path", "") or fallback)
@@ -161,21 +180,34 @@ def generate_batch(
             raise ContextTooLong(f"prompt of {len(p)} tokens does not fit the model's {limit}-token context")
         max_new[i] = max(0, min(max_new[i], limit - len(p)))
     device = next(model.parameters()).device
+    # Agents resend the same system prompt and examples: prefill their common prefix once, share its cache.
+    shared = _common_prefix(prompts) if n > 1 else 0
+    shared = min(shared, min(len(p) for p in prompts) - 1)
+    past = None
+    if shared >= MIN_SHARED_PREFIX:
+        pre = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
+        past = model(input_ids=pre, use_cache=True).past_key_values
+        past.batch_repeat_interleave(n)
+        prompts = [p[shared:] for p in prompts]
+    else:
+        shared = 0
     width = max(len(p) for p in prompts)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
+    attn = torch.zeros((n, shared + width), dtype=torch.long)
+    attn[:, :shared] = 1
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        attn[i, width - len(p) :] = 1
+        attn[i, shared + width - len(p) :] = 1
     ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    # Padding sits between the shared prefix and each suffix: masked out, positions continue after it.
+    pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, shared:]
     temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=device).unsqueeze(-1)
     greedy = torch.tensor([t <= 0 for t in temps], device=device)
     stops = set(int(s) for s in stop_ids)
     out: list[Generation] = [Generation([], [], "length") for _ in range(n)]
     done = [m == 0 for m in max_new]
     steps = max(max_new)
-    out_model = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    out_model = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=past, use_cache=True)
     past = out_model.past_key_values
     logits = out_model.logits[:, -1, :].float()
     last_pos = pos[:, -1:]
@@ -207,6 +239,19 @@ def generate_batch(
         past = out_model.past_key_values
         logits = out_model.logits[:, -1, :].float()
     return out
+
+
+MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    first, k = prompts[0], min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        i = 0
+        while i < k and p[i] == first[i]:
+            i += 1
+        k = i
+    return k
 
 
 def generate(
@@ -258,4 +303,5 @@ __all__ = [
     "max_positions",
     "save_policy",
     "sequence_logprobs",
+    "train_top_layers",
 ]

@@ -12,8 +12,9 @@ vLLM-compatible extras the LLM proxy relies on:
 Concurrent requests are batched: a worker takes whatever is queued (up to ``max_batch``) and samples
 them together (left padding, per-request temperature and length). A :class:`ResourceFollower` watches
 ``rb.resources``; when a newer version of the resource appears, its weights are loaded in the
-background and swapped in between two batches, so a response never mixes versions. ``stream`` and
-``stop`` strings are not supported (400 / ignored respectively).
+background and swapped in between two batches, so a response never mixes versions. ``stream=true``
+answers with server-sent events (a chunk per token, sent when the batch has been sampled); ``stop``
+strings are ignored.
 """
 
 from __future__ import annotations
@@ -186,8 +187,6 @@ class PolicyServer:
             raise BadRequest(f"request body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        if body.get("stream"):
-            raise BadRequest("stream=true is not supported by this server; send stream=false")
         return body
 
     def _params(self, body: dict[str, Any]) -> tuple[int, float, int]:
@@ -226,7 +225,10 @@ class PolicyServer:
             results = await self.sample(prompt, max_tokens, temperature, n)
         except (BadRequest, ContextTooLong) as exc:
             return self._error(400, str(exc))
-        version = results[0][1].version
+        version = min(pol.version for _, pol in results)
+        if body.get("stream"):
+            self.requests_served += 1
+            return await self._stream(request, body, prompt, results, version, chat=True)
         choices = []
         for i, (g, pol) in enumerate(results):
             choice: dict[str, Any] = {
@@ -241,7 +243,6 @@ class PolicyServer:
             if body.get("return_token_ids"):
                 choice["token_ids"] = g.token_ids
             choices.append(choice)
-            version = min(version, pol.version)
         payload: dict[str, Any] = {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices,
@@ -270,6 +271,9 @@ class PolicyServer:
         except (BadRequest, ContextTooLong) as exc:
             return self._error(400, str(exc))
         version = min(pol.version for _, pol in results)
+        if body.get("stream"):
+            self.requests_served += 1
+            return await self._stream(request, body, prompt, results, version, chat=False)
         choices = []
         for i, (g, pol) in enumerate(results):
             choice: dict[str, Any] = {"index": i, "text": pol.tok.decode(g.token_ids), "finish_reason": g.finish_reason}
@@ -288,6 +292,68 @@ class PolicyServer:
         }
         self.requests_served += 1
         return self._respond(payload, version)
+
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], prompt: list[int], results: list[tuple[Any, Policy]],
+                      version: int, chat: bool) -> web.StreamResponse:
+        """Server-sent events as vLLM sends them: one chunk per token (text delta, its id and log-prob), then
+        the finish reason, optional usage, ``[DONE]``. The deltas concatenate to exactly the decoded ids.
+
+        Tokens are sent once their batch has been sampled (the batch is one forward pass per step)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", VERSION_HEADER: str(version)})
+        await resp.prepare(request)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                "model": self.model_name, "resource_version": version}
+        want_ids, want_lp = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
+
+        async def send(payload: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps({**base, **payload}).encode() + b"\n\n")
+
+        first: dict[str, Any] = {"prompt_token_ids": prompt} if want_ids else {}
+        for i, (g, pol) in enumerate(results):
+            if chat:
+                await send({**first, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+                first = {}
+            for k, (token, text) in enumerate(zip(g.token_ids, _deltas(pol.tok, g.token_ids))):
+                choice: dict[str, Any] = {"index": i, "finish_reason": None}
+                if chat:
+                    choice["delta"] = {"content": text}
+                    if want_lp:
+                        choice["logprobs"] = {"content": [{"token": pol.tok.token_str(token), "logprob": g.logprobs[k]}]}
+                else:
+                    choice["text"] = text
+                    if want_lp:
+                        choice["logprobs"] = {"tokens": [pol.tok.token_str(token)], "token_logprobs": [g.logprobs[k]]}
+                if want_ids:
+                    choice["token_ids"] = [token]
+                await send({**first, "choices": [choice]})
+                first = {}
+            end: dict[str, Any] = {"index": i, "finish_reason": g.finish_reason}
+            end["delta" if chat else "text"] = {} if chat else ""
+            await send({"choices": [end]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({"choices": [], "usage": _usage(len(prompt), sum(len(g.token_ids) for g, _ in results))})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _deltas(tok: Tokenizer, ids: list[int]) -> list[str]:
+    """Per-token text pieces whose concatenation is ``tok.decode(ids)``; a piece waits while a multi-byte
+    character is incomplete (BPE splits UTF-8), so no chunk carries a replacement character."""
+    out, sent = [], ""
+    for k in range(1, len(ids) + 1):
+        text = tok.decode(ids[:k])
+        if text.endswith("\ufffd") and k < len(ids) or not text.startswith(sent):
+            out.append("")
+            continue
+        out.append(text[len(sent):])
+        sent = text
+    full = tok.decode(ids)
+    if out and sent != full:  # whatever decoding settled on at the end
+        out[-1] += full[len(sent):] if full.startswith(sent) else full
+    return out
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

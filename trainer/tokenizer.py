@@ -122,6 +122,11 @@ class HFTokenizerAdapter:
         self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else (hf.eos_token_id or 0)
         self.bos_id = hf.bos_token_id
         self.eos_id = hf.eos_token_id
+        from trainer.model_import import end_of_turn_token
+
+        eot = end_of_turn_token(hf)
+        # The chat template's end of an assistant turn (``<|im_end|>``...): GGUF metadata may name another EOS.
+        self.end_id = hf.convert_tokens_to_ids(eot) if eot else None
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -132,7 +137,7 @@ class HFTokenizerAdapter:
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        return tuple(i for i in (self.eos_id,) if i is not None)
+        return tuple(dict.fromkeys(i for i in (self.end_id, self.eos_id) if i is not None))
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_bos))

@@ -7,23 +7,48 @@ from __future__ import annotations
 
 import argparse
 
+from rolloutbus.flags import Bounded
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=None, help="minutes of training (default 6; --quick: 0.6)")
-    p.add_argument("--group-size", type=int, default=None, help="rollouts per task, one GRPO group (default 8)")
-    p.add_argument("--runners", type=int, default=None, help="rollouts run at once (default 16)")
-    p.add_argument("--groups-per-step", type=int, default=None, help="GRPO groups per trainer step (default 8)")
-    p.add_argument("--held-out", type=int, default=None, help="held-out problems evaluated at the end (default 150 of the 486 problems)")
-    p.add_argument("--lr", type=float, default=None, help="trainer learning rate (default 5e-4)")
-    p.add_argument("--kl-beta", type=float, default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05)")
-    p.add_argument("--sft-epochs", type=int, default=None, help="epochs of supervised warm-up (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model, the problems and sampling")
+    p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --quick: 0.6)")
+    p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
+                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8)")
+    p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16)")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8)")
+    p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150 of the 486 problems)")
+    p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help="trainer learning rate (default 5e-4)")
+    p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05)")
+    p.add_argument("--sft-epochs", type=Bounded(int, ge=1), default=None, help="epochs of supervised warm-up (default 3)")
+    p.add_argument("--task", choices=["calc", "sql"], default="calc",
+                   help="calc: the tiny model learns a calculator agent (fast); sql: SmolLM2-135M-Instruct learns Text-to-SQL")
+    p.add_argument("--model", type=_model_source, default=None, help="--task sql: the model to import and train (default smollm2-135m-instruct; "
+                   "a .gguf or HF directory works too)")
+    p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help="--task sql: top decoder layers trained (default 10, 0 = all)")
+    p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
+    p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")
     p.add_argument("--keep-running", action="store_true", help="leave the broker running at the end")
 
 
+def _model_source(text: str) -> str:
+    from pathlib import Path
+
+    from trainer.model_import import PACKAGED
+
+    if text in PACKAGED or Path(text).expanduser().exists():
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} must be {', '.join(PACKAGED)}, a .gguf file or a model directory")
+
+
 def run(args: argparse.Namespace) -> int:
     from rolloutbus.demo.run import DemoConfig, run_demo
 
+    # Importing the submodule `run` rebinds this package's name `run` to it; keep the entry point, so
+    # that a second `rolloutbus.cli.main()` in one process (the tests) still finds a function.
+    globals()["run"] = _run
     return run_demo(DemoConfig.from_args(args))
+
+
+_run = run

@@ -13,13 +13,22 @@ EXAMPLE_QUERIES = [
     ("Held-out evaluation, as recorded (mode = 'test')",
      "SELECT resource_version, count() AS rollouts, round(avg(final_reward), 3) AS success_rate "
      "FROM rollouts FINAL WHERE mode = 'test' GROUP BY resource_version ORDER BY resource_version"),
-    ("Calculator calls and failures, by tool",
+    ("Tool calls and failures, by tool",
      "SELECT tool, calls, failures, round(error_rate, 3) AS error_rate FROM v_tool_errors"),
 ]
 
 
+def paired_difference(first: list[float], final: list[float]) -> tuple[float, float]:
+    """Mean of ``final - first`` over the same problems and its standard error (paired, n-1 variance)."""
+    d = [b - a for a, b in zip(first, final)]
+    n = len(d)
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    return mean, (var / n) ** 0.5
+
+
 def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_scores: list[float],
-           final_scores: list[float], say: Any) -> None:
+           final_scores: list[float], say: Any, title: str = "calculator agent", first_label: str = "supervised warm-up only") -> None:
     from rolloutbus.clickhouse import connect
 
     n = len(first_scores)
@@ -36,14 +45,17 @@ def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_sco
         steps = client.query("SELECT step, reward_mean, loss FROM v_train_steps ORDER BY step").result_rows
         say("")
         say(f"[bold]held-out success rate[/bold] on {n} problems the trainer never saw (greedy):")
-        say(f"  version {first:>3} (supervised warm-up only): {a:6.1%}")
-        say(f"  version {final:>3} (after GRPO):              {b:6.1%}   ({(b - a) * 100:+.1f} points)")
+        diff, se = paired_difference(first_scores, final_scores)
+        width = max(len(first_label), len("after GRPO")) + 3
+        say(f"  version {first:>3} {'(' + first_label + '):':<{width}} {a:6.1%}")
+        say(f"  version {final:>3} {'(after GRPO):':<{width}} {b:6.1%}   ({diff * 100:+.1f} points, paired standard error "
+            f"{se * 100:.1f})")
         for v, expect in ((first, a), (final, b)):
             got = recorded.get(v)
             if got is None or abs(got - expect) > 1e-9:
                 say(f"  [yellow]note: ClickHouse holds {got} for version {v}'s held-out rollouts, the agent saw {expect:.3f}[/yellow]")
         png = cfg.out / "reward_curve.png"
-        plot(per_version, steps, first, final, a, b, png)
+        plot(per_version, steps, first, final, a, b, png, title)
         say(f"reward curve written to {png}")
         for title, sql in EXAMPLE_QUERIES:
             result = client.query(sql, settings={"readonly": 1})
@@ -56,7 +68,7 @@ def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_sco
 
 
 def plot(per_version: list[tuple[Any, ...]], steps: list[tuple[Any, ...]], first: int, final: int,
-         a: float, b: float, path: Any) -> None:
+         a: float, b: float, path: Any, title: str = "calculator agent") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +89,7 @@ def plot(per_version: list[tuple[Any, ...]], steps: list[tuple[Any, ...]], first
     ax.set_ylabel("reward / success rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.set_title("rolloutbus demo: calculator agent learning with GRPO")
+    ax.set_title(f"rolloutbus demo: {title} learning with GRPO")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)

@@ -22,9 +22,9 @@ from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from rolloutbus.config import CommonSettings
+from rolloutbus.config import CommonSettings, load_settings
 from rolloutbus.demo import calc
 from rolloutbus.demo.procs import Supervisor
 from rolloutbus.errors import ConfigError, RolloutbusError
@@ -32,6 +32,7 @@ from rolloutbus.errors import ConfigError, RolloutbusError
 
 @dataclass
 class DemoConfig:
+    task: str = "calc"
     minutes: float = 6.0
     group_size: int = 8
     runners: int = 16
@@ -46,15 +47,27 @@ class DemoConfig:
     quick: bool = False
     keep_running: bool = False
     data_dir: Path | None = None
+    model: str = "smollm2-135m-instruct"
+    train_layers: int = 10
+    temperature: float = 0.7
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
         cfg = cls(seed=args.seed, out=Path(args.out), quick=args.quick, keep_running=args.keep_running,
-                  data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None)
-        if args.quick:
+                  data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
+                  task=getattr(args, "task", None) or "calc")
+        if cfg.task == "sql":
+            # A 135M-parameter model on 2 cores: small groups, few per step, the top layers trained.
+            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 2e-5, 0.02
+            if getattr(args, "model", None):
+                cfg.model = args.model
+            if args.quick:
+                cfg.minutes, cfg.runners, cfg.groups_per_step, cfg.held_out = 1.5, 8, 2, 16
+        elif args.quick:
             cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
             cfg.demonstrations = 600
-        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs"):
+        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
+                     "train_layers", "temperature"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -192,22 +205,22 @@ class TaskFeeder:
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, problems: list[calc.Problem],
-             name: str, threads: int = 8) -> list[float]:
+def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, problems: list[Any],
+             name: str, task: DemoTask, threads: int = 8) -> list[float]:
     """Greedy evaluation of one version on ``problems``, through its own server and proxy (recorded, mode test)."""
     from producers.settings import AgentSettings
-    from rolloutbus.demo.agent import CalcAgent
 
     serve_port, proxy_port = _free_port(), _free_port()
-    sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port), "--threads", "1"])
+    sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port),
+                                         "--threads", str(task.eval_threads), "--max-batch", str(threads)])
     sup.start(f"eval-proxy-v{version}", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
     try:
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 120, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         transport = AgentSettings(data_dir=settings.data_dir).transport(spool_name=f"demo-eval-{name}")
-        agent = CalcAgent(proxy=f"http://127.0.0.1:{proxy_port}", temperature=0.0)
+        agent = task.eval_agent(f"http://127.0.0.1:{proxy_port}")
         try:
-            def one(i_p: tuple[int, calc.Problem]) -> float:
+            def one(i_p: tuple[int, Any]) -> float:
                 i, p = i_p
                 res = agent.run(json.loads(p.to_json()), {}, task_id=f"heldout-{i:04d}", mode="test",
                                 resource_version=version, transport=transport)
@@ -220,6 +233,58 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
     finally:
         sup.stop(f"eval-proxy-v{version}")
         sup.stop(f"eval-serve-v{version}")
+
+
+# --------------------------------------------------------------------------- the tasks
+
+
+@dataclass
+class DemoTask:
+    """What differs between the demo's tasks; the loop around them is the same."""
+
+    title: str
+    agent: str  # ``module:Class`` for ``rolloutbus run-agent``
+    eval_agent: Callable[[str], Any]  # proxy URL → a greedy agent for the held-out evaluation
+    train: list[Any]
+    held_out: list[Any]
+    model: Path
+    first_label: str
+    train_args: list[str] = field(default_factory=list)
+    process_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    rollout_timeout_s: int = 120
+    eval_threads: int = 1
+
+
+def calc_task(cfg: DemoConfig, demo_dir: Path, say: Any) -> DemoTask:
+    from rolloutbus.demo.agent import CalcAgent
+
+    # Every one-step problem there is: the held-out ones are never published as training tasks.
+    train, held_out = calc.split(calc.problem_space(1) - cfg.held_out, cfg.held_out, seed=cfg.seed + 11)
+    base = warm_up(cfg, train, demo_dir, say)
+    return DemoTask("calculator agent", "rolloutbus.demo.agent:CalcAgent", lambda url: CalcAgent(proxy=url, temperature=0.0),
+                    train, held_out, base, "supervised warm-up only", process_args=["--group-timeout", "20"])
+
+
+def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
+    from rolloutbus.demo import sql
+    from rolloutbus.demo.sql_agent import SQLAgent
+    from trainer.model_import import import_model
+
+    t0 = time.monotonic()
+    model = import_model(cfg.model, settings.data_dir / "models")
+    say(f"model      {model} ({time.monotonic() - t0:.0f}s; a second run reuses it)")
+    train, held_out = sql.split(sql.questions(), cfg.held_out, seed=cfg.seed)
+    say(f"task       Text-to-SQL: {len(train)} training and {len(held_out)} held-out questions, execution match")
+    temp = str(cfg.temperature)
+    return DemoTask(
+        "Text-to-SQL agent", "rolloutbus.demo.sql_agent:SQLAgent", lambda url: SQLAgent(proxy=url, temperature=0.0),
+        train, held_out, model, "pretrained, before RL",
+        train_args=["--train-layers", str(cfg.train_layers), "--micro-batch-tokens", "2048"],
+        process_args=["--group-timeout", "300"],
+        env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp},
+        rollout_timeout_s=900, eval_threads=2,
+    )
 
 
 # --------------------------------------------------------------------------- the run
@@ -261,11 +326,11 @@ def run_demo(cfg: DemoConfig) -> int:
     console = Console(highlight=False, soft_wrap=True)
     say = console.print
     overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
-    settings = CommonSettings(**overrides)
+    settings = load_settings(CommonSettings, overrides)
     if not settings.uses_local_broker:
         raise ConfigError("the demo resets its topics and database, so it runs on the local stack only: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
     if settings.clickhouse_dsn and not settings.clickhouse_dsn.startswith("chdb:"):
-        raise ConfigError("the demo runs on the embedded ClickHouse engine only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
+        raise ConfigError("the demo resets its database, so it runs on the local store only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
     t_start = time.monotonic()
     cfg.out.mkdir(parents=True, exist_ok=True)
     demo_dir = settings.data_dir / "demo"
@@ -276,14 +341,19 @@ def run_demo(cfg: DemoConfig) -> int:
     broker = LocalKafka(settings.data_dir, settings.kafka_port)
     started_broker = broker.start()
     say(f"kafka      {'started' if started_broker else 'reused'} on {broker.bootstrap}")
-    reset_local_state(settings, say)
+    store, started_store = None, False
+    if settings.uses_local_store:
+        from rolloutbus.store.local import LocalStore
 
-    # Every one-step problem there is: the held-out ones are never published as training tasks.
-    train, held_out = calc.split(calc.problem_space(1) - cfg.held_out, cfg.held_out, seed=cfg.seed + 11)
-    base = warm_up(cfg, train, demo_dir, say)
+        store = LocalStore(settings.data_dir, settings.store_host, settings.store_port)
+        started_store = store.start()
+        say(f"store      {'started' if started_store else 'reused'} on {store.url}: query the run while it trains")
+    reset_local_state(settings, say)
+    task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, demo_dir, say)
+    train, held_out, base = task.train, task.held_out, task.model
 
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"))
+               ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"), **task.env)
     import shutil
 
     shutil.rmtree(demo_dir / "checkpoints", ignore_errors=True)
@@ -295,18 +365,18 @@ def run_demo(cfg: DemoConfig) -> int:
     try:
         serve_port, proxy_port = _free_port(), _free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
-                              "--group-timeout", "20", "--credit", "discounted", "--gamma", "1.0",
-                              "--sink-interval", "0.5"])
+                              "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])
         sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
-                            "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed)])
+                            "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
+                            *task.train_args])
         follower.start()
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
-        sup.start("runners", ["run-agent", "rolloutbus.demo.agent:CalcAgent", "--concurrency", str(cfg.runners),
-                              "--max-attempts", "1", "--timeout", "120"])
+        sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners),
+                              "--max-attempts", "1", "--timeout", str(task.rollout_timeout_s)])
         say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
             f"{cfg.runners} runners (logs in {cfg.out / 'logs'})")
         feeder = TaskFeeder(settings, train, cfg, live)
@@ -341,22 +411,25 @@ def run_demo(cfg: DemoConfig) -> int:
         first, final = min(versions), max(versions)
         sup.stop("proxy")
         sup.stop("serve")
-        say(f"evaluate   version {first} (the warm-up) and version {final} on the same {len(held_out)} held-out problems (greedy)")
+        say(f"evaluate   version {first} ({task.first_label}) and version {final} on the same {len(held_out)} held-out problems (greedy)")
         # Version 0 is the warm-up's weights as published (its checkpoint may be pruned by now).
         first_uri = str(base) if first == 0 else versions[first]["uri"]
-        first_scores = evaluate(settings, sup, first_uri, first, held_out, "first")
-        final_scores = evaluate(settings, sup, versions[final]["uri"], final, held_out, "final")
+        first_scores = evaluate(settings, sup, first_uri, first, held_out, "first", task, threads=16 if cfg.task == "sql" else 8)
+        final_scores = evaluate(settings, sup, versions[final]["uri"], final, held_out, "final", task,
+                                threads=16 if cfg.task == "sql" else 8)
         time.sleep(2.0)  # the sink flushes every 0.5 s
         sup.stop("process", grace=60)
         stop_follow.set()
         follower.join(5)
         from rolloutbus.demo.report import report
 
-        report(settings, cfg, live, first, final, first_scores, final_scores, say)
+        report(settings, cfg, live, first, final, first_scores, final_scores, say, task.title, task.first_label)
         say(f"done in {time.monotonic() - t_start:.0f}s. Query the run: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\"")
         return 0
     finally:
         stop_follow.set()
         sup.stop_all()
+        if started_store and store is not None and not cfg.keep_running:
+            store.stop()
         if started_broker and not cfg.keep_running:
             broker.stop()
