@@ -66,8 +66,10 @@ def connect(
                     f"the embedded ClickHouse store {path} is served by {owner}: connect to it over HTTP "
                     "(ROLLOUTBUS_CLICKHOUSE_DSN=http://127.0.0.1:8123, the default) instead of opening it in this process"
                 )
-    # urllib3 logs each refused connection as a warning before the error below says it once, plainly.
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    # urllib3 and the driver log each refused connection as a warning before the error below says it
+    # once, plainly.
+    for noisy in ("urllib3.connectionpool", "clickhouse_connect.driver._backend.http_sync"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
         if database:
@@ -78,9 +80,7 @@ def connect(
             # 1 forbids writes and setting changes for this client's session (analyst SQL).
             client.set_client_setting("readonly", "1")
     except OperationalError as exc:
-        raise ClickHouseError(
-            f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_scrub(str(exc), password).splitlines()[0][:200]}{_hint(dsn, exc)}"
-        ) from exc
+        raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_reason(exc, password)}") from exc
     except CCError as exc:
         msg = str(exc)
         if password is not None:
@@ -99,11 +99,12 @@ def connect(
     return client
 
 
-def _hint(dsn: str, exc: BaseException) -> str:
-    """What to do when nothing listens at an HTTP DSN (most often: the store is not running)."""
-    if dsn.startswith("http") and "refused" in str(exc).lower():
-        return " (nothing listens there: start `rolloutbus store`, or set ROLLOUTBUS_CLICKHOUSE_DSN=chdb://<dir> to open the data in this process)"
-    return ""
+def _reason(exc: BaseException, password: SecretStr | None) -> str:
+    """Why a connection failed, in a few words; a refused one says what to do (most often the store is not running)."""
+    if "refused" in str(exc).lower():
+        return ("connection refused: nothing listens there (start it with `rolloutbus store` or `rolloutbus up`, "
+                "or set ROLLOUTBUS_CLICKHOUSE_DSN=chdb:// to open the data in this process)")
+    return _scrub(str(exc), password).splitlines()[0][:200]
 
 
 def _scrub(msg: str, password: SecretStr | None) -> str:
