@@ -1,0 +1,107 @@
+"""Serving benchmark: a real model behind ``rolloutbus serve``, called by the official ``openai`` client.
+
+Completion tokens per second at concurrency 1 and 16 (16 agents must share forward passes, not queue
+for 16 sequential generations), with the SQL agent's prompt (schema + worked examples + a question).
+Prints one table; the model is imported first if needed (``rolloutbus model import``).
+
+    .venv/bin/python bench/bench_serve.py [--model smollm2-135m-instruct] [--requests 32] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _load(base: str, questions: list[str], concurrency: int, max_tokens: int) -> tuple[float, int, list[float]]:
+    from openai import AsyncOpenAI
+
+    from rolloutbus.demo import sql
+
+    client = AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=600)
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    tokens = 0
+
+    async def one(q: str) -> None:
+        nonlocal tokens
+        async with sem:
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(model="policy", messages=sql.messages(q), max_tokens=max_tokens,  # type: ignore[arg-type]
+                                                     temperature=1.0)
+            latencies.append(time.perf_counter() - t0)
+            tokens += r.usage.completion_tokens if r.usage else 0
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(q) for q in questions))
+    await client.close()
+    return time.perf_counter() - t0, tokens, sorted(latencies)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    from rolloutbus.demo import sql
+    from trainer.model_import import import_model
+
+    data = Path(os.environ.get("ROLLOUTBUS_DATA_DIR", Path.home() / ".rolloutbus"))
+    model = import_model(args.model, data / "models")
+    questions = [q.text for q in sql.questions()][: args.requests]
+    port = _port()
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=tempfile.mkdtemp(prefix="bench-serve-"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", "serve", "--model", str(model), "--no-follow",
+                             "--port", str(port), "--threads", str(args.threads), "--max-batch", "16"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/models", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    print("serve did not start", file=sys.stderr)
+                    return 1
+                time.sleep(0.5)
+        asyncio.run(_load(base, questions[:2], 2, 4))  # warm-up
+        rows = []
+        for conc in (1, 16):
+            n = min(len(questions), 8) if conc == 1 else len(questions)
+            wall, tokens, lat = asyncio.run(_load(base, questions[:n], conc, args.max_tokens))
+            rows.append((conc, n, tokens, wall, tokens / wall, lat[len(lat) // 2], lat[-1]))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(f"serve {model.name}, {args.threads} torch threads, SQL-agent prompts, max_tokens {args.max_tokens}, temperature 1")
+    print(f"{'concurrency':>11} {'requests':>8} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'p50 s':>6} {'max s':>6}")
+    for conc, n, tokens, wall, tps, p50, pmax in rows:
+        print(f"{conc:>11} {n:>8} {tokens:>7} {wall:>7.1f} {tps:>9.1f} {p50:>6.1f} {pmax:>6.1f}")
+    print(f"batching speed-up (tokens/s at 16 / at 1): {rows[1][4] / rows[0][4]:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
