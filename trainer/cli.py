@@ -34,6 +34,7 @@ _FLAGS: dict[str, str] = {
     "threads": "torch_threads",
     "keep_checkpoints": "keep_checkpoints",
     "train_layers": "train_layers",
+    "skip_zero_variance": "skip_zero_variance",
 }
 
 
@@ -56,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the tiny model and torch (env ROLLOUTBUS_TRAIN_SEED, default 0)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
     p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all (env ROLLOUTBUS_TRAIN_LAYERS, default 0)")
+    p.add_argument("--skip-zero-variance", action="store_true", default=None,
+                   help="drop groups whose rewards are all equal, so a step waits for groups that teach (env ROLLOUTBUS_SKIP_ZERO_VARIANCE)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
 
 

@@ -75,6 +75,7 @@ class Counters:
     dropped_stale: int = 0
     downweighted_stale: int = 0
     unversioned: int = 0
+    dropped_zero_variance: int = 0
     dead_lettered: int = 0
     decode_s: float = 0.0
 
@@ -85,6 +86,7 @@ class Counters:
             "batches_dropped_stale": float(self.dropped_stale),
             "batches_downweighted_stale": float(self.downweighted_stale),
             "batches_unversioned": float(self.unversioned),
+            "batches_dropped_zero_variance": float(self.dropped_zero_variance),
             "batches_dead_lettered": float(self.dead_lettered),
         }
 
@@ -182,6 +184,7 @@ class Trainer:
         s = self.s
         return {"loss_agg": str(s.loss_agg), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta), "lr": str(s.lr),
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
+                "skip_zero_variance": str(s.skip_zero_variance),
                 "run_id": self.state.run_id}
 
     def _producer_client(self) -> Any:
@@ -303,6 +306,9 @@ class Trainer:
             self.state.seen.popitem(last=False)
         if w is None:
             self.counters.dropped_stale += 1
+            return
+        if batch.zero_variance and self.s.skip_zero_variance:
+            self.counters.dropped_zero_variance += 1  # its offset and id are kept: consumed, never trained on
             return
         if w < 1.0:
             self.counters.downweighted_stale += 1

@@ -42,6 +42,8 @@ class TrainerSettings(CommonSettings):
     idle_exit_s: float = Field(default=0.0, ge=0, description="Exit after this long without new batches (0: never).")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads (0: torch's default).")
     train_layers: int = Field(default=0, ge=0, description="Train only the top N decoder layers (0: every parameter).")
+    skip_zero_variance: bool = Field(default=False, description="Drop groups whose rewards are all equal (their advantages are "
+                                     "all 0: DAPO's dynamic sampling), so each step is made of groups that teach.")
 
     check_model = field_validator("train_model")(_model_ref)
 

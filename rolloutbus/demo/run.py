@@ -58,7 +58,7 @@ class DemoConfig:
                   task=getattr(args, "task", None) or "calc")
         if cfg.task == "sql":
             # A 135M-parameter model on 2 cores: small groups, few per step, the top layers trained.
-            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 2e-5, 0.02
+            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 1e-4, 0.02
             if getattr(args, "model", None):
                 cfg.model = args.model
             if args.quick:
@@ -280,7 +280,8 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
     return DemoTask(
         "Text-to-SQL agent", "rolloutbus.demo.sql_agent:SQLAgent", lambda url: SQLAgent(proxy=url, temperature=0.0),
         train, held_out, model, "pretrained, before RL",
-        train_args=["--train-layers", str(cfg.train_layers), "--micro-batch-tokens", "2048"],
+        # Most early groups of a 135M model fail all together: train only on groups that teach.
+        train_args=["--train-layers", str(cfg.train_layers), "--micro-batch-tokens", "2048", "--skip-zero-variance"],
         process_args=["--group-timeout", "300"],
         env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp},
         rollout_timeout_s=900, eval_threads=2,
