@@ -282,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # HTTP clients (the openai client's among them) log every request at INFO: one line per LLM call.
+        for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     if getattr(args, "unavailable", None):
         print(f"rolloutbus: {args.unavailable}", file=sys.stderr)
         return 2

@@ -75,10 +75,10 @@ def plot(per_version: list[tuple[Any, ...]], steps: list[tuple[Any, ...]], first
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    if per_version:
-        xs = [int(v) for v, _, _ in per_version if v is not None]
-        ys = [float(r) for v, _, r in per_version if v is not None]
-        ax.plot(xs, ys, marker="o", label="training rollouts: mean reward per version")
+    # A version whose training rollouts all ended without a reward (stopped at the end of the run) has none.
+    rewarded = [(int(v), float(r)) for v, _, r in per_version if v is not None and r is not None]
+    if rewarded:
+        ax.plot([v for v, _ in rewarded], [r for _, r in rewarded], marker="o", label="training rollouts: mean reward per version")
     if steps:
         ax.plot([int(s) for s, _, _ in steps], [float(r or 0) for _, r, _ in steps], alpha=0.5,
                 label="trainer: batch mean reward per step (version = step)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rolloutbus.demo import sql
@@ -46,3 +48,12 @@ def test_execute_refuses_writes_and_reports_errors() -> None:
     assert sql.execute(db, "DROP TABLE employees") == (False, "only SELECT queries are allowed")
     ok, err = sql.execute(db, "SELECT nope FROM employees")
     assert not ok and "no such column" in str(err)
+
+
+def test_the_curve_is_drawn_when_a_version_has_no_rewarded_rollout(tmp_path: Path) -> None:
+    # Rollouts stopped at the end of a run have no reward: their version has avg NULL in ClickHouse.
+    from rolloutbus.demo.report import plot
+
+    png = tmp_path / "curve.png"
+    plot([(0, 40, 0.1), (1, 3, None)], [(1, 0.3, 0.2)], 0, 1, 0.13, 0.33, png, "Text-to-SQL agent")
+    assert png.stat().st_size > 10_000
