@@ -60,14 +60,17 @@ class QueryFailed(Exception):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
-    return line.split("(version")[0].strip()
+    line = line.split("(version")[0].strip()
+    # clickhouse-connect wraps the server's message; the server's own words are what a user looks up.
+    return line.split("server response: ", 1)[-1]
 
 
 class Reader:
     """One clickhouse-connect client, opened on first use and reopened after a failure; one query at a time."""
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
+    def __init__(self, connect: Callable[[], Any], panels: bool = True) -> None:
         self._connect = connect
+        self._panels = panels  # a missing table means "no data yet" to a panel, a typo to the SQL box
         self._client: Any = None
         import threading
 
@@ -86,7 +89,10 @@ class Reader:
             except (CCError, RolloutbusError) as exc:
                 if not isinstance(exc, CCError) or "Code:" not in str(exc):  # a connection problem: reconnect next time
                     self.close_client()
-                raise QueryFailed(_first_line(exc)) from exc
+                line = _first_line(exc)
+                if self._panels and ("UNKNOWN_DATABASE" in line or "UNKNOWN_TABLE" in line):
+                    line = f"no data yet: the tables are not there ({line.split('Exception:')[-1].strip()[:120]}); the stream processor creates them when it starts"
+                raise QueryFailed(line) from exc
 
     def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Any]:
         return list(self.query(sql, parameters).result_rows)
@@ -163,7 +169,7 @@ class Dashboard:
                 _, _, groups = cluster_status(conf, prefix, timeout=3.0)
                 return [{"group": g.group, "topic": t, "lag": n} for g in groups for t, n in sorted(g.lag.items())]
 
-        return cls(Reader(panels), Reader(analyst), token=s.dashboard_token.get_secret_value() if s.dashboard_token else None,
+        return cls(Reader(panels), Reader(analyst, panels=False), token=s.dashboard_token.get_secret_value() if s.dashboard_token else None,
                    refresh_s=s.dashboard_refresh_s, lag=lag, dsn_shown=redact_dsn(s.dsn))
 
     def close(self) -> None:

@@ -44,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
           f"{'bearer token required' if s.dashboard_token else 'no token'})", flush=True)
     try:
         web.run_app(dash.app(), host=s.dashboard_host, port=s.dashboard_port, print=None, access_log=None)
+    except OSError as exc:
+        from rolloutbus.errors import ServiceError
+
+        raise ServiceError(f"cannot serve on {s.dashboard_host}:{s.dashboard_port}: {exc.strerror or exc} "
+                           "(something else there? set --port / ROLLOUTBUS_DASHBOARD_PORT)") from exc
     finally:
         dash.close()
     return 0

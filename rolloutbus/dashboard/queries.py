@@ -43,13 +43,14 @@ ORDER BY time_ns, run_id, step
 LIMIT 20000
 """
 
-# The versions runners use now: what the rollouts of the last minute (of the run) were sampled with.
+# The versions runners use now: the newest that the rollouts of the last minute (of the run) were sampled with.
 VERSIONS_NOW = """
 SELECT ifNull(resource_version, -1) AS version, mode, count() AS rollouts
 FROM rollouts FINAL
 WHERE finished_ns >= (SELECT max(finished_ns) FROM rollouts FINAL) - 60000000000
 GROUP BY version, mode
 ORDER BY version DESC, mode
+LIMIT 8
 """
 
 LATEST_VERSION = "SELECT name, max(version), argMax(created_ns, version) / 1e9 FROM resource_versions FINAL GROUP BY name ORDER BY name"
