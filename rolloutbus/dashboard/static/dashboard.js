@@ -248,7 +248,9 @@ async function refresh() {
       errors.push(name + ": " + e.message);
     }
   }
-  $("status").textContent = (errors.length ? errors.join(" · ") + " · " : "") + (n !== null ? n + " rollouts · " : "") +
+  // The same cause (ClickHouse down) fails every panel: say it once.
+  const said = [...new Set(errors.map((e) => e.replace(/^\w+: /, "")))];
+  $("status").textContent = (said.length ? said.join(" · ") + " · " : "") + (n !== null ? n + " rollouts · " : "") +
     "updated " + new Date().toLocaleTimeString() + " (every " + state.refreshS + " s)";
   document.body.dataset.refreshed = String(Date.now());
 }
