@@ -7,9 +7,9 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps kafka-jars demo test test-unit test-integration test-faults bench validate-deploy up down status clean
+.PHONY: setup system-deps kafka-jars dashboard-assets browser-deps demo test test-unit test-integration test-faults bench validate-deploy up down status clean
 
-setup: system-deps $(STAMP) kafka-jars
+setup: system-deps $(STAMP) kafka-jars dashboard-assets
 
 # Java (the broker) and Maven (fetches its jars). Present on this machine kind; installed when missing.
 system-deps:
@@ -27,18 +27,41 @@ $(STAMP): pyproject.toml
 kafka-jars: $(STAMP)
 	@$(BIN)/python -c "from rolloutbus.local_kafka import fetch_jars; print('kafka jars in', fetch_jars())"
 
+# The dashboard's charting library, from the npm registry at build time (never a CDN at run time): the
+# package's tarball (`npm pack`, integrity-checked by npm), two files of its dist/ copied into the package.
+UPLOT_VERSION := 1.6.32
+VENDOR := rolloutbus/dashboard/static/vendor
+dashboard-assets: $(VENDOR)/uPlot.iife.min.js
+$(VENDOR)/uPlot.iife.min.js:
+	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing npm (apt-get), to fetch the dashboard's charting library"; \
+	  apt-get update -qq && apt-get install -y -qq npm >/dev/null; fi; \
+	if ! command -v npm >/dev/null; then \
+	  echo "npm is missing: the dashboard runs without its charts (sudo apt-get install -y npm, then make dashboard-assets)" >&2; exit 0; fi; \
+	tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null) && \
+	tar -xzf $$tmp/uplot-$(UPLOT_VERSION).tgz -C $$tmp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css package/LICENSE && \
+	mkdir -p $(VENDOR) && cp $$tmp/package/dist/uPlot.min.css $$tmp/package/LICENSE $(VENDOR)/ && \
+	cp $$tmp/package/dist/uPlot.iife.min.js $(VENDOR)/ && rm -rf $$tmp && echo "uPlot $(UPLOT_VERSION) in $(VENDOR)"
+
+# Debian's Chromium and its WebDriver, for the dashboard's browser tests (no browser download at run time).
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "installing chromium and chromium-driver (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "the browser tests need: sudo apt-get install -y chromium chromium-driver" >&2; exit 1; fi; }
+
 demo: setup
 	$(BIN)/rolloutbus demo $(DEMO_ARGS)
 
 # Unit tests, then integration and fault tests against the real broker (started by the test session
 # in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB).
-test: setup validate-deploy
+test: setup browser-deps validate-deploy
 	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
-test-integration: setup
+test-integration: setup browser-deps
 	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS)
 
 # The longer fault suite (the CI run uses the bounded version inside `make test`).

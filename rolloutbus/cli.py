@@ -29,6 +29,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "serve": ("trainer.serve_cli", "serve the policy over an OpenAI-compatible API, hot-reloading new versions"),
     "demo": ("rolloutbus.demo", "watch an agent learn, end to end, on the local stack"),
     "bench": ("rolloutbus.bench_cli", "measure the whole pipeline"),
+    "dashboard": ("rolloutbus.dashboard.cli", "serve a live web dashboard: learning curves, pipeline health, trajectories, SQL"),
 }
 
 

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")
     p.add_argument("--keep-running", action="store_true", help="leave the broker running at the end")
+    p.add_argument("--no-dashboard", action="store_true", help="do not serve the live dashboard during the run "
+                   "(default: on http://127.0.0.1:8050, or a free port when that one is taken)")
 
 
 def _model_source(text: str) -> str:

@@ -46,6 +46,7 @@ class DemoConfig:
     out: Path = Path("demo-output")
     quick: bool = False
     keep_running: bool = False
+    dashboard: bool = True
     data_dir: Path | None = None
     model: str = "smollm2-135m-instruct"
     train_layers: int = 10
@@ -54,6 +55,7 @@ class DemoConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
         cfg = cls(seed=args.seed, out=Path(args.out), quick=args.quick, keep_running=args.keep_running,
+                  dashboard=not getattr(args, "no_dashboard", False),
                   data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
                   task=getattr(args, "task", None) or "calc")
         if cfg.task == "sql":
@@ -291,6 +293,22 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
 # --------------------------------------------------------------------------- the run
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def start_dashboard(sup: Supervisor, say: Any) -> None:
+    """``rolloutbus dashboard`` for the length of the run, on 8050 or a free port; it reads the store over HTTP."""
+    port = 8050 if _port_free(8050) else _free_port()
+    sup.start("dashboard", ["dashboard", "--host", "127.0.0.1", "--port", str(port)])
+    say(f"dashboard  http://127.0.0.1:{port}/ — learning curves, pipeline health, trajectories and SQL, live during the run")
+
+
 def reset_local_state(settings: CommonSettings, say: Any) -> None:
     """A fresh run: the prefix's topics and the demo database are recreated (local stack only)."""
     from rolloutbus.clickhouse import connect
@@ -364,6 +382,8 @@ def run_demo(cfg: DemoConfig) -> int:
     stop_follow = threading.Event()
     follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
     try:
+        if cfg.dashboard and settings.uses_local_store:
+            start_dashboard(sup, say)
         serve_port, proxy_port = _free_port(), _free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
                               "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])

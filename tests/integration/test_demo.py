@@ -32,6 +32,9 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
         if (out / "logs").exists() else ""
     assert proc.returncode == 0, f"demo failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\n{logs}"
     assert "held-out success rate" in proc.stdout
+    # The dashboard was served during the run, on the URL the demo printed.
+    assert "dashboard  http://127.0.0.1:" in proc.stdout
+    assert "rolloutbus dashboard: http://127.0.0.1:" in (out / "logs" / "dashboard.log").read_text()
     assert (out / "reward_curve.png").stat().st_size > 10_000
 
     def query(sql: str) -> str:

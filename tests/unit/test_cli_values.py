@@ -83,8 +83,10 @@ def _leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -
 
 
 def _settings_classes() -> list[type[CommonSettings]]:
-    for settings in sorted(ROOT.glob("*/settings.py")):
-        importlib.import_module(f"{settings.parent.name}.settings")
+    # Top-level packages' settings modules and their subpackages' (rolloutbus/store, rolloutbus/dashboard).
+    for settings in sorted([*ROOT.glob("*/settings.py"), *ROOT.glob("*/*/settings.py")]):
+        if (settings.parent / "__init__.py").is_file():
+            importlib.import_module(".".join(settings.relative_to(ROOT).with_suffix("").parts))
     seen: list[type[CommonSettings]] = [CommonSettings]
     for cls in seen:
         seen.extend(c for c in cls.__subclasses__() if c not in seen)

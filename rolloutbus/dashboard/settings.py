@@ -1,0 +1,20 @@
+"""Settings of ``rolloutbus dashboard``, from ``ROLLOUTBUS_DASHBOARD_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from rolloutbus.config import PORT, CommonSettings
+
+
+class DashboardSettings(CommonSettings):
+    """Where the dashboard serves, who may read it, how often the page refreshes, and the SQL box's user."""
+
+    dashboard_host: str = Field(default="127.0.0.1", description="Address the dashboard serves on.")
+    dashboard_port: int = Field(default=8050, **PORT, description="Port of the dashboard.")
+    dashboard_token: SecretStr | None = Field(default=None, description="Bearer token the page and API need; unset: no auth.")
+    dashboard_refresh_s: float = Field(default=5.0, ge=1, le=3600, description="Seconds between the page's refreshes.")
+    dashboard_analyst_user: str | None = Field(
+        default=None, description="Store user the SQL box runs as (an analyst); unset: the DSN's user, with readonly=1.")
+    dashboard_analyst_password: SecretStr | None = Field(default=None, description="Password of the SQL box's user.")
+    dashboard_kafka_lag: bool = Field(default=True, description="Ask Kafka for consumer-group lag (false: ClickHouse only).")
