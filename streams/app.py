@@ -375,9 +375,12 @@ class Worker:
         self._put(self.group_members, state["p"], f"{gid}{SEP}{result.rollout_id}", msg.value)
         self._put(self.group_state, state["p"], gid, _dumps(state))
         self._open_groups.add(gid)
-        await self._maybe_emit(gid, state, time.time_ns(), {result.rollout_id: result})
+        self._maybe_emit(gid, state, time.time_ns(), {result.rollout_id: result})
 
-    async def _maybe_emit(self, gid: str, state: dict[str, Any], now: int, loaded: dict[str, RolloutResult] | None = None) -> None:
+    def _maybe_emit(self, gid: str, state: dict[str, Any], now: int, loaded: dict[str, RolloutResult] | None = None) -> None:
+        """Emit the group if it is ready. Not a coroutine on purpose: deciding, queueing the batch and
+        marking the group emitted are one step with no await in it, so the timer (expire_groups) and
+        the agent cannot both emit one group."""
         why = ready(len(state["members"]), state["first"], now, self.cfg.groups)
         if why is None:
             return
@@ -398,7 +401,8 @@ class Worker:
         for result in members:
             self.sink.add_transitions(result, gid, now)
             self.sink.add("rollouts", rollout_row(result, gid, now))
-        await self.batches_topic.send(key=gid.encode(), value=codec.encode(batch))
+        # Queued ahead of the changelog entry below (one buffer, in order); flushed before the acks.
+        self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch))
         # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
         for rid in state["members"]:
             self._put(self.group_members, state["p"], f"{gid}{SEP}{rid}", None)
@@ -432,7 +436,7 @@ class Worker:
             if state is None or state["emitted"]:
                 self._open_groups.discard(gid)
                 continue
-            await self._maybe_emit(gid, state, now)
+            self._maybe_emit(gid, state, now)
 
     # ------------------------------------------------------------------ other topics
 
