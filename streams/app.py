@@ -224,6 +224,7 @@ class Worker:
         self.stage: SpanStage | None = None
         self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
+        self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
         self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
@@ -253,7 +254,7 @@ class Worker:
     def _send_changelogs(self) -> None:
         dirty, self._dirty = self._dirty, {}
         for (_, k), (table, partition, _fresh) in dirty.items():
-            table.send_changelog(partition, k, table.data.get(k))
+            self._sent.append(table.send_changelog(partition, k, table.data.get(k)))
 
     @staticmethod
     def _get(table: Any, key: str) -> bytes | None:
@@ -271,12 +272,22 @@ class Worker:
                 SINK_ROWS.labels(table).inc(n)
 
     async def commit_point(self) -> None:
-        """Flush the sink, persist changed table entries, flush the producer, then ack what they carried."""
+        """Flush the sink, persist changed table entries, wait until the broker has every record
+        produced since the last commit point, then ack what they carried."""
         async with self._lock:
             pending, self._pending = self._pending, []
-            self.flush_sink()
-            self._send_changelogs()
-            await self.app.producer.flush()
+            try:
+                self.flush_sink()
+                self._send_changelogs()
+                await self.app.producer.flush()
+                # faust's flush stops waiting for its send buffer after 0.1 s without a send
+                # (ProducerBuffer.flush_atmost): on a busy worker, changelog entries and batches can
+                # still be in it. Each record's own future resolves once the broker has it.
+                sent, self._sent = self._sent, []
+                await asyncio.gather(*sent)
+            except BaseException:
+                self._pending[:0] = pending  # acked at the next commit point that succeeds
+                raise
             for stream, event in pending:
                 await stream.ack(event)
 
@@ -293,7 +304,7 @@ class Worker:
             value=msg.value if isinstance(msg.value, (bytes, type(None))) else None,
             reason=reason, detail=detail[:4000], stage="streams", time_ns=time.time_ns(),
         )
-        await self.dlq_topic.send(key=msg.key, value=codec.encode(dl))
+        self._sent.append(await self.dlq_topic.send(key=msg.key, value=codec.encode(dl)))
         DLQ_OUT.labels(msg.topic).inc()
         self.stats["dlq"] += 1
         log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
@@ -401,8 +412,8 @@ class Worker:
         for result in members:
             self.sink.add_transitions(result, gid, now)
             self.sink.add("rollouts", rollout_row(result, gid, now))
-        # Queued ahead of the changelog entry below (one buffer, in order); flushed before the acks.
-        self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch))
+        # Queued ahead of the changelog entry below (one buffer, in order); delivered before the acks.
+        self._sent.append(self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch)))
         # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
         for rid in state["members"]:
             self._put(self.group_members, state["p"], f"{gid}{SEP}{rid}", None)

@@ -120,7 +120,7 @@ class FakeTable:
 
 
 def table_worker() -> Any:
-    w = SimpleNamespace(_dirty={})
+    w = SimpleNamespace(_dirty={}, _sent=[])
     w._put = lambda table, p, key, value: Worker._put(w, table, p, key, value)
     w.flush = lambda: Worker._send_changelogs(w)
     return w

@@ -1,7 +1,7 @@
 """The group stage's emission and commit point, on a Worker with stand-ins for faust's parts.
 
 What the scale-out fault test (tests/faults/test_scale_out.py) found, reduced: the timer and the
-agent emitting one group twice.
+agent emitting one group twice, and offsets acked before the records they caused were on the broker.
 """
 
 from __future__ import annotations
@@ -114,3 +114,32 @@ def test_the_timer_and_the_agent_never_both_emit_a_group() -> None:
         return w.batches_topic.sent
 
     assert asyncio.run(run()) == [GID.encode()]
+
+
+def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> None:
+    async def run(fail: bool) -> tuple[list[str], list[str], Any]:
+        w = worker()
+        acked: list[str] = []
+
+        async def ack(event: str) -> None:
+            acked.append(event)
+
+        delivery = asyncio.get_running_loop().create_future()
+        w._sent = [delivery]  # e.g. a changelog entry still in faust's send buffer
+        w._pending = [(SimpleNamespace(ack=ack), "event")]
+        task = asyncio.ensure_future(w.commit_point())
+        await asyncio.sleep(0.05)
+        before = list(acked)
+        if fail:
+            delivery.set_exception(RuntimeError("delivery failed"))
+        else:
+            delivery.set_result(None)
+        try:
+            await task
+        except RuntimeError:
+            pass
+        return before, acked, [e for _s, e in w._pending]
+
+    assert asyncio.run(run(False)) == ([], ["event"], [])
+    before, acked, pending = asyncio.run(run(True))
+    assert acked == [] and pending == ["event"]  # kept for the next commit point
