@@ -427,8 +427,17 @@ class Worker:
 
         Each tick looks only at the groups still open (an index kept as they change); a full scan of
         the table, which also finds groups its changelog restored, runs every ``SCAN_EVERY_S`` (or half the
-        group timeout, if shorter)."""
+        group timeout, if shorter).
+
+        Only groups of the partitions this worker processes now, and not while faust rebalances: its
+        table also holds standby copies of other workers' partitions (faust applies them in batches,
+        so they lag) and can hold entries of partitions it no longer owns, and a partition being
+        recovered holds older states of its groups. Emitting any of those would send a group that
+        its owner sends too, possibly short of a member."""
+        if self.app.rebalancing:
+            return
         now = time.time_ns()
+        owned = self._owned_partitions()
         if now - self._last_scan >= min(SCAN_EVERY_S, self.cfg.groups.timeout_s / 2) * 1e9:
             self._last_scan = now
             self._open_groups.clear()
@@ -436,6 +445,8 @@ class Worker:
                 if raw is None:
                     continue
                 state = json.loads(raw)
+                if state["p"] not in owned:
+                    continue
                 gid = key.decode() if isinstance(key, bytes) else key
                 if not state["emitted"]:
                     self._open_groups.add(gid)
@@ -444,10 +455,15 @@ class Worker:
         for gid in list(self._open_groups):
             raw = self._get(self.group_state, gid)
             state = json.loads(raw) if raw else None
-            if state is None or state["emitted"]:
+            if state is None or state["emitted"] or state["p"] not in owned:
                 self._open_groups.discard(gid)
                 continue
             self._maybe_emit(gid, state, now)
+
+    def _owned_partitions(self) -> set[int]:
+        """Partitions of the done topic (and so of the group tables) assigned to this worker now."""
+        topic = self.done_topic.get_topic_name()
+        return {tp.partition for tp in self.app.consumer.assignment() if tp.topic == topic}
 
     # ------------------------------------------------------------------ other topics
 

@@ -1,7 +1,8 @@
 """The group stage's emission and commit point, on a Worker with stand-ins for faust's parts.
 
 What the scale-out fault test (tests/faults/test_scale_out.py) found, reduced: the timer and the
-agent emitting one group twice, and offsets acked before the records they caused were on the broker.
+agent emitting one group twice, a worker emitting groups of partitions it does not own, and offsets
+acked before the records they caused were on the broker.
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def test_the_timer_and_the_agent_never_both_emit_a_group() -> None:
         return w.batches_topic.sent
 
     assert asyncio.run(run()) == [GID.encode()]
+
+
+def test_a_worker_expires_only_groups_of_the_partitions_it_owns() -> None:
+    async def run(rebalancing: bool) -> list[bytes]:
+        w = worker(owned=(1,), timeout_s=1.0)
+        w.app.rebalancing = rebalancing
+        open_group(w, "mine@1", 1, "a")
+        open_group(w, "standby@1", 4, "b")  # partition 4 is another worker's: its standby copy lags
+        await w.expire_groups()
+        return w.batches_topic.sent
+
+    assert asyncio.run(run(False)) == [b"mine@1"]
+    assert asyncio.run(run(True)) == []  # nor while faust rebalances and recovers the tables
 
 
 def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> None:
