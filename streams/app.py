@@ -460,6 +460,10 @@ class Worker:
                 continue
             self._maybe_emit(gid, state, now)
 
+    def table_changelogs(self) -> list[str]:
+        """The changelog topics of the group tables, as faust names them."""
+        return [t.changelog_topic.get_topic_name() for t in (self.group_state, self.group_members)]
+
     def _owned_partitions(self) -> set[int]:
         """Partitions of the done topic (and so of the group tables) assigned to this worker now."""
         topic = self.done_topic.get_topic_name()
