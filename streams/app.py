@@ -220,6 +220,7 @@ class Worker:
         self.group_state = self.app.Table("group-state", **tbl)
         self.group_members = self.app.Table("group-members", **tbl)
         self._open_groups: set[str] = set()  # groups not yet emitted (see expire_groups)
+        self._incomplete: set[str] = set()  # open groups with a member's summary missing (logged once)
         self._last_scan = 0
         self.stage: SpanStage | None = None
         self._stopping = False
@@ -400,11 +401,17 @@ class Worker:
             result = (loaded or {}).get(rid)
             if result is None:
                 raw = self._get(self.group_members, f"{gid}{SEP}{rid}")
-                if raw is None:  # pragma: no cover - written together with the state
-                    log.error("group %s: summary of member %s is missing; emitting without it", gid, rid)
-                    continue
+                if raw is None:
+                    # Written with the state, to another table: a rebalance that did not recover that
+                    # table leaves it out. The group waits (a later recovery brings it) rather than go short.
+                    if gid not in self._incomplete:
+                        self._incomplete.add(gid)
+                        log.error("group %s: the summary of member %s is missing from the group-members table; "
+                                  "not emitted until it is there", gid, rid)
+                    return
                 result = RolloutResult.from_bytes(raw)
             members.append(result)
+        self._incomplete.discard(gid)
         batch = build_batch(members, self.cfg.groups, now, complete=why == "complete")
         adv = advantages([r.reward for r in sorted(members, key=lambda r: r.rollout_id)],
                          self.cfg.groups.scale_by_std, self.cfg.groups.eps)

@@ -1,8 +1,9 @@
 """The group stage's emission and commit point, on a Worker with stand-ins for faust's parts.
 
 What the scale-out fault test (tests/faults/test_scale_out.py) found, reduced: the timer and the
-agent emitting one group twice, a worker emitting groups of partitions it does not own, and offsets
-acked before the records they caused were on the broker.
+agent emitting one group twice, a worker emitting groups of partitions it does not own, offsets
+acked before the records they caused were on the broker, and a group whose member's summary a
+rebalance did not recover.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0) -> Any:
     w.done_topic, w.batches_topic = FakeTopic(DONE), FakeTopic("x.batches")
     w.app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
                             consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
-    w._open_groups, w._last_scan, w._dirty, w._sent, w._pending = set(), 0, {}, [], []
+    w._open_groups, w._incomplete, w._last_scan, w._dirty, w._sent, w._pending = set(), set(), 0, {}, [], []
     w._lock = asyncio.Lock()
     w.stats = {"groups": 0}
     return w
@@ -157,3 +158,21 @@ def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> 
     assert asyncio.run(run(False)) == ([], ["event"], [])
     before, acked, pending = asyncio.run(run(True))
     assert acked == [] and pending == ["event"]  # kept for the next commit point
+
+
+def test_a_group_with_a_members_summary_missing_waits_instead_of_going_out_short() -> None:
+    async def run() -> list[list[bytes]]:
+        w = worker(owned=(1,), timeout_s=1.0)
+        open_group(w, GID, 1, "a")
+        state = json.loads(w.group_state.data[GID.encode()])
+        state["members"]["b"] = [1, 10_000]  # b's summary never reached this worker's group-members table
+        w.group_state.data[GID.encode()] = json.dumps(state).encode()
+        sent = []
+        await w.expire_groups()
+        sent.append(list(w.batches_topic.sent))
+        w.group_members.data[f"{GID}{SEP}b".encode()] = result("b").to_bytes()  # a later recovery brings it
+        await w.expire_groups()
+        sent.append(list(w.batches_topic.sent))
+        return sent
+
+    assert asyncio.run(run()) == [[], [GID.encode()]]
