@@ -83,7 +83,8 @@ class Config:
     # faust's own files (RocksDB tables, ...): under the data dir, never the working directory.
     datadir: str | None = None
     tick_s: float = 0.5
-    # Records past a partition's frontier this long after seeking back to it: the gap is on the broker.
+    # Records past a partition's frontier this long after seeking back to it: ask the broker whether the
+    # records at the frontier are still there (read again) or gone by retention (go on).
     gap_accept_s: float = 2.0
     # faust broker_credentials (KafkaSecurity.faust()); None: PLAINTEXT
     credentials: Any = None
@@ -554,9 +555,10 @@ class Worker:
         """``process``, ``duplicate`` (below the frontier) or ``drop`` (past it: seek back to it).
 
         Offsets of rb.spans and the done topic are contiguous (no compaction, no transactions); records
-        arriving past the frontier mean faust skipped some. The first time, we seek back and drop what
-        arrives past the frontier for ``gap_accept_s`` (stale buffered records); a gap still there after
-        that is real on the broker, and we go on from the record in hand."""
+        arriving past the frontier mean faust skipped some. We seek back and drop what arrives past the
+        frontier for ``gap_accept_s`` (stale buffered records). Past that, the broker decides: records
+        it still has at the frontier are read again (a busy worker can take longer than that to drain
+        what faust buffered before the seek); only a range that retention deleted is passed over."""
         key = (msg.topic, msg.partition)
         now = time.monotonic()
         self._last_in[key] = now
@@ -580,10 +582,18 @@ class Worker:
         if now - seek[1] < self.cfg.gap_accept_s:
             self.stats["dropped"] += 1
             return "drop"
-        log.warning("%s[%d]: no record at offsets %d..%d on the broker; going on from %d",
-                    msg.topic, msg.partition, expected, offset - 1, offset)
-        FRONTIER[key] = offset + 1
-        return "process"
+        earliest = (await self.app.consumer.earliest_offsets(msg.tp)).get(msg.tp)
+        if earliest is not None and earliest > expected:
+            log.warning("%s[%d]: offsets %d..%d are no longer on the broker (retention); going on from %d",
+                        msg.topic, msg.partition, expected, earliest - 1, earliest)
+            FRONTIER[key] = earliest
+            return await self._admit(msg)
+        log.warning("%s[%d]: offsets from %d still not delivered; reading again from %d", msg.topic, msg.partition,
+                    expected, expected)
+        self._seeks[key] = (expected, now)
+        await self._seek(msg.tp, expected, "gap")
+        self.stats["dropped"] += 1
+        return "drop"
 
     async def reread_missing_tails(self) -> None:
         """Seek back a partition whose records past the frontier never arrived (nothing later came to
