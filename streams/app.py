@@ -83,7 +83,8 @@ class Config:
     # faust's own files (RocksDB tables, ...): under the data dir, never the working directory.
     datadir: str | None = None
     tick_s: float = 0.5
-    # Records past a partition's frontier this long after seeking back to it: the gap is on the broker.
+    # Records past a partition's frontier this long after seeking back to it: ask the broker whether the
+    # records at the frontier are still there (read again) or gone by retention (go on).
     gap_accept_s: float = 2.0
     # faust broker_credentials (KafkaSecurity.faust()); None: PLAINTEXT
     credentials: Any = None
@@ -220,10 +221,12 @@ class Worker:
         self.group_state = self.app.Table("group-state", **tbl)
         self.group_members = self.app.Table("group-members", **tbl)
         self._open_groups: set[str] = set()  # groups not yet emitted (see expire_groups)
+        self._incomplete: set[str] = set()  # open groups with a member's summary missing (logged once)
         self._last_scan = 0
         self.stage: SpanStage | None = None
         self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
+        self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
         self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
@@ -253,7 +256,7 @@ class Worker:
     def _send_changelogs(self) -> None:
         dirty, self._dirty = self._dirty, {}
         for (_, k), (table, partition, _fresh) in dirty.items():
-            table.send_changelog(partition, k, table.data.get(k))
+            self._sent.append(table.send_changelog(partition, k, table.data.get(k)))
 
     @staticmethod
     def _get(table: Any, key: str) -> bytes | None:
@@ -271,12 +274,22 @@ class Worker:
                 SINK_ROWS.labels(table).inc(n)
 
     async def commit_point(self) -> None:
-        """Flush the sink, persist changed table entries, flush the producer, then ack what they carried."""
+        """Flush the sink, persist changed table entries, wait until the broker has every record
+        produced since the last commit point, then ack what they carried."""
         async with self._lock:
             pending, self._pending = self._pending, []
-            self.flush_sink()
-            self._send_changelogs()
-            await self.app.producer.flush()
+            try:
+                self.flush_sink()
+                self._send_changelogs()
+                await self.app.producer.flush()
+                # faust's flush stops waiting for its send buffer after 0.1 s without a send
+                # (ProducerBuffer.flush_atmost): on a busy worker, changelog entries and batches can
+                # still be in it. Each record's own future resolves once the broker has it.
+                sent, self._sent = self._sent, []
+                await asyncio.gather(*sent)
+            except BaseException:
+                self._pending[:0] = pending  # acked at the next commit point that succeeds
+                raise
             for stream, event in pending:
                 await stream.ack(event)
 
@@ -293,7 +306,7 @@ class Worker:
             value=msg.value if isinstance(msg.value, (bytes, type(None))) else None,
             reason=reason, detail=detail[:4000], stage="streams", time_ns=time.time_ns(),
         )
-        await self.dlq_topic.send(key=msg.key, value=codec.encode(dl))
+        self._sent.append(await self.dlq_topic.send(key=msg.key, value=codec.encode(dl)))
         DLQ_OUT.labels(msg.topic).inc()
         self.stats["dlq"] += 1
         log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
@@ -375,9 +388,12 @@ class Worker:
         self._put(self.group_members, state["p"], f"{gid}{SEP}{result.rollout_id}", msg.value)
         self._put(self.group_state, state["p"], gid, _dumps(state))
         self._open_groups.add(gid)
-        await self._maybe_emit(gid, state, time.time_ns(), {result.rollout_id: result})
+        self._maybe_emit(gid, state, time.time_ns(), {result.rollout_id: result})
 
-    async def _maybe_emit(self, gid: str, state: dict[str, Any], now: int, loaded: dict[str, RolloutResult] | None = None) -> None:
+    def _maybe_emit(self, gid: str, state: dict[str, Any], now: int, loaded: dict[str, RolloutResult] | None = None) -> None:
+        """Emit the group if it is ready. Not a coroutine on purpose: deciding, queueing the batch and
+        marking the group emitted are one step with no await in it, so the timer (expire_groups) and
+        the agent cannot both emit one group."""
         why = ready(len(state["members"]), state["first"], now, self.cfg.groups)
         if why is None:
             return
@@ -386,11 +402,17 @@ class Worker:
             result = (loaded or {}).get(rid)
             if result is None:
                 raw = self._get(self.group_members, f"{gid}{SEP}{rid}")
-                if raw is None:  # pragma: no cover - written together with the state
-                    log.error("group %s: summary of member %s is missing; emitting without it", gid, rid)
-                    continue
+                if raw is None:
+                    # Written with the state, to another table: a rebalance that did not recover that
+                    # table leaves it out. The group waits (a later recovery brings it) rather than go short.
+                    if gid not in self._incomplete:
+                        self._incomplete.add(gid)
+                        log.error("group %s: the summary of member %s is missing from the group-members table; "
+                                  "not emitted until it is there", gid, rid)
+                    return
                 result = RolloutResult.from_bytes(raw)
             members.append(result)
+        self._incomplete.discard(gid)
         batch = build_batch(members, self.cfg.groups, now, complete=why == "complete")
         adv = advantages([r.reward for r in sorted(members, key=lambda r: r.rollout_id)],
                          self.cfg.groups.scale_by_std, self.cfg.groups.eps)
@@ -398,7 +420,8 @@ class Worker:
         for result in members:
             self.sink.add_transitions(result, gid, now)
             self.sink.add("rollouts", rollout_row(result, gid, now))
-        await self.batches_topic.send(key=gid.encode(), value=codec.encode(batch))
+        # Queued ahead of the changelog entry below (one buffer, in order); delivered before the acks.
+        self._sent.append(self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch)))
         # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
         for rid in state["members"]:
             self._put(self.group_members, state["p"], f"{gid}{SEP}{rid}", None)
@@ -412,8 +435,17 @@ class Worker:
 
         Each tick looks only at the groups still open (an index kept as they change); a full scan of
         the table, which also finds groups its changelog restored, runs every ``SCAN_EVERY_S`` (or half the
-        group timeout, if shorter)."""
+        group timeout, if shorter).
+
+        Only groups of the partitions this worker processes now, and not while faust rebalances: its
+        table also holds standby copies of other workers' partitions (faust applies them in batches,
+        so they lag) and can hold entries of partitions it no longer owns, and a partition being
+        recovered holds older states of its groups. Emitting any of those would send a group that
+        its owner sends too, possibly short of a member."""
+        if self.app.rebalancing:
+            return
         now = time.time_ns()
+        owned = self._owned_partitions()
         if now - self._last_scan >= min(SCAN_EVERY_S, self.cfg.groups.timeout_s / 2) * 1e9:
             self._last_scan = now
             self._open_groups.clear()
@@ -421,6 +453,8 @@ class Worker:
                 if raw is None:
                     continue
                 state = json.loads(raw)
+                if state["p"] not in owned:
+                    continue
                 gid = key.decode() if isinstance(key, bytes) else key
                 if not state["emitted"]:
                     self._open_groups.add(gid)
@@ -429,10 +463,19 @@ class Worker:
         for gid in list(self._open_groups):
             raw = self._get(self.group_state, gid)
             state = json.loads(raw) if raw else None
-            if state is None or state["emitted"]:
+            if state is None or state["emitted"] or state["p"] not in owned:
                 self._open_groups.discard(gid)
                 continue
-            await self._maybe_emit(gid, state, now)
+            self._maybe_emit(gid, state, now)
+
+    def table_changelogs(self) -> list[str]:
+        """The changelog topics of the group tables, as faust names them."""
+        return [t.changelog_topic.get_topic_name() for t in (self.group_state, self.group_members)]
+
+    def _owned_partitions(self) -> set[int]:
+        """Partitions of the done topic (and so of the group tables) assigned to this worker now."""
+        topic = self.done_topic.get_topic_name()
+        return {tp.partition for tp in self.app.consumer.assignment() if tp.topic == topic}
 
     # ------------------------------------------------------------------ other topics
 
@@ -512,9 +555,10 @@ class Worker:
         """``process``, ``duplicate`` (below the frontier) or ``drop`` (past it: seek back to it).
 
         Offsets of rb.spans and the done topic are contiguous (no compaction, no transactions); records
-        arriving past the frontier mean faust skipped some. The first time, we seek back and drop what
-        arrives past the frontier for ``gap_accept_s`` (stale buffered records); a gap still there after
-        that is real on the broker, and we go on from the record in hand."""
+        arriving past the frontier mean faust skipped some. We seek back and drop what arrives past the
+        frontier for ``gap_accept_s`` (stale buffered records). Past that, the broker decides: records
+        it still has at the frontier are read again (a busy worker can take longer than that to drain
+        what faust buffered before the seek); only a range that retention deleted is passed over."""
         key = (msg.topic, msg.partition)
         now = time.monotonic()
         self._last_in[key] = now
@@ -538,10 +582,18 @@ class Worker:
         if now - seek[1] < self.cfg.gap_accept_s:
             self.stats["dropped"] += 1
             return "drop"
-        log.warning("%s[%d]: no record at offsets %d..%d on the broker; going on from %d",
-                    msg.topic, msg.partition, expected, offset - 1, offset)
-        FRONTIER[key] = offset + 1
-        return "process"
+        earliest = (await self.app.consumer.earliest_offsets(msg.tp)).get(msg.tp)
+        if earliest is not None and earliest > expected:
+            log.warning("%s[%d]: offsets %d..%d are no longer on the broker (retention); going on from %d",
+                        msg.topic, msg.partition, expected, earliest - 1, earliest)
+            FRONTIER[key] = earliest
+            return await self._admit(msg)
+        log.warning("%s[%d]: offsets from %d still not delivered; reading again from %d", msg.topic, msg.partition,
+                    expected, expected)
+        self._seeks[key] = (expected, now)
+        await self._seek(msg.tp, expected, "gap")
+        self.stats["dropped"] += 1
+        return "drop"
 
     async def reread_missing_tails(self) -> None:
         """Seek back a partition whose records past the frontier never arrived (nothing later came to

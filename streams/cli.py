@@ -109,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink)
+    # faust creates its tables' changelogs as it starts, which can be after its consumer (or another
+    # worker's) fetched metadata; a group leader that does not know a changelog leaves it out of the
+    # assignment for up to aiokafka's metadata max age (5 min), and that table is not recovered after
+    # a rebalance. Created before any worker's faust starts, every worker knows them.
+    ensure_topics(conf, [TopicSpec(name, partitions, {"cleanup.policy": "compact"}) for name in worker.table_changelogs()])
     if s.metrics_port:
         start_http_server(s.metrics_port)
     print(

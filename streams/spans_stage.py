@@ -60,6 +60,7 @@ def dead_letter_reason(exc: Exception) -> str:
 
 
 REPLAY_PREFIX = "replay_from="
+_REBALANCING = {KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID}
 
 
 def parse_replay_from(metadata: str | None) -> int | None:
@@ -112,12 +113,15 @@ class SpanStage:
         self.retention_ns = int(completed_retention_s * 1e9)
         self.batch = batch
         self.parts: dict[int, PartitionState] = {}
-        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0}
+        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0, "assigned": 0}
         self.consumer = Consumer({
             **kafka_conf,
             "group.id": group,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            # A worker joining or leaving moves only the partitions that must move; the others go on
+            # being read instead of being revoked, committed, restored and replayed everywhere.
+            "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": int(session_timeout_s * 1000),
             "heartbeat.interval.ms": int(min(3.0, session_timeout_s / 3) * 1000),
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
@@ -140,7 +144,12 @@ class SpanStage:
     # ------------------------------------------------------------------ rebalance
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Restore the completed attempts, then read each partition from its oldest in-flight attempt."""
+        """Restore the completed attempts, then read each partition from its oldest in-flight attempt.
+
+        ``partitions`` are only the ones added (the cooperative protocol), often none."""
+        if not partitions:
+            return  # librdkafka applies the (empty) change itself
+        self.stats["assigned"] += len(partitions)
         committed = consumer.committed(partitions, timeout=30)
         start = []
         for tp in committed:
@@ -149,7 +158,7 @@ class SpanStage:
             self.parts[tp.partition] = PartitionState(tp.partition, sunk_below=sunk)
             start.append(TopicPartition(self.spans_topic, tp.partition, replay_from if replay_from is not None else tp.offset))
         restored = self._restore([tp.partition for tp in partitions])
-        consumer.assign(start)
+        consumer.incremental_assign(start)  # the cooperative protocol: add these, keep the rest
         log.info("span stage assigned %s (reading from %s, rows written below %s); %d completed attempts restored",
                  sorted(tp.partition for tp in partitions), {tp.partition: tp.offset for tp in start},
                  {tp.partition: tp.offset for tp in committed}, restored)
@@ -379,7 +388,12 @@ class SpanStage:
             except KafkaException as exc:  # e.g. the group rebalanced: the new owner replays from the last commit
                 for st in self.parts.values():
                     st.committed = (-1, -1)
-                raise KafkaUnavailable(f"offset commit failed: {exc.args[0] if exc.args else exc}") from exc
+                err = exc.args[0] if exc.args else exc
+                if getattr(err, "code", lambda: None)() in _REBALANCING:
+                    # Expected while a cooperative rebalance is under way: committed at the next commit point.
+                    log.info("span stage commit deferred, the group is rebalancing: %s", err)
+                else:
+                    raise KafkaUnavailable(f"offset commit failed: {err}") from exc
         self._lag()
 
     def _lag(self) -> None:

@@ -1,7 +1,7 @@
 """A steady agent workload for the fault tests, run as its own process.
 
-``python tests/faults/emitter.py OUT_FILE --rollouts N --rate R --tasks T``: opens rollouts through the
-real producer API (rollout context, ``emit_*``, the span transport with its on-disk spool), one JSON line
+``python tests/faults/emitter.py OUT_FILE --rollouts N --rate R --tasks T`` (or ``--per-task K``): opens
+rollouts through the real producer API (rollout context, ``emit_*``, the span transport with its on-disk spool), one JSON line
 per finished rollout in OUT_FILE: rollout id, attempt id, task id, spans emitted. The transport's spool
 lives under ``$ROLLOUTBUS_DATA_DIR``. Exits after closing the transport (everything delivered or spooled).
 """
@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--rollouts", type=int, default=40)
     ap.add_argument("--rate", type=float, default=20.0, help="rollouts per second")
     ap.add_argument("--tasks", type=int, default=10, help="distinct task ids (group size = rollouts / tasks)")
+    ap.add_argument("--per-task", type=int, default=0,
+                    help="this many consecutive rollouts share a task (a group's members close in time), not round-robin")
     ap.add_argument("--prefix", default="em")
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--duration", type=float, default=0.0, help="run this long instead of --rollouts (soak)")
@@ -37,7 +39,7 @@ def main() -> int:
     i = 0
     with a.out.open("a") as out:
         while (a.duration and time.monotonic() - started < a.duration) or (not a.duration and i < a.rollouts):
-            task = f"{a.prefix}-task{i % a.tasks}"
+            task = f"{a.prefix}-task{i // a.per_task if a.per_task else i % a.tasks}"
             with rollout(task, transport=transport, resource_version=1, agent_name="steady") as ctx:
                 for t in range(a.turns):
                     emit_state({"turn": t, "i": i})

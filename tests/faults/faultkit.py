@@ -53,6 +53,22 @@ def emitter(env: dict[str, str], out: Path, *flags: str, log: Path | None = None
     return py(env, str(ROOT / "tests" / "faults" / "emitter.py"), str(out), *flags, log=log)
 
 
+def store(env: dict[str, str], data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``rolloutbus store`` on a free port serving ``data_dir`` → (process, its DSN): several worker
+    processes write one store through it (an embedded chDB path opens in one process only)."""
+    from rolloutbus.store.local import ping
+
+    port = free_port()
+    proc = py(env, "-m", "rolloutbus.cli", "--data-dir", str(data_dir), "store", "--port", str(port), log=log)
+    deadline = time.monotonic() + 60
+    while not ping("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the store did not start: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def worker(env: dict[str, str], *flags: str, rollout_timeout: float = 4.0) -> WorkerProc:
     """The stream worker with short timeouts, so timed-out attempts and partial groups drain quickly."""
     return start_worker(env, "--group-size", "2", "--group-min-rollouts", "1", "--group-timeout", "4",
@@ -157,25 +173,29 @@ def committed_behind(conf: dict[str, Any], group: str, topic: str) -> int:
         c.close()
 
 
-def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: WorkerProc, timeout: float = 90.0,
+def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: WorkerProc | list[WorkerProc], timeout: float = 90.0,
                  settle: float = 6.0) -> None:
-    """Until the worker committed every record of rb.spans (so it flushed their rows), then ``settle``
-    seconds more for timers (timed-out attempts, partial groups) and one more commit."""
+    """Until the worker (or workers, one consumer group) committed every record of rb.spans (so they
+    flushed their rows), then ``settle`` seconds more for timers (timed-out attempts, partial groups)
+    and one more commit."""
     prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
     behind = -1
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"worker exited early: {proc.output()[-3000:]}")
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"worker exited early: {p.output()[-3000:]}")
         behind = committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans")
         if behind == 0:
             time.sleep(settle)
             if committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans") == 0:
                 return
         time.sleep(1.0)
-    proc.kill()
-    proc.wait()
-    tail = proc.output()[-2500:]
+    for p in procs:
+        p.kill()
+        p.wait()
+    tail = "\n--\n".join(p.output()[-2500:] for p in procs)
     raise AssertionError(f"worker still {behind} records behind on {prefix}spans after {timeout}s; its log ends:\n{tail}")
 
 

@@ -138,8 +138,11 @@ print(json.dumps(out, default=str))
 
 
 def query(env: dict[str, str], queries: dict[str, str]) -> dict[str, list[list[Any]]]:
-    """Run SQL against the worker's embedded store in a fresh process (one chDB path per process)."""
-    dsn = f"chdb://{Path(env['ROLLOUTBUS_DATA_DIR']).resolve()}/clickhouse"
+    """Run SQL against the worker's store in a fresh process: the embedded one under its data dir (one
+    chDB path per process), or the ``rolloutbus store`` its ``ROLLOUTBUS_CLICKHOUSE_DSN`` names."""
+    dsn = env.get("ROLLOUTBUS_CLICKHOUSE_DSN", "")
+    if not dsn.startswith(("http:", "https:")):
+        dsn = f"chdb://{Path(env['ROLLOUTBUS_DATA_DIR']).resolve()}/clickhouse"
     res = subprocess.run([sys.executable, "-c", _QUERY, dsn, "rolloutbus", json.dumps(queries)],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
