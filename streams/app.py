@@ -44,6 +44,8 @@ from prometheus_client import Counter, Histogram
 from rolloutbus.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
+from streams.faust_guards import FRONTIER, START, STRICT_TOPICS
+from streams.faust_guards import install as install_faust_guards
 from streams.grouping import GroupPolicy, advantages, build_batch, ready
 from streams.rollout import RolloutResult, Settings
 from streams.sink import (
@@ -97,75 +99,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- faust offset fixes
-#
-# Two faust/aiokafka behaviours lose records after a crash or a rebalance; the SIGKILL test shows
-# both. (1) faust's Consumer._new_offset commits past the longest run of acked offsets and checks for an
-# unacked head only when the partition has a (truthy) committed offset, and even then lets one unacked
-# offset through. (2) faust fetches while it recovers its tables, drops what it fetched when it
-# suspends the flow, and rewinds with aiokafka's seek_to_committed — which seeks only partitions with
-# a committed offset above 0: a partition with no commit yet stays where the fetcher got to, and the
-# records fetched (and dropped) are never processed by anyone.
-#
-# So, for the topics whose records must each be processed (STRICT_TOPICS): after faust's rewind we
-# seek partitions with no commit to their beginning (what auto_offset_reset=earliest reads) and note
-# where this assignment starts (START: the committed offset, else the earliest one). A commit is held
-# back while the lowest acked offset is above that floor. The worker keeps a frontier per partition
-# (FRONTIER: the next offset it must process) and, when records arrive past it, seeks back to it
-# instead of skipping them (Worker._admit).
-STRICT_TOPICS: set[str] = set()
-START: dict[tuple[str, int], int] = {}
-FRONTIER: dict[tuple[str, int], int] = {}
-
-
-def _patch_faust_commit_floor() -> None:
-    from faust.transport import consumer as faust_consumer
-
-    original = faust_consumer.Consumer._new_offset
-    if getattr(original, "_rolloutbus_floor", False):
-        return
-
-    def _new_offset(self: Any, tp: Any) -> Any:
-        acked = self._acked[tp]
-        if acked and tp.topic in STRICT_TOPICS:
-            committed = self._committed_offset[tp]
-            floor = committed if committed is not None else START.get((tp.topic, tp.partition))
-            if floor is None or min(acked) > floor:
-                return None
-        return original(self, tp)
-
-    _new_offset._rolloutbus_floor = True  # type: ignore[attr-defined]
-    faust_consumer.Consumer._new_offset = _new_offset
-
-
-def _patch_faust_seek_uncommitted() -> None:
-    from faust.transport.drivers import aiokafka as faust_aiokafka
-
-    cls = faust_aiokafka.AIOKafkaConsumerThread
-    if getattr(cls.seek_to_committed, "_rolloutbus_rewind", False):
-        return
-
-    async def seek_to_committed(self: Any) -> Any:
-        consumer = self._ensure_consumer()
-
-        async def seek() -> tuple[Any, Any]:
-            offsets = await consumer.seek_to_committed()
-            rewind = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and not off]
-            earliest = {}
-            if rewind:
-                await consumer.seek_to_beginning(*rewind)
-                earliest = await consumer.beginning_offsets(rewind)
-            return offsets, earliest
-
-        offsets, earliest = await self.call_thread(seek)
-        for tp, off in offsets.items():
-            if tp.topic in STRICT_TOPICS:
-                START[(tp.topic, tp.partition)] = FRONTIER[(tp.topic, tp.partition)] = off if off else earliest.get(tp, 0)
-        if earliest:
-            log.info("no committed offset for %s: reading them from the beginning", sorted(earliest))
-        return offsets
-
-    seek_to_committed._rolloutbus_rewind = True  # type: ignore[attr-defined]
-    cls.seek_to_committed = seek_to_committed
+# streams/faust_guards.py: two faust/aiokafka behaviours that lose records, guarded there.
 
 
 SCAN_EVERY_S = 30.0
@@ -211,8 +145,7 @@ class Worker:
         raw = {"key_serializer": "raw", "value_serializer": "raw"}
         self.done_topic = self.app.topic(done_topic_name(p), partitions=cfg.partitions, **raw)
         STRICT_TOPICS.add(done_topic_name(p))
-        _patch_faust_commit_floor()
-        _patch_faust_seek_uncommitted()
+        install_faust_guards()
         self.batches_topic = self.app.topic(f"{p}batches", **raw)
         self.dlq_topic = self.app.topic(f"{p}dlq", **raw)
         self.resources_topic = self.app.topic(f"{p}resources", **raw)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from streams import app as streams_app
+from streams import faust_guards
 from streams.app import Worker
 
 TOPIC = "x.spans"
@@ -105,7 +106,7 @@ def test_before_the_start_is_known_everything_is_processed(frontier: dict) -> No
 
 def test_commit_floor_holds_a_commit_above_an_unacked_head() -> None:
     """faust would commit 7 here (acked 5, 6 with nothing committed) and offsets 3, 4 would be lost."""
-    streams_app._patch_faust_commit_floor()
+    faust_guards._patch_faust_commit_floor()
     from faust.transport.consumer import Consumer
 
     streams_app.STRICT_TOPICS.add(TOPIC)

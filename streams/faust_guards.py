@@ -1,0 +1,124 @@
+"""Guards against two faust/aiokafka behaviours that lose records after a crash or a rebalance.
+
+Patches of a library belong here and nowhere else. :func:`install` refuses to patch a faust-streaming or
+aiokafka version these guards were not checked against (an upgrade must re-read the two code paths
+below, re-run the fault suite, and then add the version to ``CHECKED``), and checks that the patched
+functions still exist with the names and arguments the patches assume.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# (faust-streaming, aiokafka) versions whose Consumer._new_offset and AIOKafkaConsumerThread.seek_to_committed
+# were read and the fault suite (tests/faults) passed with these guards installed.
+CHECKED: set[tuple[str, str]] = {("0.15.3", "0.14.0")}
+
+
+class FaustGuardError(RuntimeError):
+    """faust or aiokafka changed under the guards: see this module's docstring."""
+
+
+# Two faust/aiokafka behaviours lose records after a crash or a rebalance; the SIGKILL test shows
+# both. (1) faust's Consumer._new_offset commits past the longest run of acked offsets and checks for an
+# unacked head only when the partition has a (truthy) committed offset, and even then lets one unacked
+# offset through. (2) faust fetches while it recovers its tables, drops what it fetched when it
+# suspends the flow, and rewinds with aiokafka's seek_to_committed — which seeks only partitions with
+# a committed offset above 0: a partition with no commit yet stays where the fetcher got to, and the
+# records fetched (and dropped) are never processed by anyone.
+#
+# So, for the topics whose records must each be processed (STRICT_TOPICS): after faust's rewind we
+# seek partitions with no commit to their beginning (what auto_offset_reset=earliest reads) and note
+# where this assignment starts (START: the committed offset, else the earliest one). A commit is held
+# back while the lowest acked offset is above that floor. The worker keeps a frontier per partition
+# (FRONTIER: the next offset it must process) and, when records arrive past it, seeks back to it
+# instead of skipping them (Worker._admit).
+STRICT_TOPICS: set[str] = set()
+START: dict[tuple[str, int], int] = {}
+FRONTIER: dict[tuple[str, int], int] = {}
+
+
+def _patch_faust_commit_floor() -> None:
+    from faust.transport import consumer as faust_consumer
+
+    original = faust_consumer.Consumer._new_offset
+    if getattr(original, "_rolloutbus_floor", False):
+        return
+
+    def _new_offset(self: Any, tp: Any) -> Any:
+        acked = self._acked[tp]
+        if acked and tp.topic in STRICT_TOPICS:
+            committed = self._committed_offset[tp]
+            floor = committed if committed is not None else START.get((tp.topic, tp.partition))
+            if floor is None or min(acked) > floor:
+                return None
+        return original(self, tp)
+
+    _new_offset._rolloutbus_floor = True  # type: ignore[attr-defined]
+    faust_consumer.Consumer._new_offset = _new_offset
+
+
+def _patch_faust_seek_uncommitted() -> None:
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    cls = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls.seek_to_committed, "_rolloutbus_rewind", False):
+        return
+
+    async def seek_to_committed(self: Any) -> Any:
+        consumer = self._ensure_consumer()
+
+        async def seek() -> tuple[Any, Any]:
+            offsets = await consumer.seek_to_committed()
+            rewind = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and not off]
+            earliest = {}
+            if rewind:
+                await consumer.seek_to_beginning(*rewind)
+                earliest = await consumer.beginning_offsets(rewind)
+            return offsets, earliest
+
+        offsets, earliest = await self.call_thread(seek)
+        for tp, off in offsets.items():
+            if tp.topic in STRICT_TOPICS:
+                START[(tp.topic, tp.partition)] = FRONTIER[(tp.topic, tp.partition)] = off if off else earliest.get(tp, 0)
+        if earliest:
+            log.info("no committed offset for %s: reading them from the beginning", sorted(earliest))
+        return offsets
+
+    seek_to_committed._rolloutbus_rewind = True  # type: ignore[attr-defined]
+    cls.seek_to_committed = seek_to_committed
+
+
+def check_versions() -> None:
+    """Raise :class:`FaustGuardError` unless the installed faust and aiokafka are ones the guards were checked against."""
+    import aiokafka
+    import faust
+    from faust.transport import consumer as faust_consumer
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    installed = (str(faust.__version__), str(aiokafka.__version__))
+    if installed not in CHECKED:
+        raise FaustGuardError(
+            f"faust-streaming {installed[0]} / aiokafka {installed[1]} are not the versions streams/faust_guards.py was "
+            f"checked against ({', '.join(f'{f} / {a}' for f, a in sorted(CHECKED))}): re-read Consumer._new_offset and "
+            "AIOKafkaConsumerThread.seek_to_committed, run tests/faults, then add the pair to CHECKED"
+        )
+    for owner, name, params in ((faust_consumer.Consumer, "_new_offset", ["self", "tp"]),
+                                (faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", ["self"])):
+        fn = getattr(owner, name, None)
+        if fn is None or list(inspect.signature(fn).parameters) != params:
+            raise FaustGuardError(f"{owner.__qualname__}.{name} is gone or changed its arguments: the guard on it no longer applies")
+
+
+def install() -> None:
+    """Check the versions, then patch (idempotent)."""
+    check_versions()
+    _patch_faust_commit_floor()
+    _patch_faust_seek_uncommitted()
+
+
+__all__ = ["CHECKED", "FRONTIER", "START", "STRICT_TOPICS", "FaustGuardError", "check_versions", "install"]

@@ -1,0 +1,34 @@
+"""The faust guards refuse a faust or aiokafka they were not checked against, loudly."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams import faust_guards
+
+
+def test_the_installed_versions_are_the_checked_ones() -> None:
+    # Fails on an upgrade of faust-streaming or aiokafka: re-read the two guarded code paths, run
+    # tests/faults, then add the pair to faust_guards.CHECKED.
+    faust_guards.check_versions()
+
+
+def test_an_unchecked_version_is_refused_before_anything_is_patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    import faust
+    from faust.transport import consumer as faust_consumer
+
+    monkeypatch.setattr(faust, "__version__", "9.9.9")
+    before = faust_consumer.Consumer._new_offset
+    with pytest.raises(faust_guards.FaustGuardError, match="9.9.9.*not the versions"):
+        faust_guards.install()
+    assert faust_consumer.Consumer._new_offset is before
+
+
+def test_a_guarded_function_that_changed_its_arguments_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    async def seek_to_committed(self: object, partitions: object) -> None: ...
+
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", seek_to_committed)
+    with pytest.raises(faust_guards.FaustGuardError, match="seek_to_committed is gone or changed"):
+        faust_guards.check_versions()
