@@ -115,25 +115,30 @@ def served(test_env: dict[str, str]) -> Any:
                 p.wait()
 
 
-def test_instrumented_openai_client_through_proxy_is_one_step_per_call(
-    served: str, gateway: Any, kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str]  # noqa: F811
-) -> None:
-    base, _ = gateway
-    run = subprocess.run([sys.executable, "-c", AGENT, base, served, str(CALLS)], env={**test_env, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=180)
+def run_agent(source: str, gateway_url: str, proxy: str, test_env: dict[str, str]) -> list[dict[str, str]]:
+    """Run an agent script (``argv``: gateway URL, proxy URL, number of calls); its answers, one per call."""
+    run = subprocess.run([sys.executable, "-c", source, gateway_url, proxy, str(CALLS)],
+                         env={**test_env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
-    answers = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(answers) == CALLS and len({a["id"] for a in answers}) == CALLS
+    answers: list[dict[str, str]] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(answers) == CALLS and len({a["id"] for a in answers}) == CALLS, answers
+    return answers
 
+
+def check_one_step_per_call(answers: list[dict[str, str]], rollout_id: str, attempt_id: str, service: str,
+                            kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str]) -> None:
+    """What a user sees of an instrumented agent's calls through the proxy: on ``rb.spans`` two views of
+    each call (the instrumentation's ``gen_ai`` span from ``service``, the proxy's with token ids), and in
+    ClickHouse one step per call carrying the proxy's token ids."""
     # On rb.spans: per call, the instrumentation's span (via the gateway) and the proxy's (with token ids).
     records = consume_all(kafka_conf, topics.spans, expect=2 * CALLS + 2, timeout=30)
     spans = [r for _k, name, r, _p in records if name.endswith("Span")]
-    instrumented = [s for s in spans if s["resource"].get("service.name") == "openai-agent"]
+    instrumented = [s for s in spans if s["resource"].get("service.name") == service]
     proxied = [s for s in spans if s["resource"].get("service.name") == "rolloutbus-proxy"]
     assert len(instrumented) == len(proxied) == CALLS, [(s["name"], s["resource"]) for s in spans]
     for s in instrumented:
         assert s["kind"] == "llm" and s["name"] == "chat policy" and s["attributes"]["gen_ai.operation.name"] == "chat"
-        assert (s["rollout_id"], s["attempt_id"]) == ("ro-oa", "at-oa")
+        assert (s["rollout_id"], s["attempt_id"]) == (rollout_id, attempt_id)
         assert unpack_tokens(s["llm"]["response_token_ids"]) == [], "the instrumentation knows no token ids"
     assert [s["llm"]["request_id"] for s in instrumented] == [a["id"] for a in answers]
     assert [s["llm"]["request_id"] for s in proxied] == [a["id"] for a in answers], "the same call, by response id"
@@ -147,9 +152,9 @@ def test_instrumented_openai_client_through_proxy_is_one_step_per_call(
 
     rows = query(test_env, {
         "tr": ("SELECT t.turn, t.span_id, t.prompt_token_ids, t.response_token_ids, t.trained FROM transitions AS t FINAL "
-               "WHERE t.rollout_id = 'ro-oa' ORDER BY t.turn"),
-        "llm_spans": "SELECT count() FROM spans FINAL WHERE rollout_id = 'ro-oa' AND kind = 'llm'",
-        "ro": "SELECT status, final_reward FROM rollouts FINAL WHERE rollout_id = 'ro-oa'",
+               f"WHERE t.rollout_id = '{rollout_id}' ORDER BY t.turn"),
+        "llm_spans": f"SELECT count() FROM spans FINAL WHERE rollout_id = '{rollout_id}' AND kind = 'llm'",
+        "ro": f"SELECT status, final_reward FROM rollouts FINAL WHERE rollout_id = '{rollout_id}'",
     })
     assert rows["llm_spans"] == [[2 * CALLS]], "both views of every call are kept as spans"
     tr = rows["tr"]
@@ -162,3 +167,11 @@ def test_instrumented_openai_client_through_proxy_is_one_step_per_call(
         assert r[4]
     assert [len(r[2]) for r in tr] == sorted(len(r[2]) for r in tr) and len(tr[0][2]) < len(tr[-1][2]), "the prompt grows"
     assert rows["ro"][0][1] == 1.0
+
+
+def test_instrumented_openai_client_through_proxy_is_one_step_per_call(
+    served: str, gateway: Any, kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str]  # noqa: F811
+) -> None:
+    base, _ = gateway
+    answers = run_agent(AGENT, base, served, test_env)
+    check_one_step_per_call(answers, "ro-oa", "at-oa", "openai-agent", kafka_conf, topics, test_env)
