@@ -3,7 +3,10 @@
 A train task runs ``group_size`` rollouts (one GRPO group), up to ``concurrency`` attempts at once.
 A failed attempt is retried (same rollout id, new attempt id, ``attempt`` 2, 3, ...) up to
 ``max_attempts``; a stuck one ends as ``timeout``; attempts send heartbeats. The runner follows the
-compacted ``rb.resources`` topic, so a newer version is used from the next rollout on. A task's offset
+compacted ``rb.resources`` topic, so a newer version is used from the next rollout on; a task may carry
+its own version of a resource (``use_resource.<name>`` in its metadata: how a prompt optimizer scores a
+candidate that is not published), and each rollout records the versions it used (``resource.<name>`` in
+its metadata, so in ``rollouts.metadata``). A task's offset
 is committed only once all its rollouts have finished (and every earlier task of its partition), so a
 crash loses no task. Undecodable task records go to ``rb.dlq`` with the reason.
 """
@@ -89,6 +92,45 @@ class ResourceFollower:
         self._thread.join(5)
 
 
+OVERRIDE_PREFIX = "use_resource."  # task metadata: a resource version for this task only (JSON)
+USED_PREFIX = "resource."  # rollout metadata: the version of each resource the rollout used
+
+
+def use_resource(rv: ResourceVersion, label: str | None = None) -> dict[str, str]:
+    """Task metadata that makes runners use ``rv`` for this task instead of the latest ``rv.name``.
+
+    ``label`` is what the rollouts record as the version used (default: ``rv.version``), e.g. a
+    candidate's id when ``rv`` is a prompt under evaluation.
+    """
+    config = dict(rv.config)
+    if label is not None:
+        config["label"] = label
+    return {OVERRIDE_PREFIX + rv.name: rv.model_copy(update={"config": config}).model_dump_json()}
+
+
+def task_resources(current: dict[str, ResourceVersion], metadata: dict[str, str]) -> tuple[dict[str, ResourceVersion], dict[str, str]]:
+    """The resources one rollout of a task uses, and the metadata it records. Pure.
+
+    ``current`` is the latest version per name; ``metadata`` the task's. Overrides in the task replace
+    the latest; the rollout's metadata keeps the task's (overrides removed: they can be large) and adds
+    ``resource.<name>`` = the version (or label) of each resource used.
+    """
+    resources = dict(current)
+    out: dict[str, str] = {}
+    for key, value in metadata.items():
+        if key.startswith(OVERRIDE_PREFIX):
+            try:
+                rv = ResourceVersion.model_validate_json(value)
+            except ValueError as exc:
+                raise ValidationError(f"task metadata {key!r} is not a ResourceVersion: {str(exc).splitlines()[0]}") from exc
+            resources[key[len(OVERRIDE_PREFIX):]] = rv
+        else:
+            out[key] = value
+    for name, rv in resources.items():
+        out[USED_PREFIX + name] = rv.config.get("label") or str(rv.version)
+    return resources, out
+
+
 @dataclass
 class RunnerStats:
     tasks: int = 0
@@ -136,13 +178,14 @@ class TaskRunner:
         results = []
         for attempt in range(1, self.max_attempts + 1):
             async with sem:
-                resources = self.resources.current()  # the newest version, per rollout attempt
+                # The newest versions, per rollout attempt, unless the task brings its own.
+                resources, metadata = task_resources(self.resources.current(), task.metadata)
                 version = task.resource_version
                 if version is None and "policy" in resources:
                     version = resources["policy"].version
                 res = await self.agent.arun(
                     payload, resources, task_id=task.task_id, mode=task.mode, rollout_id=rollout_id,
-                    attempt=attempt, resource_version=version, metadata=task.metadata, transport=self.transport,
+                    attempt=attempt, resource_version=version, metadata=metadata, transport=self.transport,
                     timeout=self.timeout_s, heartbeat_s=self.heartbeat_s,
                 )
             self.stats.attempts += 1
@@ -225,6 +268,7 @@ class TaskRunner:
                 try:
                     task = decode(msg.value(), "rolloutbus.Task")
                     assert isinstance(task, Task)
+                    task_resources({}, task.metadata)  # a bad override is the record's fault: to the DLQ
                 except (DecodeError, ValidationError) as exc:
                     log.warning("task record %s[%d]@%d to the DLQ: %s", msg.topic(), part, off, exc)
                     await loop.run_in_executor(io, self._dead_letter, dlq, msg, "decode.task", str(exc))
@@ -267,4 +311,5 @@ def load_agent(spec: str) -> LitAgent:
     raise ConfigError(f"{spec!r} is not a LitAgent, an agent instance or a function")
 
 
-__all__ = ["TaskRunner", "ResourceFollower", "RunnerStats", "load_agent"]
+__all__ = ["OVERRIDE_PREFIX", "USED_PREFIX", "TaskRunner", "ResourceFollower", "RunnerStats", "load_agent", "task_resources",
+           "use_resource"]

@@ -40,10 +40,19 @@ YEARS = list(range(2016, 2024))
 SALARIES = list(range(50000, 111000, 10000))
 CITIES = sorted({d[2] for d in DEPARTMENTS})
 
-SYSTEM_PROMPT = (
-    "You translate questions into SQLite queries for this database:\n" + SCHEMA + "\n"
-    "Reply with one SQL query only."
-)
+# The system prompt as a template: ``{schema}`` is where the database's schema goes.
+SYSTEM_TEMPLATE = "You translate questions into SQLite queries for this database:\n{schema}\nReply with one SQL query only."
+
+
+def render(template: str, schema: str = SCHEMA) -> str:
+    """The system prompt from a template: the schema where ``{schema}`` is, else on a line after the text.
+
+    A plain replace, not ``str.format``: a template written by an optimizer may hold other braces.
+    """
+    return template.replace("{schema}", schema) if "{schema}" in template else f"{template.rstrip()}\n{schema}"
+
+
+SYSTEM_PROMPT = render(SYSTEM_TEMPLATE)
 # The JOIN first and a one-table query last: this small model copies the most recent example's shape.
 EXAMPLES: list[tuple[str, str]] = [
     ("List the names of employees in Boston.",
@@ -52,6 +61,25 @@ EXAMPLES: list[tuple[str, str]] = [
     ("What is the budget of the Support department?", "SELECT budget FROM departments WHERE name = 'Support';"),
 ]
 
+
+# Hand-written candidate prompts for APO's dry run (``rolloutbus demo --task sql --algorithm apo``). Their
+# examples use values and wordings that no question of the task uses, so nothing held out leaks in.
+_RULES = ("You translate questions into SQLite queries for this database:\n{schema}\n"
+          "Use only these tables and columns. An employee's department name or city needs "
+          "JOIN departments d ON e.department_id = d.id. Reply with one SQL query only.")
+_MORE_EXAMPLES: list[tuple[str, str]] = [
+    ("List the names of employees in departments with a budget over 350000.",
+     "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.budget > 350000;"),
+    ("Which department has the smallest budget?", "SELECT name FROM departments ORDER BY budget ASC LIMIT 1;"),
+    ("What is the total budget of the departments in Denver?", "SELECT SUM(budget) FROM departments WHERE city = 'Denver';"),
+    ("How many employees were hired in 2015?", "SELECT COUNT(*) FROM employees WHERE hire_year = 2015;"),
+    ("List the names of employees who earn less than 45000.", "SELECT name FROM employees WHERE salary < 45000;"),
+]
+HAND_WRITTEN: list[tuple[str, str, list[tuple[str, str]]]] = [  # (name, template, examples)
+    ("rules", _RULES, EXAMPLES),
+    ("more examples", SYSTEM_TEMPLATE, _MORE_EXAMPLES),
+    ("rules + more examples", _RULES, _MORE_EXAMPLES),
+]
 
 @dataclass(frozen=True)
 class Question:
@@ -197,5 +225,27 @@ def messages(question: str, system: str = SYSTEM_PROMPT, examples: Sequence[tupl
     return msgs
 
 
-__all__ = ["EXAMPLES", "Question", "SCHEMA", "SYSTEM_PROMPT", "connect", "execute", "execution_match", "extract_sql",
-           "messages", "questions", "split"]
+def prompt_config(template: str = SYSTEM_TEMPLATE, examples: Sequence[tuple[str, str]] | None = EXAMPLES) -> dict[str, str]:
+    """A ``prompt_template`` resource's config for the SQL agent: ``template`` and ``examples`` (JSON pairs)."""
+    config = {"template": template}
+    if examples is not None:
+        config["examples"] = json.dumps([list(e) for e in examples])
+    return config
+
+
+def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str]]]:
+    """``(system prompt, examples)`` from a ``prompt_template`` resource's config (missing parts: the defaults)."""
+    template = config.get("template") or SYSTEM_TEMPLATE
+    if "examples" in config:
+        try:
+            pairs = json.loads(config["examples"])
+            examples = [(str(q), str(a)) for q, a in pairs]
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"the prompt's examples must be a JSON list of [question, sql] pairs: {exc}") from exc
+    else:
+        examples = list(EXAMPLES)
+    return render(template), examples
+
+
+__all__ = ["EXAMPLES", "HAND_WRITTEN", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "connect", "execute", "execution_match",
+           "extract_sql", "from_prompt_config", "messages", "prompt_config", "questions", "render", "split"]

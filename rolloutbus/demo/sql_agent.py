@@ -5,6 +5,11 @@ The loop (Spider-style): write a query, run it on SQLite (a tool span each time)
 error and let the model rewrite it (at most ``MAX_REWRITES`` times), answer with the rows. Final
 reward: execution match with the gold query. Intermediate signals go through the stream processor's
 reward rules: a query that fails is a failed tool call, an empty result a failed validator.
+
+The prompt is a resource: if the runner hands it a ``prompt_template`` resource named ``prompt``
+(``ROLLOUTBUS_AGENT_PROMPT_RESOURCE``), its ``template`` is the system prompt (``{schema}`` marks where
+the schema goes) and its ``examples`` the worked examples; a new version is used from the next rollout
+on. Without one, the built-in prompt.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ class SQLAgent(LitAgent):
 
     name = "sql-writer"
 
-    def __init__(self, proxy: str | None = None, temperature: float | None = None, max_tokens: int = 48) -> None:
+    def __init__(self, proxy: str | None = None, temperature: float | None = None, max_tokens: int = 48,
+                 prompt_resource: str | None = None) -> None:
         self.proxy = proxy or os.environ.get("ROLLOUTBUS_LLM_PROXY_URL", "http://127.0.0.1:8788")
+        self.prompt_resource = prompt_resource or os.environ.get("ROLLOUTBUS_AGENT_PROMPT_RESOURCE", "prompt")
         self.temperature = float(temperature if temperature is not None else os.environ.get("ROLLOUTBUS_AGENT_TEMPERATURE", "1.0"))
         self.max_tokens = max_tokens
 
@@ -39,7 +46,12 @@ class SQLAgent(LitAgent):
         question = sql.Question.from_json(task)
         client = OpenAI(base_url=proxy_url(self.proxy), api_key="not-needed", max_retries=0, timeout=300)
         db = sql.connect()
-        messages = sql.messages(question.text)
+        prompt = resources.get(self.prompt_resource)
+        if prompt is not None and prompt.kind == "prompt_template":
+            system, examples = sql.from_prompt_config(prompt.config)
+            messages = sql.messages(question.text, system, examples)
+        else:
+            messages = sql.messages(question.text)
         rows: list[Any] | None = None
         for _ in range(1 + MAX_REWRITES):
             reply = client.chat.completions.create(
