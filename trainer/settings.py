@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import PORT, CommonSettings
+from rolloutbus.config import PORT, CommonSettings, check_http_url
 
 
 def _model_ref(v: str | None) -> str | None:
@@ -68,3 +68,27 @@ class ServeSettings(CommonSettings):
     torch_threads: int = Field(default=0, ge=0)
 
     check_model = field_validator("serve_model")(_model_ref)
+
+
+class ApoSettings(CommonSettings):
+    """What ``rolloutbus optimize-prompt`` reads (``ROLLOUTBUS_APO_*``)."""
+
+    apo_resource: str = Field(default="prompt", min_length=1, description="The prompt_template resource optimized.")
+    apo_llm_url: str | None = Field(default=None, description="The optimizer LLM: any OpenAI-compatible base URL (…/v1).")
+    apo_llm_model: str = Field(default="policy", description="Model name sent to the optimizer LLM.")
+    apo_llm_key: SecretStr | None = Field(default=None, description="API key of the optimizer LLM.")
+    apo_llm_temperature: float = Field(default=0.8, ge=0.0, le=2.0, description="Sampling temperature of critiques and rewrites.")
+    apo_llm_max_tokens: int = Field(default=200, ge=16, le=4096, description="Tokens per critique or rewrite.")
+    apo_beam_width: int = Field(default=2, ge=1, description="Candidates kept after each round.")
+    apo_branch: int = Field(default=2, ge=1, description="New candidates per beam member per round.")
+    apo_rounds: int = Field(default=2, ge=0, description="Rounds of critique, rewrite and scoring.")
+    apo_failures: int = Field(default=3, ge=1, le=20, description="Low-reward trajectories shown per critique.")
+    apo_successes: int = Field(default=1, ge=0, le=20, description="High-reward trajectories shown per critique.")
+    apo_score_timeout_s: float = Field(default=1800.0, gt=0, description="Longest wait for one round's validation rollouts.")
+
+    @field_validator("apo_llm_url")
+    @classmethod
+    def _llm_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_http_url(v)
+        return v

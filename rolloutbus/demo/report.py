@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rolloutbus.cli import format_table
+from trainer.apo import paired_difference
 
 EXAMPLE_QUERIES = [
     ("Reward and success rate by resource version (training rollouts)",
@@ -16,15 +17,6 @@ EXAMPLE_QUERIES = [
     ("Tool calls and failures, by tool",
      "SELECT tool, calls, failures, round(error_rate, 3) AS error_rate FROM v_tool_errors"),
 ]
-
-
-def paired_difference(first: list[float], final: list[float]) -> tuple[float, float]:
-    """Mean of ``final - first`` over the same problems and its standard error (paired, n-1 variance)."""
-    d = [b - a for a, b in zip(first, final)]
-    n = len(d)
-    mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
-    return mean, (var / n) ** 0.5
 
 
 def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_scores: list[float],

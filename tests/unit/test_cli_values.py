@@ -49,6 +49,10 @@ EXTRA: dict[str, list[str]] = {
     "--data-dir": [str(ROOT / "pyproject.toml")],  # a file, not a directory
     "--state-store": ["redis://x"],
     "--agent-match": ["solver("],
+    "--llm-url": ["localhost:8000"],
+    "--candidates": [MISSING],
+    "--initial": [MISSING],
+    "--run-id": ["Bad Id"],
 }
 
 # Variables every command that reads its settings checks, with a value that breaks their rule.
