@@ -14,8 +14,6 @@ response ids decode to the text the agent received.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,10 +25,9 @@ import requests
 
 from schemas import Task, encode
 from tests.integration.streams.helpers import query, start_worker, stop_worker
+from tests.integration.trainer.realmodel import REPO, import_smollm2, port, start, stop_all, wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-REPO = Path(__file__).resolve().parents[3]
-MODELS = Path(os.environ.get("ROLLOUTBUS_TEST_MODELS_DIR", Path.home() / ".cache" / "rolloutbus" / "test-models"))
 
 # The agent as a user writes it: the official client, the proxy's base URL, nothing else of ours but the
 # rollout. Turn 2's prompt holds turn 1's answer and a tool result spliced in between.
@@ -69,32 +66,6 @@ print(json.dumps({"turns": seen, "streamed": streamed, "plain": plain.choices[0]
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(args: list[str], env: dict[str, str], log: Path, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
-    procs.append(proc)
-    return proc
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args} exited: {log.read_text()[-3000:]}"
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{url} did not answer within {timeout:.0f}s: {log.read_text()[-2000:]}")
-
-
 def _greedy(serve: str, messages: list[dict[str, str]]) -> tuple[int, str, list[float]]:
     body = {"model": "policy", "messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": True}
     r = requests.post(f"{serve}/chat/completions", json=body, timeout=120).json()
@@ -103,9 +74,7 @@ def _greedy(serve: str, messages: list[dict[str, str]]) -> tuple[int, str, list[
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    from trainer.model_import import import_model
-
-    return import_model("smollm2-135m-instruct", MODELS)
+    return import_smollm2()
 
 
 def test_real_model_imported_served_recorded_trained_and_reloaded(
@@ -117,18 +86,18 @@ def test_real_model_imported_served_recorded_trained_and_reloaded(
 
     tok = load_tokenizer(model_dir)
     env = {**test_env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_TORCH_THREADS": "1", "ROLLOUTBUS_AGENT_TEMPERATURE": "1.0"}
-    serve_port, proxy_port = _port(), _port()
+    serve_port, proxy_port = port(), port()
     serve, proxy = f"http://127.0.0.1:{serve_port}/v1", f"http://127.0.0.1:{proxy_port}"
     procs: list[subprocess.Popen[bytes]] = []
     logs = tmp_path / "logs"
     logs.mkdir()
     worker = None
     try:
-        s = _start(["serve", "--model", str(model_dir), "--port", str(serve_port), "--max-batch", "16"], env, logs / "serve.log", procs)
-        p = _start(["proxy", "--upstream", serve, "--port", str(proxy_port)], env, logs / "proxy.log", procs)
+        s = start(["serve", "--model", str(model_dir), "--port", str(serve_port), "--max-batch", "16"], env, logs / "serve.log", procs)
+        p = start(["proxy", "--upstream", serve, "--port", str(proxy_port)], env, logs / "proxy.log", procs)
         worker = start_worker(env, "--group-size", "4", "--group-min-rollouts", "2", "--group-timeout", "240")
-        _wait(f"{serve}/models", s, logs / "serve.log")
-        _wait(f"{proxy}/healthz", p, logs / "proxy.log")
+        wait_http(f"{serve}/models", s, logs / "serve.log")
+        wait_http(f"{proxy}/healthz", p, logs / "proxy.log")
 
         # 1. The official client through the proxy: what the agent received, turn by turn.
         probe = subprocess.run([sys.executable, "-c", PROBE, proxy], env=env, capture_output=True, text=True, timeout=300)
@@ -139,9 +108,9 @@ def test_real_model_imported_served_recorded_trained_and_reloaded(
         assert before[0] == 0
 
         # 2. Training: runners with the SQL agent, the stream worker, the trainer (two versions).
-        train = _start(["train", "--model", str(model_dir), "--groups-per-step", "2", "--max-steps", "2", "--train-layers", "2",
+        train = start(["train", "--model", str(model_dir), "--groups-per-step", "2", "--max-steps", "2", "--train-layers", "2",
                         "--lr", "1e-3", "--max-staleness", "4", "--threads", "1"], env, logs / "train.log", procs)
-        _start(["run-agent", "rolloutbus.demo.sql_agent:SQLAgent", "--concurrency", "8", "--max-attempts", "1", "--timeout", "600"],
+        start(["run-agent", "rolloutbus.demo.sql_agent:SQLAgent", "--concurrency", "8", "--max-attempts", "1", "--timeout", "600"],
                {**env, "ROLLOUTBUS_LLM_PROXY_URL": proxy}, logs / "runners.log", procs)
         from rolloutbus.demo import sql
 
@@ -163,13 +132,7 @@ def test_real_model_imported_served_recorded_trained_and_reloaded(
         assert after[0] >= 2, f"the server never reached version 2: {(logs / 'train.log').read_text()[-3000:]}"
         assert after[2] != before[2], "the served model's output (log-probs of its greedy answer) changed with the new version"
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
         if worker is not None:
             rc, wlog = stop_worker(worker)
     assert rc == 0, wlog[-3000:]
