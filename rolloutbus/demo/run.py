@@ -51,13 +51,20 @@ class DemoConfig:
     model: str = "smollm2-135m-instruct"
     train_layers: int = 10
     temperature: float = 0.7
+    algorithm: str = "grpo"
+    val_size: int = 40
+    apo_rounds: int = 2
+    apo_beam: int = 2
+    apo_branch: int = 2
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
         cfg = cls(seed=args.seed, out=Path(args.out), quick=args.quick, keep_running=args.keep_running,
                   dashboard=not getattr(args, "no_dashboard", False),
                   data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
-                  task=getattr(args, "task", None) or "calc")
+                  task=getattr(args, "task", None) or "calc", algorithm=getattr(args, "algorithm", None) or "grpo")
+        if cfg.algorithm == "apo" and cfg.task != "sql":
+            raise ConfigError("--algorithm apo optimizes the SQL agent's prompt: use it with --task sql")
         if cfg.task == "sql":
             # A 135M-parameter model on 2 cores: small groups, few per step, the top layers trained.
             cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 1e-4, 0.02
@@ -69,7 +76,7 @@ class DemoConfig:
             cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
             cfg.demonstrations = 600
         for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
-                     "train_layers", "temperature"):
+                     "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
