@@ -197,13 +197,14 @@ def _summary(cands: Sequence[Candidate]) -> str:
     return ", ".join(f"{c.id} {c.score:.3f}" if c.score is not None else f"{c.id} ({c.note})" for c in cands) or "nothing"
 
 
-def winner(incumbent: Candidate, pool: Sequence[Candidate]) -> Candidate | None:
-    """The candidate to publish: the best of the run, if it is not the incumbent and scores above it."""
+def winner(incumbent: Candidate, pool: Sequence[Candidate], min_gain: float = 0.0) -> Candidate | None:
+    """The candidate to publish: the best of the run, if it is not the incumbent and scores more than
+    ``min_gain`` above it (0: any gain; on a few validation tasks one task more is noise, so a margin helps)."""
     ranked = rank(pool)
     if not ranked or ranked[0] is incumbent or incumbent.score is None:
         return None
     best = ranked[0]
-    return best if (best.score or 0.0) > incumbent.score else None
+    return best if (best.score or 0.0) - incumbent.score > min_gain else None
 
 
 __all__ = ["Candidate", "MAX_TEMPLATE_CHARS", "Trajectory", "beam_search", "critique_messages", "paired_difference",

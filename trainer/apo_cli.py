@@ -32,7 +32,7 @@ from rolloutbus.flags import Bounded
 log = logging.getLogger(__name__)
 _FLAGS = {"resource": "apo_resource", "llm_url": "apo_llm_url", "llm_model": "apo_llm_model",
           "llm_temperature": "apo_llm_temperature", "beam_width": "apo_beam_width", "branch": "apo_branch",
-          "rounds": "apo_rounds", "score_timeout": "apo_score_timeout_s"}
+          "rounds": "apo_rounds", "score_timeout": "apo_score_timeout_s", "min_gain": "apo_min_gain"}
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, help="rounds of critique, rewrite and scoring (env ROLLOUTBUS_APO_ROUNDS, default 2)")
     p.add_argument("--score-timeout", type=float, help="seconds to wait for a round's validation rollouts "
                                                        "(env ROLLOUTBUS_APO_SCORE_TIMEOUT_S, default 1800)")
+    p.add_argument("--min-gain", type=float, help="publish only a candidate whose validation score is more than this above "
+                                                  "the incumbent's, e.g. 0.05 (env ROLLOUTBUS_APO_MIN_GAIN, default 0)")
     p.add_argument("--max-val-tasks", type=Bounded(int, ge=1), default=None, help="use only the first N validation tasks")
     p.add_argument("--run-id", help="this run's id in prompt_candidates (lowercase letters, digits, '-'; default apo-<random>)")
     p.add_argument("--out", type=Path, help="also write the run's summary here as JSON")
@@ -295,9 +297,12 @@ class PromptOptimizer:
                 self._made += 1
                 jobs.append((parent, label, b, f"{self.run_id}-r{round_}-{self._made}"))
 
+        # The store is read here, one query at a time (a client is one session); the LLM calls run at once.
+        shown = {cid: self.trajectories(label, seed=zlib.crc32(cid.encode())) for _p, label, _b, cid in jobs}
+
         def one(job: tuple[Any, str, int, str]) -> Any:
-            parent, label, b, cid = job
-            failures, successes = self.trajectories(label, seed=zlib.crc32(cid.encode()))
+            parent, _label, _b, cid = job
+            failures, successes = shown[cid]
             critique = self._chat(critique_messages(parent.template, failures, successes)).strip()
             text, note = parse_rewrite(self._chat(rewrite_messages(parent.template, critique)), parent.template)
             return Candidate(id=cid, config={**parent.config, "template": text}, source="optimizer", round=round_,
@@ -342,14 +347,15 @@ def run_optimizer(s: Any, val_inputs: list[str], seeds: list[dict[str, str]], in
             + f", {len(val_inputs)} validation tasks each; run {run_id}")
         pool = beam_search(inc, users, rounds=0 if dry_run else s.apo_rounds, beam_width=s.apo_beam_width,
                            expand=opt.expand, score=opt.score, record=opt.record, say=lambda m: say(f"search     {m}"))
-        best = None if dry_run else winner(inc, pool)
+        best = None if dry_run else winner(inc, pool, s.apo_min_gain)
         if best is not None:
             best.published_version = opt.publish(best, inc)
             opt.record([best])
             say(f"published  {s.apo_resource} version {best.published_version}: {best.id}, validation {best.score:.3f} "
                 f"vs the incumbent's {inc.score:.3f}")
         elif not dry_run:
-            say(f"kept       {s.apo_resource} version {rv.version}: no candidate beat its validation score {inc.score:.3f}")
+            margin = f" by more than {s.apo_min_gain:g}" if s.apo_min_gain else ""
+            say(f"kept       {s.apo_resource} version {rv.version}: no candidate beat its validation score {inc.score:.3f}{margin}")
         return {
             "run_id": run_id, "resource": s.apo_resource, "incumbent_version": rv.version, "dry_run": dry_run,
             "seconds": round(time.monotonic() - t0, 1), "published_version": best.published_version if best else None,

@@ -85,6 +85,7 @@ class ApoSettings(CommonSettings):
     apo_failures: int = Field(default=3, ge=1, le=20, description="Low-reward trajectories shown per critique.")
     apo_successes: int = Field(default=1, ge=0, le=20, description="High-reward trajectories shown per critique.")
     apo_score_timeout_s: float = Field(default=1800.0, gt=0, description="Longest wait for one round's validation rollouts.")
+    apo_min_gain: float = Field(default=0.0, ge=0.0, description="Publish only a candidate scoring more than this above the incumbent.")
 
     @field_validator("apo_llm_url")
     @classmethod

@@ -82,6 +82,9 @@ def test_no_winner_when_nothing_beats_the_incumbent_and_ties_go_to_the_incumbent
     worse = _cand("worse", rewards=[0, 0])
     assert rank([same, worse, inc])[0] is inc
     assert winner(inc, [inc, same, worse]) is None
+    better = _cand("better", rewards=[1, 1])
+    assert winner(inc, [inc, better]) is better
+    assert winner(inc, [inc, better], min_gain=0.5) is None, "a gain of exactly the margin is not enough"
 
 
 def test_dry_run_is_rounds_zero_and_never_calls_the_optimizer() -> None:
