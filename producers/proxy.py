@@ -29,6 +29,26 @@ SEQUENCE_HEADER = "x-rolloutbus-sequence-id"
 AGENT_HEADER = "x-rolloutbus-agent-name"
 VERSION_HEADER = "x-rolloutbus-resource-version"
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+PROMPT_TEXT_CHARS = 8000  # the prompt's text kept on the span (its end: the latest turns); the ids are kept whole
+
+
+def prompt_text(body: dict[str, Any], chat: bool, limit: int = PROMPT_TEXT_CHARS) -> str:
+    """The request's prompt as text for ``gen_ai.prompt``: chat messages as ``role: content`` lines (text
+    parts of multi-part content), or the completion prompt; cut to its last ``limit`` characters."""
+    if chat:
+        lines = []
+        for m in body.get("messages") or []:
+            if not isinstance(m, dict):
+                continue
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            lines.append(f"{m.get('role', '?')}: {content if content is not None else ''}")
+        text = "\n".join(lines)
+    else:
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return text if len(text) <= limit else "…" + text[-(limit - 1):]
 
 
 def proxy_url(base: str) -> str:
@@ -173,7 +193,7 @@ class LLMProxy:
         start = time.time_ns()
         call = _Call()
         meta = {"rollout_id": rollout_id, "attempt_id": attempt_id, "seq": seq, "start": start, "chat": chat,
-                "request_model": body.get("model"), "path": path, "agent_name": agent_name}
+                "request_model": body.get("model"), "path": path, "agent_name": agent_name, "prompt": prompt_text(body, chat)}
         try:
             async with self._session.post(f"{self.upstream}/{path}", json=body, headers=headers) as up:
                 version = up.headers.get(VERSION_HEADER)
@@ -235,6 +255,7 @@ class LLMProxy:
             attrs = {
                 "gen_ai.operation.name": "chat" if meta["chat"] else "text_completion",
                 "http.route": meta["path"],
+                "gen_ai.prompt": meta["prompt"],
                 "gen_ai.completion": "".join(c["text"]),
             }
             if meta.get("request_model"):

@@ -140,5 +140,6 @@ def test_proxy_records_token_ids_that_decode_to_the_returned_text(proxy: str, ka
     assert "".join(map(chr, unpack_tokens(spans[1]["llm"]["prompt_token_ids"]))) == json.dumps(msgs)
     assert "".join(map(chr, unpack_tokens(spans[2]["llm"]["prompt_token_ids"]))) == "Q:"
     assert [s["llm"]["resource_version"] for s in spans[:3]] == [7, 7, 8]
+    assert [s["attributes"]["gen_ai.prompt"] for s in spans[:3]] == ["user: Capital of France?"] * 2 + ["Q:"], "the prompt's text too"
     assert spans[2]["llm"]["finish_reason"] == "length" and spans[0]["llm"]["model"] == "tiny"
     assert spans[3]["status_code"] == "ERROR" and "429" in spans[3]["status_message"]

@@ -70,3 +70,16 @@ def test_attribution_fills_what_attributes_do_not_say() -> None:
 def test_bad_spans_are_refused_with_a_reason(attrs: dict[str, Any], reason: str) -> None:
     with pytest.raises(MappingError, match=reason):
         _map(attrs)
+
+
+def test_the_proxy_keeps_the_prompt_as_text_cut_to_its_latest_turns() -> None:
+    from producers.proxy import prompt_text
+
+    body = {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]},
+                         {"role": "assistant", "content": None}]}
+    assert prompt_text(body, chat=True) == "system: Be brief.\nuser: What is 2+2?\nassistant: "
+    assert prompt_text({"prompt": "Q: 1+1\nA:"}, chat=False) == "Q: 1+1\nA:"
+    assert prompt_text({"prompt": [1, 2, 3]}, chat=False) == "[1, 2, 3]"
+    long = prompt_text({"messages": [{"role": "user", "content": "x" * 50 + "THE END"}]}, chat=True, limit=20)
+    assert len(long) == 20 and long.startswith("…") and long.endswith("THE END")
