@@ -70,6 +70,7 @@ class TopicStatus:
 class GroupStatus:
     group: str
     lag: dict[str, int]  # topic → total lag
+    partitions: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) → lag
 
 
 def cluster_status(conf: dict[str, Any], prefix: str, timeout: float = 10.0) -> tuple[list[str], list[TopicStatus], list[GroupStatus]]:
@@ -116,12 +117,15 @@ def cluster_status(conf: dict[str, Any], prefix: str, timeout: float = 10.0) -> 
                 continue
             offs = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g.group_id)])
             lag: dict[str, int] = {}
+            per_partition: dict[tuple[str, int], int] = {}
             for fut in offs.values():
                 for tp in fut.result().topic_partitions:
                     if tp.topic.startswith(prefix) and tp.offset >= 0:
-                        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends.get((tp.topic, tp.partition), tp.offset) - tp.offset)
+                        n = max(0, ends.get((tp.topic, tp.partition), tp.offset) - tp.offset)
+                        per_partition[(tp.topic, tp.partition)] = n
+                        lag[tp.topic] = lag.get(tp.topic, 0) + n
             if lag:
-                groups.append(GroupStatus(g.group_id, lag))
+                groups.append(GroupStatus(g.group_id, lag, per_partition))
     except KafkaException:
         pass
     return brokers, topics, groups

@@ -7,7 +7,8 @@
     GET  /api/config           refresh interval, whether the charting library is there
     GET  /api/learning         reward and success by version and over time (train / test), trainer steps, versions now
     GET  /api/pipeline         rollouts completed and spans written per bucket, FINISHED → written latency,
-                               dead letters by reason, consumer-group lag (Kafka admin)
+                               dead letters by reason, consumer-group lag per partition (Kafka admin), and
+                               the gateways' / producers' requests by status and spool depth (their /metrics)
     GET  /api/rollouts         a searchable list of rollouts (q, task, status, mode, version, agent, min/max reward)
     GET  /api/rollout/{id}     one rollout: attempts, its spans as a timeline with its steps, its GRPO group
     POST /api/sql              {"sql": ...} run read-only as the analyst user; the server's error when refused
@@ -107,35 +108,55 @@ class Reader:
 
 
 @dataclass
-class LagCache:
-    """Consumer-group lag from the Kafka admin API, asked at most every ``ttl_s``."""
+class Cached:
+    """Rows from outside ClickHouse (Kafka's lag, producers' metrics), asked at most every ``ttl_s``.
+
+    ``{"rows": [...]}``, or ``{"error": ..., "rows": []}`` when asking failed or ``fetch`` is None (``off``)."""
 
     fetch: Callable[[], Any] | None
+    off: str
     ttl_s: float = 10.0
     at: float = 0.0
     value: Any = None
 
     def get(self) -> Any:
         if self.fetch is None:
-            return {"error": "not asked (--no-kafka-lag)", "groups": []}
+            return {"error": self.off, "rows": []}
         if self.value is None or time.monotonic() - self.at > self.ttl_s:
             try:
-                self.value = {"groups": self.fetch()}
+                self.value = {"rows": self.fetch()}
             except Exception as exc:  # noqa: BLE001 - Kafka down is something to show, not to crash on
-                self.value = {"error": _first_line(exc), "groups": []}
+                self.value = {"error": _first_line(exc), "rows": []}
             self.at = time.monotonic()
         return self.value
+
+
+def scrape(targets: list[str], timeout: float = 3.0) -> list[dict[str, Any]]:
+    """Each target's ``/metrics`` as a row of :func:`queries.producer_health`, or a row with its error."""
+    import urllib.request
+
+    rows = []
+    for url in targets:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                rows.append(Q.producer_health(url, resp.read().decode("utf-8", "replace")))
+        except Exception as exc:  # noqa: BLE001 - a producer that is down is something to show
+            rows.append({"target": url, "error": _first_line(exc)})
+    return rows
 
 
 class Dashboard:
     """The page and its endpoints, over a reader for the panels and one for the SQL box."""
 
     def __init__(self, panels: Reader, analyst: Reader, *, token: str | None = None, refresh_s: float = 5.0,
-                 lag: Callable[[], Any] | None = None, dsn_shown: str = "") -> None:
+                 lag: Callable[[], Any] | None = None, dsn_shown: str = "", scrape_targets: list[str] | None = None) -> None:
         self.panels, self.analyst = panels, analyst
         self.token = token
         self.refresh_s = refresh_s
-        self.lag = LagCache(lag)
+        self.lag = Cached(lag, "not asked (--no-kafka-lag)")
+        targets = scrape_targets or []
+        self.producers = Cached((lambda: scrape(targets)) if targets else None, ttl_s=2.0,
+                                off="no gateway or producer to scrape: set ROLLOUTBUS_DASHBOARD_SCRAPE to their /metrics URLs")
         self.dsn_shown = dsn_shown
 
     @classmethod
@@ -167,10 +188,11 @@ class Dashboard:
 
             def lag() -> Any:
                 _, _, groups = cluster_status(conf, prefix, timeout=3.0)
-                return [{"group": g.group, "topic": t, "lag": n} for g in groups for t, n in sorted(g.lag.items())]
+                return [{"group": g.group, "topic": t, "partition": part, "lag": n}
+                        for g in groups for (t, part), n in sorted(g.partitions.items())]
 
         return cls(Reader(panels), Reader(analyst, panels=False), token=s.dashboard_token.get_secret_value() if s.dashboard_token else None,
-                   refresh_s=s.dashboard_refresh_s, lag=lag, dsn_shown=redact_dsn(s.dsn))
+                   refresh_s=s.dashboard_refresh_s, lag=lag, dsn_shown=redact_dsn(s.dsn), scrape_targets=s.scrape_targets())
 
     def close(self) -> None:
         self.panels.close_client()
@@ -258,6 +280,7 @@ class Dashboard:
                 "dlq_by_reason": Q.records(["source_topic", "stage", "reason", "records", "last_seen"], self.panels.rows(Q.DLQ_BY_REASON)),
                 "dlq": Q.series_by(self.panels.rows(Q.DLQ_PER_BUCKET, {"bucket": bucket}), key=1, x=0, ys={"records": 2}),
                 "lag": self.lag.get(),
+                "producers": self.producers.get(),
             }
 
         return await self._panel(compute)

@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--analyst-user", default=None,
                         help="store user the SQL box runs as (env ROLLOUTBUS_DASHBOARD_ANALYST_USER; its password: "
                         "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD); unset: the DSN's user with readonly=1")
+    parser.add_argument("--scrape", default=None, help="comma-separated Prometheus /metrics URLs of gateways and producers "
+                        "to show (env ROLLOUTBUS_DASHBOARD_SCRAPE)")
     parser.add_argument("--no-kafka-lag", action="store_true",
                         help="do not ask Kafka for consumer-group lag (env ROLLOUTBUS_DASHBOARD_KAFKA_LAG=false)")
 
@@ -29,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from rolloutbus.dashboard.app import Dashboard, assets_missing
 
     flags = {"dashboard_host": "--host", "dashboard_port": "--port", "dashboard_refresh_s": "--refresh",
-             "dashboard_analyst_user": "--analyst-user"}
+             "dashboard_analyst_user": "--analyst-user", "dashboard_scrape": "--scrape"}
     values = {"data_dir": getattr(args, "data_dir", None), "dashboard_host": args.host, "dashboard_port": args.port,
               "dashboard_refresh_s": args.refresh, "dashboard_analyst_user": args.analyst_user,
-              "dashboard_kafka_lag": False if args.no_kafka_lag else None}
+              "dashboard_kafka_lag": False if args.no_kafka_lag else None, "dashboard_scrape": args.scrape}
     s = load_settings(DashboardSettings, {k: v for k, v in values.items() if v is not None}, flags)
     log = logging.getLogger("rolloutbus.dashboard")
     dash = Dashboard.from_settings(s)

@@ -232,6 +232,38 @@ def timeline(spans: list[dict[str, Any]], transitions: list[dict[str, Any]]) -> 
     return out
 
 
+def producer_health(target: str, metrics_text: str) -> dict[str, Any]:
+    """A gateway's or producer's Prometheus text → one row of the pipeline panel: requests by HTTP status
+    class (2xx, 4xx, 503, other 5xx), spans accepted and rejected, spool depth, Kafka up. A metric the
+    process does not export stays None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    row: dict[str, Any] = {"target": target, "2xx": None, "4xx": None, "503": None, "5xx": None, "spans_accepted": None,
+                           "spans_rejected": None, "spool_pending": None, "kafka_up": None}
+
+    def add(key: str, value: float) -> None:
+        row[key] = (row[key] or 0) + value
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith("_requests_total") and "code" in sample.labels:
+                code = sample.labels["code"]
+                add("2xx" if code.startswith("2") else "4xx" if code.startswith("4") else "503" if code == "503" else "5xx", sample.value)
+            elif name.endswith("_spans_accepted_total"):
+                add("spans_accepted", sample.value)
+            elif name.endswith("_spans_rejected_total"):
+                add("spans_rejected", sample.value)
+            elif name.endswith("_spool_pending"):
+                add("spool_pending", sample.value)
+            elif name.endswith("_kafka_up"):
+                row["kafka_up"] = sample.value
+        if family.name.endswith("_requests"):  # it counts requests: a status class never answered is 0, not unknown
+            for key in ("2xx", "4xx", "503", "5xx"):
+                row[key] = row[key] or 0
+    return row
+
+
 def sql_result(columns: list[str], types: list[str], rows: list[Any], max_rows: int) -> dict[str, Any]:
     """The SQL box's answer: columns, which of them are numbers or times (chartable), rows (at most ``max_rows``)."""
     numeric = [any(w in t for w in ("Int", "Float", "Decimal")) for t in types]

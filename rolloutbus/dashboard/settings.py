@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import PORT, CommonSettings
+from rolloutbus.config import PORT, CommonSettings, check_http_url
 
 
 class DashboardSettings(CommonSettings):
@@ -18,3 +18,17 @@ class DashboardSettings(CommonSettings):
         default=None, description="Store user the SQL box runs as (an analyst); unset: the DSN's user, with readonly=1.")
     dashboard_analyst_password: SecretStr | None = Field(default=None, description="Password of the SQL box's user.")
     dashboard_kafka_lag: bool = Field(default=True, description="Ask Kafka for consumer-group lag (false: ClickHouse only).")
+    dashboard_scrape: str | None = Field(
+        default=None, description="Comma-separated Prometheus /metrics URLs of gateways and producers to show (requests by "
+                                  "status, spool depth).")
+
+    @field_validator("dashboard_scrape")
+    @classmethod
+    def _scrape_urls(cls, v: str | None) -> str | None:
+        for url in (v or "").split(","):
+            if url.strip():
+                check_http_url(url.strip())
+        return v
+
+    def scrape_targets(self) -> list[str]:
+        return [u.strip() for u in (self.dashboard_scrape or "").split(",") if u.strip()]

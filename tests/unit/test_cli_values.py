@@ -50,6 +50,7 @@ EXTRA: dict[str, list[str]] = {
     "--state-store": ["redis://x"],
     "--agent-match": ["solver("],
     "--llm-url": ["localhost:8000"],
+    "--scrape": ["http://gw:4318/metrics,gw2:4318"],
     "--candidates": [MISSING],
     "--initial": [MISSING],
     "--run-id": ["Bad Id"],

@@ -129,7 +129,12 @@ async function pipeline() {
   table($("dlq-table"), ["source_topic", "stage", "reason", "records", { key: "last_seen", label: "last seen", render: when }], d.dlq_by_reason);
   const lag = $("lag-table");
   if (d.lag.error) lag.innerHTML = '<p class="muted">' + esc(d.lag.error) + "</p>";
-  else table(lag, ["group", "topic", "lag"], d.lag.groups);
+  else table(lag, ["group", "topic", "partition", "lag"], d.lag.rows);
+  const prod = $("producers-table");
+  if (d.producers.error) prod.innerHTML = '<p class="muted">' + esc(d.producers.error) + "</p>";
+  else table(prod, ["target", "2xx", "4xx", "503", "5xx", { key: "spans_accepted", label: "spans in" },
+                    { key: "spans_rejected", label: "rejected" }, { key: "spool_pending", label: "spool depth" },
+                    { key: "kafka_up", label: "kafka up" }, "error"], d.producers.rows);
 }
 
 // ------------------------------------------------------------------------------------------ trajectories

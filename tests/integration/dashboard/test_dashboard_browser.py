@@ -118,26 +118,48 @@ def pipeline(tmp_path: Path, kafka_conf: dict[str, Any], topics: Any, test_env: 
         store.proc.wait(20)
 
 
-@pytest.fixture
-def dashboard(pipeline: tuple[Store, dict[str, str]], tmp_path: Path) -> Iterator[str]:
-    store, env = pipeline
-    port = free_port()
-    env = {**env, "ROLLOUTBUS_DASHBOARD_TOKEN": TOKEN, "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD": ANALYST_PW,
-           "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", "")}
-    proc = WorkerProc([sys.executable, "-m", "rolloutbus.cli", "dashboard", "--port", str(port), "--refresh", "1",
-                       "--analyst-user", "analyst"], env)
+def serve_until_healthy(args: list[str], env: dict[str, str], url: str) -> WorkerProc:
+    proc = WorkerProc([sys.executable, "-m", "rolloutbus.cli", *args], env)
     LIVE.add(proc)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, proc.output()[-3000:]
         try:
             if requests.get(url + "/healthz", timeout=2).ok:
-                break
+                return proc
         except requests.ConnectionError:
             pass
         assert time.monotonic() < deadline, proc.output()[-3000:]
         time.sleep(0.2)
+
+
+@pytest.fixture
+def gateway(pipeline: tuple[Store, dict[str, str]]) -> Iterator[str]:
+    """A real OTLP gateway that has answered one good request (200) and two bad ones (400, 401)."""
+    _, env = pipeline
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve_until_healthy(["gateway", "--port", str(port)], {**env, "ROLLOUTBUS_GATEWAY_TOKEN": "gw-token",
+                                                                 "PYTHONPATH": str(REPO)}, url)
+    auth = {"Authorization": "Bearer gw-token", "Content-Type": "application/x-protobuf"}
+    try:
+        assert requests.post(url + "/v1/traces", data=b"", headers=auth, timeout=10).status_code == 200  # no spans: fine
+        assert requests.post(url + "/v1/traces", data=b"\xff\xff", headers=auth, timeout=10).status_code == 400
+        assert requests.post(url + "/v1/traces", data=b"", headers={"Content-Type": "application/x-protobuf"}, timeout=10).status_code == 401
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.fixture
+def dashboard(pipeline: tuple[Store, dict[str, str]], gateway: str, tmp_path: Path) -> Iterator[str]:
+    store, env = pipeline
+    port = free_port()
+    env = {**env, "ROLLOUTBUS_DASHBOARD_TOKEN": TOKEN, "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD": ANALYST_PW,
+           "ROLLOUTBUS_DASHBOARD_SCRAPE": gateway + "/metrics", "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", "")}
+    url = f"http://127.0.0.1:{port}"
+    proc = serve_until_healthy(["dashboard", "--port", str(port), "--refresh", "1", "--analyst-user", "analyst"], env, url)
     try:
         yield url
     finally:
@@ -204,6 +226,16 @@ def test_the_dashboard_shows_a_real_run(dashboard: str, browser: Any, tmp_path: 
     assert len(over_time[0]) >= 2, over_time  # two waves, two time buckets
     assert browser.find_elements(By.CSS_SELECTOR, "#dlq-table tbody tr"), browser.find_element(By.ID, "dlq-table").text
     assert browser.find_elements(By.CSS_SELECTOR, "#versions-now tbody tr"), browser.find_element(By.ID, "versions-now").text
+    # Lag per consumer group and partition; the gateway's requests by status and its spool, from its /metrics.
+    lag_head = browser.execute_script("return [...document.querySelectorAll('#lag-table th')].map(e => e.textContent)")
+    assert lag_head == ["group", "topic", "partition", "lag"], browser.find_element(By.ID, "lag-table").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#lag-table tbody tr"), browser.find_element(By.ID, "lag-table").text
+    gw = wait_js(browser, "document.querySelector('#producers-table tbody tr') && "
+                          "[...document.querySelectorAll('#producers-table tbody tr td')].map(e => e.textContent)")
+    head = browser.execute_script("return [...document.querySelectorAll('#producers-table th')].map(e => e.textContent)")
+    row = dict(zip(head, gw))
+    assert row["target"].endswith("/metrics") and row["2xx"] == "1" and row["4xx"] == "2" and row["503"] == "0", row
+    assert row["spool depth"] == "0" and row["kafka up"] == "1", row
 
     # A known rollout, found by search and opened: its turns' text, its tool call, its rewards, returns and advantages.
     box = browser.find_element(By.CSS_SELECTOR, "#filters input[name=q]")

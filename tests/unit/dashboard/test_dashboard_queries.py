@@ -89,3 +89,23 @@ def test_without_the_vendored_library_the_line_says_how_to_get_it(tmp_path: Path
     for name in ("uPlot.iife.min.js", "uPlot.min.css"):
         (tmp_path / "v" / name).write_text("x")
     assert assets_missing(tmp_path / "v") is None
+
+
+def test_a_gateways_metrics_become_one_row_of_requests_by_status_and_spool_depth() -> None:
+    text = """# HELP rolloutbus_gateway_requests_total OTLP requests by HTTP status
+# TYPE rolloutbus_gateway_requests_total counter
+rolloutbus_gateway_requests_total{code="200"} 7.0
+rolloutbus_gateway_requests_total{code="400"} 2.0
+rolloutbus_gateway_requests_total{code="401"} 1.0
+rolloutbus_gateway_requests_total{code="413"} 1.0
+# TYPE rolloutbus_gateway_spans_accepted_total counter
+rolloutbus_gateway_spans_accepted_total 40.0
+# TYPE rolloutbus_gateway_spool_pending gauge
+rolloutbus_gateway_spool_pending 3.0
+# TYPE rolloutbus_gateway_kafka_up gauge
+rolloutbus_gateway_kafka_up 0.0
+"""
+    row = Q.producer_health("http://gw:4318/metrics", text)
+    assert row == {"target": "http://gw:4318/metrics", "2xx": 7.0, "4xx": 4.0, "503": 0, "5xx": 0, "spans_accepted": 40.0,
+                   "spans_rejected": None, "spool_pending": 3.0, "kafka_up": 0.0}
+    assert Q.producer_health("x", "# nothing we know\nother_metric 1.0\n")["2xx"] is None, "no request counter: unknown, not 0"
