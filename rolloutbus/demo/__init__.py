@@ -28,9 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
     p.add_argument("--algorithm", choices=["grpo", "apo"], default="grpo",
                    help="--task sql: grpo trains the weights; apo optimizes the agent's prompt (critiques and rewrites by the served model)")
-    p.add_argument("--val-size", type=Bounded(int, ge=2), default=None, help="--algorithm apo: validation questions per candidate (default 40)")
+    p.add_argument("--val-size", type=Bounded(int, ge=2), default=None, help="--algorithm apo: validation questions per candidate (default 30)")
     p.add_argument("--apo-rounds", type=Bounded(int, ge=0), default=None, help="--algorithm apo: rounds of the beam search (default 2)")
-    p.add_argument("--apo-beam", type=Bounded(int, ge=1), default=None, help="--algorithm apo: beam width (default 2)")
+    p.add_argument("--apo-beam", type=Bounded(int, ge=1), default=None, help="--algorithm apo: beam width (default 1)")
     p.add_argument("--apo-branch", type=Bounded(int, ge=1), default=None, help="--algorithm apo: candidates per beam member per round (default 2)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")

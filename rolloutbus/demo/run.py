@@ -70,6 +70,8 @@ class DemoConfig:
             cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 1e-4, 0.02
             if getattr(args, "model", None):
                 cfg.model = args.model
+            if cfg.algorithm == "apo":  # greedy scoring of many prompts: more agents per batch, a lean search
+                cfg.runners, cfg.val_size, cfg.apo_rounds, cfg.apo_beam, cfg.apo_branch = 32, 30, 2, 1, 2
             if args.quick:
                 cfg.minutes, cfg.runners, cfg.groups_per_step, cfg.held_out = 1.5, 8, 2, 16
         elif args.quick:
