@@ -124,12 +124,14 @@ ROLLOUT_SPANS = """
 SELECT attempt_id, sequence_id, span_id, parent_id, name, kind, agent_name, status_code, status_message,
        start_time_ns / 1e9, duration_ms, model, length(prompt_token_ids), length(response_token_ids),
        response_logprobs, resource_version, reward, reward_dimensions, tool_name, tool_ok, tool_arguments,
-       tool_result, tool_error, attributes, late
+       tool_result, tool_error, attributes, late, arraySlice(response_token_ids, 1, 256)
 FROM spans FINAL WHERE rollout_id = {rid:String} ORDER BY attempt_id, sequence_id
 """
 SPAN_COLUMNS = ["attempt_id", "seq", "span_id", "parent_id", "name", "kind", "agent", "status", "status_message",
                 "start", "duration_ms", "model", "prompt_tokens", "response_tokens", "logprobs", "version", "reward",
-                "reward_dimensions", "tool", "tool_ok", "tool_arguments", "tool_result", "tool_error", "attributes", "late"]
+                "reward_dimensions", "tool", "tool_ok", "tool_arguments", "tool_result", "tool_error", "attributes", "late",
+                "token_ids"]
+TOKENS_SHOWN = 256  # per LLM turn: the first response tokens' ids and log-probabilities
 
 ROLLOUT_TRANSITIONS = """
 SELECT attempt_id, turn, span_id, reward, return_, advantage, trained, group_id, credit,
@@ -225,7 +227,8 @@ def timeline(spans: list[dict[str, Any]], transitions: list[dict[str, Any]]) -> 
         finite = [x for x in logprobs if x is not None]
         item["logprob_mean"] = sum(finite) / len(finite) if finite else None
         item["logprob_min"] = min(finite) if finite else None
-        item["logprobs"] = logprobs[:64]
+        item["logprobs"] = logprobs[:TOKENS_SHOWN]
+        item["token_ids"] = list(s.get("token_ids") or [])[:TOKENS_SHOWN]
         step = steps.get((s["attempt_id"], s["span_id"]))
         item["step"] = None if step is None else {k: step[k] for k in ("turn", "reward", "return", "advantage", "trained")}
         out.append(item)

@@ -189,6 +189,14 @@ async function openRollout(rid) {
         (s.logprob_mean !== null ? " · mean logprob " + esc(fmt(s.logprob_mean)) + " (min " + esc(fmt(s.logprob_min)) + ")" : "") + "</div>";
     }
     for (const [k, v] of Object.entries(s.text || {})) html += '<div class="muted">' + esc(k) + "</div><pre class=\"text\">" + esc(v) + "</pre>";
+    if (s.logprobs && s.logprobs.length) {
+      // One chip per response token: its id and log-probability, darker the more likely the model found it.
+      const chips = s.logprobs.map((lp, i) => '<span class="tok" style="background: rgba(37, 99, 235, ' +
+        (lp === null ? 0 : Math.exp(lp)).toFixed(2) + ')" title="token ' + (i + 1) + '">' + esc(s.token_ids[i] ?? "?") + " <b>" +
+        esc(fmt(lp)) + "</b></span>").join("");
+      html += '<details class="tokens"><summary>per-token log-probabilities (' + s.logprobs.length +
+        (s.response_tokens > s.logprobs.length ? " of " + esc(s.response_tokens) : "") + ")</summary>" + chips + "</details>";
+    }
     if (s.tool) {
       html += '<div class="tool-call">tool <b>' + esc(s.tool) + "</b>(" + esc(s.tool_arguments || "") + ") → " +
         (s.tool_ok === false ? '<span class="error">' + esc(s.tool_error || "failed") + "</span>" : esc(s.tool_result ?? "")) + "</div>";

@@ -251,6 +251,8 @@ def test_the_dashboard_shows_a_real_run(dashboard: str, browser: Any, tmp_path: 
     for text in ("question: 2 3 gain", "calc 2+3", "answer 5", "calculator(2+3) → 5", "final reward 1", "reward 1 (accuracy=1, format=1)",
                  "return 1", "GRPO group task-2@2", "ro-dash-4: reward 0, advantage -1", "agent calc-agent", "prompt 10 tokens → response 3 tokens"):
         assert text in view, f"{text!r} not in the timeline:\n{view}"
+    chips = browser.execute_script("return [...document.querySelectorAll('#timeline .span[data-seq=\"1\"] .tokens .tok')].map(e => e.textContent)")
+    assert chips == ["5 -0.5", "6 -0.25", "7 -0.125"], chips  # each response token's id and log-probability
     kinds = browser.execute_script("return [...document.querySelectorAll('#timeline .span')].map(e => e.className + ' #' + e.dataset.seq)")
     assert kinds == ["span llm #1", "span tool #2", "span llm #3", "span reward #4"], kinds
     # In a group of two with rewards 0 and 1 the winner's advantage is positive, at every step.

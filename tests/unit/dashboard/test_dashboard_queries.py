@@ -30,7 +30,7 @@ def test_values_json_cannot_carry_become_null_or_text() -> None:
 
 def test_a_timeline_puts_each_llm_turns_text_and_step_beside_its_span() -> None:
     spans = [
-        {"attempt_id": "a", "span_id": "s1", "seq": 1, "kind": "llm", "logprobs": [-0.5, -0.25],
+        {"attempt_id": "a", "span_id": "s1", "seq": 1, "kind": "llm", "logprobs": [-0.5, -0.25], "token_ids": [17, 42],
          "attributes": {"gen_ai.prompt": "2 3 gain", "gen_ai.completion": "calc 2+3", "http.route": "/v1"}},
         {"attempt_id": "a", "span_id": "s2", "seq": 2, "kind": "tool", "logprobs": [], "attributes": {}},
     ]
@@ -40,7 +40,8 @@ def test_a_timeline_puts_each_llm_turns_text_and_step_beside_its_span() -> None:
     assert t[0]["attributes"] == {"http.route": "/v1"}
     assert t[0]["step"] == {"turn": 0, "reward": 0.0, "return": 1.0, "advantage": 0.7, "trained": True}
     assert t[0]["logprob_mean"] == pytest.approx(-0.375) and t[0]["logprob_min"] == -0.5
-    assert t[1]["step"] is None and t[1]["logprob_mean"] is None
+    assert t[0]["token_ids"] == [17, 42] and t[0]["logprobs"] == [-0.5, -0.25], "each token's id beside its log-probability"
+    assert t[1]["step"] is None and t[1]["logprob_mean"] is None and t[1]["token_ids"] == []
 
 
 def test_the_sql_answer_says_which_columns_can_be_charted_and_cuts_long_results() -> None:
