@@ -46,8 +46,13 @@ class Candidate:
         return self.config.get("template", "")
 
     @property
+    def rejected(self) -> bool:
+        """A rewrite that is not a usable prompt (see :func:`parse_rewrite`): recorded, never scored."""
+        return self.note.startswith("rejected")
+
+    @property
     def scored(self) -> bool:
-        return self.tasks > 0 and not self.note.startswith("rejected")
+        return self.tasks > 0 and not self.rejected
 
     @property
     def score(self) -> float | None:
@@ -183,7 +188,7 @@ def beam_search(incumbent: Candidate, seeds: Sequence[Candidate], *, rounds: int
     say(f"round 0: {_summary(pool)}")
     for r in range(1, rounds + 1):
         children = expand(beam, r)
-        usable = [c for c in children if not c.note.startswith("rejected")]
+        usable = [c for c in children if not c.rejected]
         if usable:
             score(usable)
         record(children)
