@@ -150,7 +150,185 @@ class Generation:
     finish_reason: str  # "stop" | "length"
 
 
-@torch.no_grad()
+class ContinuousBatch:
+    """Continuous batching over a plain Hugging Face KV cache: requests join and leave between decode steps.
+
+    A static batch runs until its longest answer ends and keeps new requests waiting meanwhile; here a
+    finished row leaves at once (its cache rows are dropped) and :meth:`admit` prefills newcomers and
+    merges their cache into the running one (left padding, per-row positions), so one forward pass per
+    step serves whoever is in flight — the scheduling vLLM does, on CPU-sized models.
+
+    Agents resend the same system prompt and examples: the common prefix of an admission (or the one
+    kept from an earlier admission, when every newcomer starts with it) is prefilled once and shared.
+    Holds one model's state: make a new one after swapping weights. ``key`` is the caller's handle.
+    """
+
+    def __init__(self, model: Any, stop_ids: Sequence[int] = (), pad_id: int = 0, generator: torch.Generator | None = None) -> None:
+        self.model, self.pad_id, self.generator = model, pad_id, generator
+        self.stops = set(int(s) for s in stop_ids)
+        self.device = next(model.parameters()).device
+        self.limit = max_positions(model)
+        self._rows: list[_Row] = []
+        self._cache: Any = None  # DynamicCache over the rows in flight
+        self._attn = torch.zeros((0, 0), dtype=torch.long)
+        self._prefix: tuple[tuple[int, ...], Any] | None = None  # ids and a batch-1 cache of them
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @torch.no_grad()
+    def admit(self, requests: Sequence[tuple[Any, Sequence[int], int, float]]) -> list[tuple[Any, Generation | Exception]]:
+        """Prefill ``(key, prompt_ids, max_new_tokens, temperature)`` requests and sample their first token.
+
+        Returns the ones that are already finished (a stop token first, ``max_new_tokens`` 0) and, as
+        :class:`ContextTooLong`, those that cannot run; the rest stay in flight for :meth:`step`.
+        """
+        done: list[tuple[Any, Generation | Exception]] = []
+        todo: list[tuple[Any, list[int], int, float]] = []
+        for key, prompt, max_new, temp in requests:
+            p = [int(t) for t in prompt]
+            if not p:
+                done.append((key, ContextTooLong("empty prompt: give at least one token (e.g. <bos>)")))
+            elif len(p) >= self.limit:
+                done.append((key, ContextTooLong(f"prompt of {len(p)} tokens does not fit the model's {self.limit}-token context")))
+            elif max_new <= 0:
+                done.append((key, Generation([], [], "length")))
+            else:
+                todo.append((key, p, max(1, min(int(max_new), self.limit - len(p))), float(temp)))
+        if not todo:
+            return done
+        prompts = [p for _, p, _, _ in todo]
+        past, shared = self._shared_prefix(prompts)
+        suffixes = [p[shared:] for p in prompts]
+        n, width = len(todo), max(len(s) for s in suffixes)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, shared + width), dtype=torch.long)
+        attn[:, :shared] = 1
+        for i, s in enumerate(suffixes):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            attn[i, shared + width - len(s):] = 1
+        # Padding sits between the shared prefix and each suffix: masked out, positions continue after it.
+        pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, shared:]
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=pos.to(self.device),
+                         past_key_values=past, use_cache=True)
+        rows = [_Row(key, m, t, Generation([], [], "length"), len(p)) for (key, p, m, t) in todo]
+        self._merge(rows, out.past_key_values, attn)
+        return done + self._advance(out.logits[:, -1, :].float(), first=len(self._rows) - n)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, Generation | Exception]]:
+        """One decode step for every row in flight; returns the rows that finished."""
+        if not self._rows:
+            return []
+        last = torch.tensor([[r.gen.token_ids[-1]] for r in self._rows], dtype=torch.long, device=self.device)
+        pos = torch.tensor([[r.pos] for r in self._rows], dtype=torch.long, device=self.device)
+        self._attn = torch.cat([self._attn, torch.ones((len(self._rows), 1), dtype=torch.long)], dim=1)
+        out = self.model(input_ids=last, attention_mask=self._attn.to(self.device), position_ids=pos,
+                         past_key_values=self._cache, use_cache=True)
+        self._cache = out.past_key_values
+        for r in self._rows:
+            r.pos += 1
+        return self._advance(out.logits[:, -1, :].float(), first=0)
+
+    # ------------------------------------------------------------------ internals
+
+    def _advance(self, logits: torch.Tensor, first: int) -> list[tuple[Any, Generation | Exception]]:
+        """Sample the next token of rows ``first..`` from their logits; drop the rows that finish."""
+        rows = self._rows[first:]
+        temps = [r.temp for r in rows]
+        temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=logits.device).unsqueeze(-1)
+        greedy = torch.tensor([t <= 0 for t in temps], device=logits.device)
+        logp = torch.log_softmax(logits / temp_t, dim=-1)
+        sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        nxt = torch.where(greedy, logits.argmax(-1), sampled)
+        chosen = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
+        finished: list[tuple[Any, Generation | Exception]] = []
+        keep = list(range(first))
+        for i, (r, tok_id, lp) in enumerate(zip(rows, nxt.tolist(), chosen)):
+            r.gen.token_ids.append(int(tok_id))
+            r.gen.logprobs.append(float(min(lp, 0.0)))
+            if tok_id in self.stops:
+                r.gen.finish_reason = "stop"
+            if tok_id in self.stops or len(r.gen.token_ids) >= r.max_new:
+                finished.append((r.key, r.gen))
+            else:
+                keep.append(first + i)
+        if len(keep) < len(self._rows):
+            self._select(keep)
+        return finished
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[Any, int]:
+        """A cache of the newcomers' common prefix (expanded to their number) and its length, or ``(None, 0)``."""
+        shortest = min(len(p) for p in prompts)
+        if self._prefix is not None:
+            ids, cache = self._prefix
+            if len(ids) < shortest and all(tuple(p[: len(ids)]) == ids for p in prompts):
+                return _repeat_cache(cache, len(prompts)), len(ids)
+        if len(prompts) < 2:
+            return None, 0
+        shared = min(_common_prefix(prompts), shortest - 1)
+        if shared < MIN_SHARED_PREFIX:
+            return None, 0
+        ids = tuple(prompts[0][:shared])
+        cache = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True).past_key_values
+        self._prefix = (ids, cache)
+        return _repeat_cache(cache, len(prompts)), shared
+
+    def _merge(self, rows: list[_Row], cache: Any, attn: torch.Tensor) -> None:
+        """Append newcomers' rows, cache and mask to the running batch, left-padding the shorter side."""
+        if not self._rows:
+            self._rows, self._cache, self._attn = rows, cache, attn
+            return
+        width = max(self._attn.shape[1], attn.shape[1])
+        for old, new in zip(self._cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)], dim=0)
+            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)], dim=0)
+        self._attn = torch.cat([_left_pad_mask(self._attn, width), _left_pad_mask(attn, width)], dim=0)
+        self._rows = self._rows + rows
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep``; drop cache columns that no remaining row attends to."""
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache, self._attn = None, torch.zeros((0, 0), dtype=torch.long)
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        attn = self._attn[idx]
+        start = int(attn.any(dim=0).long().argmax())  # first column anyone still attends to
+        self._attn = attn[:, start:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[idx.to(layer.keys.device), :, start:, :]
+            layer.values = layer.values[idx.to(layer.values.device), :, start:, :]
+
+
+@dataclass
+class _Row:
+    key: Any
+    max_new: int
+    temp: float
+    gen: Generation
+    pos: int  # position id of the last sampled token
+
+
+def _repeat_cache(cache: Any, n: int) -> Any:
+    from transformers import DynamicCache
+
+    copy = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        copy.update(layer.keys.expand(n, -1, -1, -1).contiguous(), layer.values.expand(n, -1, -1, -1).contiguous(), i)
+    return copy
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    extra = width - t.shape[2]
+    return t if extra == 0 else torch.cat([t.new_zeros((t.shape[0], t.shape[1], extra, t.shape[3])), t], dim=2)
+
+
+def _left_pad_mask(m: torch.Tensor, width: int) -> torch.Tensor:
+    extra = width - m.shape[1]
+    return m if extra == 0 else torch.cat([m.new_zeros((m.shape[0], extra)), m], dim=1)
+
+
 def generate_batch(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -161,84 +339,27 @@ def generate_batch(
     pad_id: int = 0,
     generator: torch.Generator | None = None,
 ) -> list[Generation]:
-    """Sample continuations of several prompts at once (left padding + KV cache).
+    """Sample continuations of several prompts at once (a :class:`ContinuousBatch` run to the end).
 
     ``max_new_tokens`` and ``temperature`` may differ per prompt (concurrent server requests); a
     temperature of 0 is greedy. A stop token is included in the returned ids (the trainer must learn
     to emit it) and ends that row.
     """
     n = len(prompts)
-    if n == 0:
-        return []
     max_new = [int(max_new_tokens)] * n if isinstance(max_new_tokens, int) else [int(x) for x in max_new_tokens]
     temps = [float(temperature)] * n if isinstance(temperature, (int, float)) else [float(x) for x in temperature]
-    limit = max_positions(model)
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ContextTooLong("empty prompt: give at least one token (e.g. <bos>)")
-        if len(p) >= limit:
-            raise ContextTooLong(f"prompt of {len(p)} tokens does not fit the model's {limit}-token context")
-        max_new[i] = max(0, min(max_new[i], limit - len(p)))
-    device = next(model.parameters()).device
-    # Agents resend the same system prompt and examples: prefill their common prefix once, share its cache.
-    shared = _common_prefix(prompts) if n > 1 else 0
-    shared = min(shared, min(len(p) for p in prompts) - 1)
-    past = None
-    if shared >= MIN_SHARED_PREFIX:
-        pre = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
-        past = model(input_ids=pre, use_cache=True).past_key_values
-        past.batch_repeat_interleave(n)
-        prompts = [p[shared:] for p in prompts]
-    else:
-        shared = 0
-    width = max(len(p) for p in prompts)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, shared + width), dtype=torch.long)
-    attn[:, :shared] = 1
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        attn[i, shared + width - len(p) :] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    # Padding sits between the shared prefix and each suffix: masked out, positions continue after it.
-    pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, shared:]
-    temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=device).unsqueeze(-1)
-    greedy = torch.tensor([t <= 0 for t in temps], device=device)
-    stops = set(int(s) for s in stop_ids)
-    out: list[Generation] = [Generation([], [], "length") for _ in range(n)]
-    done = [m == 0 for m in max_new]
-    steps = max(max_new)
-    out_model = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=past, use_cache=True)
-    past = out_model.past_key_values
-    logits = out_model.logits[:, -1, :].float()
-    last_pos = pos[:, -1:]
-    for step in range(steps):
-        if all(done):
+    batch = ContinuousBatch(model, stop_ids, pad_id, generator)
+    results: dict[int, Generation] = {}
+    finished = batch.admit([(i, p, m, t) for i, (p, m, t) in enumerate(zip(prompts, max_new, temps))])
+    while True:
+        for i, g in finished:
+            if isinstance(g, Exception):
+                raise g
+            results[i] = g
+        if not len(batch):
             break
-        logp = torch.log_softmax(logits / temp_t, dim=-1)
-        sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-        nxt = torch.where(greedy, logits.argmax(-1), sampled)
-        chosen_lp = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
-        nxt_list = nxt.tolist()
-        for i in range(n):
-            if done[i]:
-                continue
-            out[i].token_ids.append(int(nxt_list[i]))
-            out[i].logprobs.append(float(min(chosen_lp[i], 0.0)))
-            if nxt_list[i] in stops:
-                out[i].finish_reason = "stop"
-                done[i] = True
-            elif len(out[i].token_ids) >= max_new[i]:
-                done[i] = True
-        if all(done) or step == steps - 1:
-            break
-        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
-        last_pos = last_pos + 1
-        out_model = model(
-            input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=last_pos, past_key_values=past, use_cache=True
-        )
-        past = out_model.past_key_values
-        logits = out_model.logits[:, -1, :].float()
-    return out
+        finished = batch.step()
+    return [results[i] for i in range(n)]
 
 
 MIN_SHARED_PREFIX = 16
@@ -294,6 +415,7 @@ __all__ = [
     "TINY_NAME",
     "TinyConfig",
     "ContextTooLong",
+    "ContinuousBatch",
     "Generation",
     "base_model_name",
     "build_tiny",

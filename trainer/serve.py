@@ -9,17 +9,20 @@ vLLM-compatible extras the LLM proxy relies on:
   ``choices[i].logprobs = {"tokens", "token_logprobs"}`` — the behaviour log-probs GRPO needs;
 * every response carries the header ``x-rolloutbus-resource-version`` and ``"resource_version"``.
 
-Concurrent requests are batched: a worker takes whatever is queued (up to ``max_batch``) and samples
-them together (left padding, per-request temperature and length). A :class:`ResourceFollower` watches
-``rb.resources``; when a newer version of the resource appears, its weights are loaded in the
-background and swapped in between two batches, so a response never mixes versions. ``stream=true``
-answers with server-sent events (a chunk per token, sent when the batch has been sampled); ``stop``
-strings are ignored.
+Concurrent requests are batched continuously (:class:`trainer.model.ContinuousBatch`): up to
+``max_batch`` requests are in flight, each decode step is one forward pass for all of them, a request
+that finishes answers at once and a newcomer joins at the next step (per-request temperature and
+length). A :class:`ResourceFollower` watches ``rb.resources``; when a newer version of the resource
+appears, its weights are loaded in the background; newcomers then wait while the requests in flight
+finish, and the new weights are swapped in with nothing in flight, so a response never mixes versions.
+``stream=true`` answers with server-sent events (a chunk per token, sent when the request has been
+sampled); ``stop`` strings are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -31,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from rolloutbus.errors import RolloutbusError
-from trainer.model import ContextTooLong, generate_batch
+from trainer.model import ContextTooLong, ContinuousBatch
 from trainer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -70,7 +73,7 @@ class PolicyServer:
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task[None] | None = None
         self.requests_served = 0
-        self.batches_run = 0
+        self.steps_run = 0  # forward passes (each serves every request in flight)
 
     # ------------------------------------------------------------------ weights
 
@@ -107,39 +110,61 @@ class PolicyServer:
                 pass
 
     async def _run(self) -> None:
+        """Continuous batching: newcomers join the rows in flight between decode steps, finished rows answer at once."""
         assert self._queue is not None
         loop = asyncio.get_running_loop()
+        pending: list[_Request] = []
+        inflight: dict[int, _Request] = {}
+        batch: ContinuousBatch | None = None
+        policy: Policy | None = None
+        keys = itertools.count()
         while True:
-            first = await self._queue.get()
-            batch = [first]
-            await asyncio.sleep(0.002)  # let concurrent requests arrive and join this batch
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            self._swap()
-            policy = self.policy
-            if policy is None:
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(BadRequest("no model loaded yet"))
-                continue
+            if not inflight and not pending:
+                pending.append(await self._queue.get())
+                await asyncio.sleep(0.002)  # let concurrent requests arrive and start together
+            while not self._queue.empty():
+                pending.append(self._queue.get_nowait())
+            if not inflight:  # weights change only with nothing in flight: a response never mixes versions
+                self._swap()
+                if self.policy is None:
+                    for r in pending:
+                        if not r.future.done():
+                            r.future.set_exception(BadRequest("no model loaded yet"))
+                    pending = []
+                    continue
+                if batch is None or policy is not self.policy:
+                    policy = self.policy
+                    batch = ContinuousBatch(policy.model, policy.tok.stop_ids, policy.tok.pad_id)
+            assert batch is not None and policy is not None
+            admit: list[tuple[int, _Request]] = []
+            if self._next is None:  # a newer version is staged: let the rows in flight finish first
+                room = self.max_batch - len(inflight)
+                admit = [(next(keys), r) for r in pending[:room]]
+                pending = pending[room:]
+                inflight.update(admit)
             try:
-                gens = await loop.run_in_executor(None, self._generate, policy, batch)
-            except Exception as exc:  # one bad batch must not stop the worker
-                for r in batch:
+                finished = await loop.run_in_executor(None, self._advance, batch, admit)
+            except Exception as exc:  # one bad step must not stop the worker
+                for r in inflight.values():
                     if not r.future.done():
                         r.future.set_exception(exc)
+                inflight, batch = {}, None
                 continue
-            self.batches_run += 1
-            for r, g in zip(batch, gens):
-                if not r.future.done():
-                    r.future.set_result((g, policy))
+            self.steps_run += 1
+            for key, result in finished:
+                r = inflight.pop(key)
+                if r.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    r.future.set_exception(result)
+                else:
+                    r.future.set_result((result, policy))
 
     @staticmethod
-    def _generate(policy: Policy, batch: list[_Request]) -> list[Any]:
-        return generate_batch(
-            policy.model, [r.prompt for r in batch], max_new_tokens=[r.max_tokens for r in batch],
-            temperature=[r.temperature for r in batch], stop_ids=policy.tok.stop_ids, pad_id=policy.tok.pad_id,
-        )
+    def _advance(batch: ContinuousBatch, admit: list[tuple[int, _Request]]) -> list[tuple[int, Any]]:
+        """Admit newcomers (prefill, first token), then one decode step for every row in flight."""
+        done = batch.admit([(k, r.prompt, r.max_tokens, r.temperature) for k, r in admit]) if admit else []
+        return done + batch.step()
 
     async def sample(self, prompt: list[int], max_tokens: int, temperature: float, n: int = 1) -> list[tuple[Any, Policy]]:
         """Queue ``n`` samples of ``prompt``; they share a batch with whatever else is queued."""

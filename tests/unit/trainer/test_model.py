@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rolloutbus.errors import ConfigError
-from trainer.model import ContextTooLong, base_model_name, build_tiny, generate, generate_batch, load_policy, save_policy, sequence_logprobs
+from trainer.model import ContextTooLong, ContinuousBatch, base_model_name, build_tiny, generate, generate_batch, load_policy, save_policy, sequence_logprobs
 from trainer.sft import SFTConfig, sft
 from trainer.tokenizer import CharTokenizer, load_tokenizer
 
@@ -76,6 +76,40 @@ def test_batched_generation_matches_one_at_a_time() -> None:
         assert g.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     with pytest.raises(ContextTooLong):
         generate_batch(model, [[1] * 5000], max_new_tokens=1)
+
+
+def test_rows_join_and_leave_a_running_batch_without_changing_what_they_sample() -> None:
+    """Continuous batching: a request admitted while others are mid-answer, and rows that finish early,
+    get exactly the greedy answer (and the log-probs) they get alone; a prompt that cannot run fails alone."""
+    model, tok = build_tiny(seed=0)
+    shared = tok.encode("You answer sums. ", add_bos=True)
+    prompts = {"a": shared + tok.encode("2+2="), "b": shared + tok.encode("a much longer question: 17+25="),
+               "c": tok.encode("unrelated", add_bos=True), "d": shared + tok.encode("9+1=")}
+    lengths = {"a": 3, "b": 9, "c": 6, "d": 5}
+    alone = {k: generate_batch(model, [p], max_new_tokens=lengths[k], temperature=0.0)[0] for k, p in prompts.items()}
+    batch = ContinuousBatch(model, pad_id=tok.pad_id)
+    got: dict[str, object] = {}
+    got.update(batch.admit([("a", prompts["a"], 3, 0.0), ("b", prompts["b"], 9, 0.0), ("long", [1] * 5000, 4, 0.0)]))
+    assert isinstance(got.pop("long"), ContextTooLong) and len(batch) == 2
+    for step in range(12):
+        if step == 1:  # mid-flight, alone: it starts with the prefix kept from the first admission
+            fed: list[int] = []
+            real = model.forward
+            model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or real(*a, **kw)  # type: ignore[method-assign]
+            try:
+                got.update(batch.admit([("d", prompts["d"], 5, 0.0)]))
+            finally:
+                model.forward = real  # type: ignore[method-assign]
+            assert fed == [len(prompts["d"]) - len(shared)]  # only its own suffix is prefilled
+        if step == 2:  # and one that shares nothing
+            got.update(batch.admit([("c", prompts["c"], 6, 0.0)]))
+        got.update(batch.step())
+        if step == 1:
+            assert "a" in got and len(batch) == 2  # "a" left; the others go on without it
+    assert len(batch) == 0 and set(got) == set(prompts)
+    for k, g in got.items():
+        assert g.token_ids == alone[k].token_ids, k  # type: ignore[attr-defined]
+        assert g.logprobs == pytest.approx(alone[k].logprobs, abs=1e-4), k  # type: ignore[attr-defined]
 
 
 def test_sft_teaches_the_response_and_to_stop() -> None:

@@ -73,7 +73,8 @@ def test_concurrent_requests_share_batches_and_swap_between_them() -> None:
             req = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
             rs = await asyncio.gather(*[client.post("/v1/chat/completions", json=req) for _ in range(8)])
             assert all(r.status == 200 for r in rs)
-            assert server.batches_run < 8  # several requests were sampled together
+            sampled = sum([(await r.json())["usage"]["completion_tokens"] for r in rs])
+            assert server.steps_run < sampled  # several requests were sampled by the same forward passes
             other, _ = build_tiny(seed=1)
             server.offer(Policy(other, tok, 2, "b"))
             r = await client.post("/v1/chat/completions", json=req)
@@ -81,6 +82,36 @@ def test_concurrent_requests_share_batches_and_swap_between_them() -> None:
             server.offer(Policy(model, tok, 1, "a"))  # an older version never replaces a newer one
             r = await client.post("/v1/chat/completions", json=req)
             assert r.headers[VERSION_HEADER] == "2"
+        finally:
+            await client.close()
+
+    _run(go())
+
+
+def test_a_short_request_answers_while_a_long_one_is_still_sampling() -> None:
+    """Continuous batching: a request that joins later and needs few tokens does not wait for the long one."""
+    model, tok = build_tiny(seed=0)
+
+    class NoStop(type(tok)):  # type: ignore[misc]
+        stop_ids = ()  # the untrained model must not end the long answer early
+
+    no_stop = NoStop()
+    server = PolicyServer(Policy(model, no_stop, 1, "a"), max_batch=8)
+
+    async def go() -> None:
+        client = await _client(server)
+        try:
+            order: list[str] = []
+
+            async def ask(name: str, max_tokens: int, delay: float) -> int:
+                await asyncio.sleep(delay)
+                r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": max_tokens, "temperature": 0})
+                order.append(name)
+                return int((await r.json())["usage"]["completion_tokens"])
+
+            long, short = await asyncio.gather(ask("long", 400, 0.0), ask("short", 3, 0.3))
+            assert (long, short) == (400, 3)
+            assert order == ["short", "long"]
         finally:
             await client.close()
 
