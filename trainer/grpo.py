@@ -10,7 +10,7 @@ Objective per active token (Schulman et al. PPO-clip, as used by GRPO/DAPO):
 
     ratio = exp(logp - old_logp)
     L_tok = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) + beta * k3(logp, ref_logp)
-    k3    = exp(ref_logp - logp) - (ref_logp - logp) - 1           (unbiased, always >= 0)
+    k3    = exp(ref_logp - logp) - (ref_logp - logp) - 1           (unbiased, always >= 0; at most 10 per token)
 
 Aggregation over tokens (``loss_agg``):
 
@@ -95,10 +95,18 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
+KL_TOKEN_MAX = 10.0
+
+
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(pi || ref) per token: ``exp(d) - d - 1`` with ``d = ref - logp``."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+    """Schulman's k3 estimator of KL(pi || ref) per token: ``exp(d) - d - 1`` with ``d = ref - logp``.
+
+    Bounded as verl's ``low_var_kl`` bounds it (``d`` to [-20, 20], the result to at most
+    :data:`KL_TOKEN_MAX`): one token the policy has pushed far below the reference (``d`` = 7 gives
+    1,000) would otherwise outweigh the whole batch's policy gradient.
+    """
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1.0).clamp(max=KL_TOKEN_MAX)
 
 
 def aggregate(

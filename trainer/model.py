@@ -158,20 +158,25 @@ class ContinuousBatch:
     merges their cache into the running one (left padding, per-row positions), so one forward pass per
     step serves whoever is in flight — the scheduling vLLM does, on CPU-sized models.
 
-    Agents resend the same system prompt and examples: the common prefix of an admission (or the one
-    kept from an earlier admission, when every newcomer starts with it) is prefilled once and shared.
-    Holds one model's state: make a new one after swapping weights. ``key`` is the caller's handle.
+    Prefix caching (vLLM's automatic prefix caching, in small): agents resend the same system prompt and
+    examples, and an agent's next turn resends its previous turn. The KV of every finished request (its
+    prompt and answer) and of each admission's common prefix is kept (the last ``keep_prefixes``); a
+    newcomer reuses the longest kept prefix of its prompt and prefills only the rest. A reused prefix is
+    the same computation, so answers do not change. Holds one model's state: make a new one after
+    swapping weights. ``key`` is the caller's handle.
     """
 
-    def __init__(self, model: Any, stop_ids: Sequence[int] = (), pad_id: int = 0, generator: torch.Generator | None = None) -> None:
-        self.model, self.pad_id, self.generator = model, pad_id, generator
+    def __init__(self, model: Any, stop_ids: Sequence[int] = (), pad_id: int = 0, generator: torch.Generator | None = None,
+                 keep_prefixes: int = 64) -> None:
+        self.model, self.pad_id, self.generator, self.keep_prefixes = model, pad_id, generator, keep_prefixes
         self.stops = set(int(s) for s in stop_ids)
         self.device = next(model.parameters()).device
         self.limit = max_positions(model)
         self._rows: list[_Row] = []
         self._cache: Any = None  # DynamicCache over the rows in flight
         self._attn = torch.zeros((0, 0), dtype=torch.long)
-        self._prefix: tuple[tuple[int, ...], Any] | None = None  # ids and a batch-1 cache of them
+        self._prefixes: list[_Prefix] = []  # most recently used last
+        self.prefill_tokens = self.reused_tokens = 0
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -198,20 +203,33 @@ class ContinuousBatch:
         if not todo:
             return done
         prompts = [p for _, p, _, _ in todo]
-        past, shared = self._shared_prefix(prompts)
-        suffixes = [p[shared:] for p in prompts]
-        n, width = len(todo), max(len(s) for s in suffixes)
+        reuse = self._reuse(prompts)
+        n, shared = len(todo), max(k for _, k in reuse)
+        width = max(len(p) - k for p, (_, k) in zip(prompts, reuse))
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((n, shared + width), dtype=torch.long)
-        attn[:, :shared] = 1
-        for i, s in enumerate(suffixes):
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            attn[i, shared + width - len(s):] = 1
-        # Padding sits between the shared prefix and each suffix: masked out, positions continue after it.
+        for i, (p, (_, k)) in enumerate(zip(prompts, reuse)):
+            attn[i, shared - k:shared] = 1
+            ids[i, width - (len(p) - k):] = torch.tensor(p[k:], dtype=torch.long)
+            attn[i, shared + width - (len(p) - k):] = 1
+        past = None
+        if shared:  # each row's reused prefix, left-padded to the longest
+            from transformers import DynamicCache
+
+            past = DynamicCache()
+            for layer in range(len(reuse[0][0].keys)):  # type: ignore[union-attr]
+                keys = [_left_pad(pre.keys[layer][:, :, :k], shared) if pre else None for pre, k in reuse]  # type: ignore[union-attr]
+                values = [_left_pad(pre.values[layer][:, :, :k], shared) if pre else None for pre, k in reuse]  # type: ignore[union-attr]
+                like = next(t for t in keys if t is not None)
+                past.update(torch.cat([t if t is not None else like.new_zeros(like.shape) for t in keys]),
+                            torch.cat([t if t is not None else like.new_zeros(like.shape) for t in values]), layer)
+        self.reused_tokens += sum(k for _, k in reuse)
+        self.prefill_tokens += sum(len(p) - k for p, (_, k) in zip(prompts, reuse))
+        # Padding sits between each reused prefix and its suffix: masked out, positions continue after it.
         pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, shared:]
         out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=pos.to(self.device),
-                         past_key_values=past, use_cache=True)
-        rows = [_Row(key, m, t, Generation([], [], "length"), len(p)) for (key, p, m, t) in todo]
+                         past_key_values=past, use_cache=True, logits_to_keep=1)
+        rows = [_Row(key, m, t, Generation([], [], "length"), len(p), p) for (key, p, m, t) in todo]
         self._merge(rows, out.past_key_values, attn)
         return done + self._advance(out.logits[:, -1, :].float(), first=len(self._rows) - n)
 
@@ -239,8 +257,12 @@ class ContinuousBatch:
         temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=logits.device).unsqueeze(-1)
         greedy = torch.tensor([t <= 0 for t in temps], device=logits.device)
         logp = torch.log_softmax(logits / temp_t, dim=-1)
-        sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
-        nxt = torch.where(greedy, logits.argmax(-1), sampled)
+        nxt = logits.argmax(-1)
+        if not bool(greedy.all()):  # inverse-CDF sampling: one uniform per row (multinomial costs ~15x more here)
+            cdf = logp.exp().cumsum(-1)
+            u = 1.0 - torch.rand((len(rows), 1), generator=self.generator, device=logits.device)  # in (0, 1]
+            sampled = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            nxt = torch.where(greedy, nxt, sampled)
         chosen = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
         finished: list[tuple[Any, Generation | Exception]] = []
         keep = list(range(first))
@@ -251,28 +273,49 @@ class ContinuousBatch:
                 r.gen.finish_reason = "stop"
             if tok_id in self.stops or len(r.gen.token_ids) >= r.max_new:
                 finished.append((r.key, r.gen))
+                if self._cache is not None and len(r.gen.token_ids) > 1:  # its KV: the prompt and all but the last token
+                    self._keep(self._row_prefix(first + i, r.prompt + r.gen.token_ids[:-1]))
             else:
                 keep.append(first + i)
         if len(keep) < len(self._rows):
             self._select(keep)
         return finished
 
-    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[Any, int]:
-        """A cache of the newcomers' common prefix (expanded to their number) and its length, or ``(None, 0)``."""
-        shortest = min(len(p) for p in prompts)
-        if self._prefix is not None:
-            ids, cache = self._prefix
-            if len(ids) < shortest and all(tuple(p[: len(ids)]) == ids for p in prompts):
-                return _repeat_cache(cache, len(prompts)), len(ids)
-        if len(prompts) < 2:
+    def _reuse(self, prompts: list[list[int]]) -> list[tuple[_Prefix | None, int]]:
+        """Per prompt, the kept prefix to reuse and how many of its tokens (at least one token is left to prefill)."""
+        if len(prompts) > 1:  # newcomers that share more than any kept prefix: prefill what they share once
+            shared = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
+            if shared >= MIN_SHARED_PREFIX and shared > max(self._match(prompts[0])[1], 0):
+                ids = tuple(prompts[0][:shared])
+                cache = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True,
+                                   logits_to_keep=1).past_key_values
+                self.prefill_tokens += shared
+                self._keep(_Prefix(ids, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]))
+        return [self._match(p) for p in prompts]
+
+    def _match(self, prompt: list[int]) -> tuple[_Prefix | None, int]:
+        best: tuple[_Prefix | None, int] = (None, 0)
+        for pre in self._prefixes:
+            k = min(_common_prefix([pre.ids, prompt]), len(prompt) - 1)
+            if k > best[1]:
+                best = (pre, k)
+        if best[1] < MIN_SHARED_PREFIX:
             return None, 0
-        shared = min(_common_prefix(prompts), shortest - 1)
-        if shared < MIN_SHARED_PREFIX:
-            return None, 0
-        ids = tuple(prompts[0][:shared])
-        cache = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True).past_key_values
-        self._prefix = (ids, cache)
-        return _repeat_cache(cache, len(prompts)), shared
+        self._prefixes.remove(best[0])  # type: ignore[arg-type]
+        self._prefixes.append(best[0])  # type: ignore[arg-type]
+        return best
+
+    def _keep(self, prefix: _Prefix) -> None:
+        """Keep ``prefix`` (most recent last); an older one it extends is dropped, the oldest beyond the limit too."""
+        kept = [p for p in self._prefixes if prefix.ids[: len(p.ids)] != p.ids]
+        self._prefixes = (kept + [prefix])[-self.keep_prefixes:] if self.keep_prefixes > 0 else []
+
+    def _row_prefix(self, row: int, ids: list[int]) -> _Prefix:
+        cols = self._attn[row].nonzero().squeeze(-1)
+        cols = cols[-len(ids):]  # the row's own positions, padding left out
+        keys = [layer.keys[row:row + 1, :, cols.to(layer.keys.device)] for layer in self._cache.layers]
+        values = [layer.values[row:row + 1, :, cols.to(layer.values.device)] for layer in self._cache.layers]
+        return _Prefix(tuple(ids), keys, values)
 
     def _merge(self, rows: list[_Row], cache: Any, attn: torch.Tensor) -> None:
         """Append newcomers' rows, cache and mask to the running batch, left-padding the shorter side."""
@@ -308,15 +351,16 @@ class _Row:
     temp: float
     gen: Generation
     pos: int  # position id of the last sampled token
+    prompt: list[int]
 
 
-def _repeat_cache(cache: Any, n: int) -> Any:
-    from transformers import DynamicCache
+@dataclass
+class _Prefix:
+    """Kept KV of a token sequence (batch 1, per layer), reusable by any prompt that starts with some of it."""
 
-    copy = DynamicCache()
-    for i, layer in enumerate(cache.layers):
-        copy.update(layer.keys.expand(n, -1, -1, -1).contiguous(), layer.values.expand(n, -1, -1, -1).contiguous(), i)
-    return copy
+    ids: tuple[int, ...]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -13,9 +13,9 @@ from rolloutbus.flags import Bounded
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --quick: 0.6)")
     p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
-                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8)")
+                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4)")
     p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16)")
-    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8)")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2)")
     p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150 of the 486 problems)")
     p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help="trainer learning rate (default 5e-4; --task sql 1e-4)")
     p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05)")

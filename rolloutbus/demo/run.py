@@ -66,8 +66,9 @@ class DemoConfig:
         if cfg.algorithm == "apo" and cfg.task != "sql":
             raise ConfigError("--algorithm apo optimizes the SQL agent's prompt: use it with --task sql")
         if cfg.task == "sql":
-            # A 135M-parameter model on 2 cores: small groups, few per step, the top layers trained.
-            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 4, 1e-4, 0.02
+            # A 135M-parameter model on 2 cores: small groups, two per step (a step as soon as two groups
+            # teach, so later rollouts come from the better policy), the top layers trained.
+            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 2, 1e-4, 0.02
             if getattr(args, "model", None):
                 cfg.model = args.model
             if cfg.algorithm == "apo":  # greedy scoring of many prompts: more agents per batch, a lean search

@@ -114,6 +114,9 @@ def test_kl_k3_hand_value_and_zero_at_equality() -> None:
     assert kl.item() == pytest.approx(0.5 + math.log(2.0) - 1.0)
     assert kl_k3(torch.tensor([-1.3]), torch.tensor([-1.3])).item() == 0.0
     assert (kl_k3(torch.randn(100), torch.randn(100)) >= 0).all()
+    # a token pushed far below the reference counts at most KL_TOKEN_MAX (as verl's low_var_kl), not e^7
+    far = kl_k3(torch.tensor([-8.0, -1.5], requires_grad=True), torch.tensor([-1.0, -1.0]))
+    assert far[0].item() == 10.0 and far[1].item() == pytest.approx(math.exp(0.5) - 0.5 - 1.0)
 
 
 def test_grpo_loss_values_and_metrics() -> None:

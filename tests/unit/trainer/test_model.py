@@ -110,6 +110,18 @@ def test_rows_join_and_leave_a_running_batch_without_changing_what_they_sample()
     for k, g in got.items():
         assert g.token_ids == alone[k].token_ids, k  # type: ignore[attr-defined]
         assert g.logprobs == pytest.approx(alone[k].logprobs, abs=1e-4), k  # type: ignore[attr-defined]
+    # The next turn resends the previous one: what "b" was given and answered is kept, only the rest is prefilled.
+    turn2 = prompts["b"] + got["b"].token_ids + tok.encode(" and 3+3=")  # type: ignore[attr-defined]
+    fed.clear()
+    model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or real(*a, **kw)  # type: ignore[method-assign]
+    try:
+        first = batch.admit([("b2", turn2, 4, 0.0)])
+    finally:
+        model.forward = real  # type: ignore[method-assign]
+    assert fed == [len(tok.encode(" and 3+3=")) + 1]  # the last answer token was never fed, so it is prefilled too
+    while len(batch):
+        first += batch.step()
+    assert first[0][1].token_ids == generate_batch(model, [turn2], max_new_tokens=4, temperature=0.0)[0].token_ids  # type: ignore[union-attr]
 
 
 def test_sft_teaches_the_response_and_to_stop() -> None:
