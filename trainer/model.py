@@ -217,7 +217,8 @@ class ContinuousBatch:
             from transformers import DynamicCache
 
             past = DynamicCache()
-            for layer in range(len(reuse[0][0].keys)):  # type: ignore[union-attr]
+            layers = len(next(pre for pre, _ in reuse if pre is not None).keys)
+            for layer in range(layers):
                 keys = [_left_pad(pre.keys[layer][:, :, :k], shared) if pre else None for pre, k in reuse]  # type: ignore[union-attr]
                 values = [_left_pad(pre.values[layer][:, :, :k], shared) if pre else None for pre, k in reuse]  # type: ignore[union-attr]
                 like = next(t for t in keys if t is not None)

@@ -84,8 +84,8 @@ def test_rows_join_and_leave_a_running_batch_without_changing_what_they_sample()
     model, tok = build_tiny(seed=0)
     shared = tok.encode("You answer sums. ", add_bos=True)
     prompts = {"a": shared + tok.encode("2+2="), "b": shared + tok.encode("a much longer question: 17+25="),
-               "c": tok.encode("unrelated", add_bos=True), "d": shared + tok.encode("9+1=")}
-    lengths = {"a": 3, "b": 9, "c": 6, "d": 5}
+               "c": tok.encode("unrelated", add_bos=True), "d": shared + tok.encode("9+1="), "e": shared + tok.encode("5+5=")}
+    lengths = {"a": 3, "b": 9, "c": 6, "d": 5, "e": 7}
     alone = {k: generate_batch(model, [p], max_new_tokens=lengths[k], temperature=0.0)[0] for k, p in prompts.items()}
     batch = ContinuousBatch(model, pad_id=tok.pad_id)
     got: dict[str, object] = {}
@@ -101,8 +101,8 @@ def test_rows_join_and_leave_a_running_batch_without_changing_what_they_sample()
             finally:
                 model.forward = real  # type: ignore[method-assign]
             assert fed == [len(prompts["d"]) - len(shared)]  # only its own suffix is prefilled
-        if step == 2:  # and one that shares nothing
-            got.update(batch.admit([("c", prompts["c"], 6, 0.0)]))
+        if step == 2:  # one that shares nothing, admitted with one that reuses the kept prefix
+            got.update(batch.admit([("c", prompts["c"], 6, 0.0), ("e", prompts["e"], 7, 0.0)]))
         got.update(batch.step())
         if step == 1:
             assert "a" in got and len(batch) == 2  # "a" left; the others go on without it
