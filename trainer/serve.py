@@ -324,7 +324,8 @@ class PolicyServer:
         """Server-sent events as vLLM sends them: one chunk per token (text delta, its id and log-prob), then
         the finish reason, optional usage, ``[DONE]``. The deltas concatenate to exactly the decoded ids.
 
-        Tokens are sent once their batch has been sampled (the batch is one forward pass per step)."""
+        Tokens are sent once the request has been sampled (each decode step is one forward pass for all
+        requests in flight)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", VERSION_HEADER: str(version)})
         await resp.prepare(request)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port (env ROLLOUTBUS_SERVE_PORT, default 8000)")
     p.add_argument("--resource-name", help="resource to follow on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
     p.add_argument("--no-follow", action="store_true", help="do not hot-reload from rb.resources (env ROLLOUTBUS_SERVE_FOLLOW=false)")
-    p.add_argument("--max-batch", type=int, help="requests sampled together (env ROLLOUTBUS_SERVE_MAX_BATCH, default 16)")
+    p.add_argument("--max-batch", type=int, help="requests in flight at once, one forward pass per decode step for all (env ROLLOUTBUS_SERVE_MAX_BATCH, default 16)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
 
 
