@@ -132,3 +132,15 @@ def test_sft_teaches_the_response_and_to_stop() -> None:
     for prompt, answer in pairs:
         ids, _ = generate(model, tok, tok.apply_chat_template(prompt), max_new_tokens=6, temperature=0.0)
         assert tok.decode(ids) == answer and ids[-1] == tok.end_id
+
+
+def test_a_sliding_window_model_is_refused_with_a_clear_error() -> None:
+    """Its cache keeps only the last window of tokens: merging rows by left padding would be wrong, so refuse."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from rolloutbus.errors import RolloutbusError
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, sliding_window=8))
+    with pytest.raises(RolloutbusError, match="sliding-window attention"):
+        ContinuousBatch(model).admit([("a", [1, 2, 3], 2, 0.0)])
