@@ -83,8 +83,7 @@ async def _agent_loop(base: str, questions: list[Any], concurrency: int, max_tok
                 if ok:
                     right += float(sql.execution_match(sql.connect(), list(result), q.gold))
                     break
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": f"That query failed: {result}. Reply with a corrected SQL query only."}]
+                messages += [{"role": "assistant", "content": text}, sql.retry_message(result)]
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(q) for q in questions))

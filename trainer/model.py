@@ -160,15 +160,19 @@ class ContinuousBatch:
 
     Prefix caching (vLLM's automatic prefix caching, in small): agents resend the same system prompt and
     examples, and an agent's next turn resends its previous turn. The KV of every finished request (its
-    prompt and answer) and of each admission's common prefix is kept (the last ``keep_prefixes``); a
+    prompt and answer, unless ``keep_finished`` is off) and of each admission's common prefix is kept (the
+    last ``keep_prefixes``); a
     newcomer reuses the longest kept prefix of its prompt and prefills only the rest. A reused prefix is
     the same computation, so answers do not change. Holds one model's state: make a new one after
     swapping weights. ``key`` is the caller's handle.
     """
 
     def __init__(self, model: Any, stop_ids: Sequence[int] = (), pad_id: int = 0, generator: torch.Generator | None = None,
-                 keep_prefixes: int = 64) -> None:
-        self.model, self.pad_id, self.generator, self.keep_prefixes = model, pad_id, generator, keep_prefixes
+                 keep_prefixes: int = 64, keep_finished: bool = True) -> None:
+        if keep_prefixes < 1:
+            raise ValueError("keep_prefixes must be >= 1")
+        self.model, self.pad_id, self.generator = model, pad_id, generator
+        self.keep_prefixes, self.keep_finished = keep_prefixes, keep_finished
         self.stops = set(int(s) for s in stop_ids)
         self.device = next(model.parameters()).device
         self.limit = max_positions(model)
@@ -176,7 +180,6 @@ class ContinuousBatch:
         self._cache: Any = None  # DynamicCache over the rows in flight
         self._attn = torch.zeros((0, 0), dtype=torch.long)
         self._prefixes: list[_Prefix] = []  # most recently used last
-        self.prefill_tokens = self.reused_tokens = 0
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -224,8 +227,6 @@ class ContinuousBatch:
                 like = next(t for t in keys if t is not None)
                 past.update(torch.cat([t if t is not None else like.new_zeros(like.shape) for t in keys]),
                             torch.cat([t if t is not None else like.new_zeros(like.shape) for t in values]), layer)
-        self.reused_tokens += sum(k for _, k in reuse)
-        self.prefill_tokens += sum(len(p) - k for p, (_, k) in zip(prompts, reuse))
         # Padding sits between each reused prefix and its suffix: masked out, positions continue after it.
         pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, shared:]
         out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=pos.to(self.device),
@@ -277,7 +278,7 @@ class ContinuousBatch:
                 r.gen.finish_reason = "stop"
             if tok_id in self.stops or len(r.gen.token_ids) >= r.max_new:
                 finished.append((r.key, r.gen))
-                if self._cache is not None and len(r.gen.token_ids) > 1:  # its KV: the prompt and all but the last token
+                if self.keep_finished and len(r.gen.token_ids) > 1:  # its KV: the prompt and all but the last token
                     self._keep(self._row_prefix(first + i, r.prompt + r.gen.token_ids[:-1]))
             else:
                 keep.append(first + i)
@@ -293,7 +294,6 @@ class ContinuousBatch:
                 ids = tuple(prompts[0][:shared])
                 cache = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True,
                                    logits_to_keep=1).past_key_values
-                self.prefill_tokens += shared
                 self._keep(_Prefix(ids, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]))
         return [self._match(p) for p in prompts]
 
@@ -312,7 +312,7 @@ class ContinuousBatch:
     def _keep(self, prefix: _Prefix) -> None:
         """Keep ``prefix`` (most recent last); an older one it extends is dropped, the oldest beyond the limit too."""
         kept = [p for p in self._prefixes if prefix.ids[: len(p.ids)] != p.ids]
-        self._prefixes = (kept + [prefix])[-self.keep_prefixes:] if self.keep_prefixes > 0 else []
+        self._prefixes = (kept + [prefix])[-self.keep_prefixes:]
 
     def _row_prefix(self, row: int, ids: list[int]) -> _Prefix:
         cols = self._attn[row].nonzero().squeeze(-1)
@@ -396,7 +396,7 @@ def generate_batch(
     n = len(prompts)
     max_new = [int(max_new_tokens)] * n if isinstance(max_new_tokens, int) else [int(x) for x in max_new_tokens]
     temps = [float(temperature)] * n if isinstance(temperature, (int, float)) else [float(x) for x in temperature]
-    batch = ContinuousBatch(model, stop_ids, pad_id, generator)
+    batch = ContinuousBatch(model, stop_ids, pad_id, generator, keep_finished=False)  # no next turn will reuse them
     results: dict[int, Generation] = {}
     finished = batch.admit([(i, p, m, t) for i, (p, m, t) in enumerate(zip(prompts, max_new, temps))])
     while True:

@@ -216,6 +216,11 @@ def extract_sql(text: str) -> str:
     return query.split(";", 1)[0].strip()
 
 
+def retry_message(error: object) -> dict[str, str]:
+    """The user turn that shows the model its failed query's error and asks for a corrected one."""
+    return {"role": "user", "content": f"That query failed: {error}. Reply with a corrected SQL query only."}
+
+
 def messages(question: str, system: str = SYSTEM_PROMPT, examples: Sequence[tuple[str, str]] = EXAMPLES) -> list[dict[str, str]]:
     """The chat the agent sends: the schema, worked examples as earlier turns, then the question."""
     msgs = [{"role": "system", "content": system}]
@@ -248,4 +253,4 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 
 
 __all__ = ["EXAMPLES", "HAND_WRITTEN", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "connect", "execute", "execution_match",
-           "extract_sql", "from_prompt_config", "messages", "prompt_config", "questions", "render", "split"]
+           "extract_sql", "from_prompt_config", "messages", "prompt_config", "questions", "render", "retry_message", "split"]

@@ -68,8 +68,7 @@ class SQLAgent(LitAgent):
                 if not rows:
                     emit_span("validator", "non_empty_result", {"validator.verdict": "fail"})
                 break
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": f"That query failed: {result}. Reply with a corrected SQL query only."}]
+            messages += [{"role": "assistant", "content": text}, sql.retry_message(result)]
         db.close()
         return 1.0 if rows is not None and sql.execution_match(sql.connect(), rows, question.gold) else 0.0
 
