@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producers import SpanTransport, emit_llm_call, emit_state, rollout  # noqa: E402
-from rolloutbus.config import Topics  # noqa: E402
-from rolloutbus.kafka_admin import ensure_topics, topic_specs  # noqa: E402
+from foundation.config import Topics  # noqa: E402
+from foundation.kafka_admin import ensure_topics, topic_specs  # noqa: E402
 
 
 def _pct(samples: list[int], q: float) -> float:

@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from rolloutbus.clickhouse import connect, migrate
+    from foundation.clickhouse import connect, migrate
     from rolloutbus.store.local import ping
 
     sizes = {"small": 20000, "llm": 2000}

@@ -59,9 +59,10 @@ from common import (  # noqa: E402
 )
 
 from producers.context import RolloutContext  # noqa: E402
-from producers.emit import base_span, llm_record  # noqa: E402
+from producers.emit import llm_record  # noqa: E402
+from producers.spans import base_span  # noqa: E402
 from producers.transport import SpanTransport  # noqa: E402
-from rolloutbus.config import Topics  # noqa: E402
+from foundation.config import Topics  # noqa: E402
 from streams.rollout import RolloutResult  # noqa: E402
 
 GROUP_SIZE = 4
@@ -449,7 +450,7 @@ def ingest_workload(bootstrap: str, scratch: Path, rollouts: int, spans_per_roll
 
 def verify(worker_dir: Path, phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Row counts per phase, read with FINAL from the worker's store once it has exited."""
-    from rolloutbus.clickhouse import connect
+    from foundation.clickhouse import connect
 
     client = connect(f"chdb://{worker_dir.resolve()}/clickhouse", database=None)
     out = {}

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rolloutbus.config import Topics  # noqa: E402
+from foundation.config import Topics  # noqa: E402
 
 DEFAULT_PORT = 29892
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -50,7 +50,7 @@ def broker(scratch: Path) -> Iterator[str]:
 
 def fresh_topics(bootstrap: str, label: str, partitions: int = 4) -> Topics:
     """A new topic prefix (``bench<label><hex>.``) with every rolloutbus topic created."""
-    from rolloutbus.kafka_admin import ensure_topics, topic_specs
+    from foundation.kafka_admin import ensure_topics, topic_specs
 
     topics = Topics(f"bench{label}{uuid.uuid4().hex[:6]}.")
     ensure_topics({"bootstrap.servers": bootstrap}, topic_specs(topics, partitions))

@@ -3,7 +3,7 @@
 #   compose : deploy/docker-compose.yml against the Compose Specification JSON schema + rules
 #   k8s     : every kustomization under deploy/k8s rendered, then checked against the Kubernetes
 #             schemas (strict) and the vendored CRD schemas + rules
-#   DDL     : deploy/clickhouse/cluster/ parsed and run (localised) in chDB, compared with migrations/
+#   DDL     : the cluster form of deploy/clickhouse/migrations/ parsed and run (localised) in chDB, compared with it
 # Installs its tools once into ~/.cache/rolloutbus/deploy-validate (a venv from PyPI; Kustomize from
 # kubectl, or `go install` from the Go module proxy when kubectl is absent).
 # Usage: deploy/validate.sh            run every check

@@ -10,41 +10,23 @@ block emits FINISHED with the status, the final reward and the span count.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
-import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from rolloutbus.errors import RolloutContextError
+from foundation.errors import RolloutContextError
 
+from producers.spans import current_parent, exception_span, new_id, new_span_id, new_trace_id, to_attr
 from producers.transport import ROLLOUT_EVENT, SpanTransport, get_transport
 
 log = logging.getLogger(__name__)
 
 _current: ContextVar[RolloutContext | None] = ContextVar("rolloutbus_rollout", default=None)
-# The span id new spans hang under (set by the OTel processor while an OTel span is active).
-current_parent: ContextVar[str | None] = ContextVar("rolloutbus_parent", default=None)
-
-_rand = random.Random(int.from_bytes(os.urandom(8), "little"))
-
-
-def new_span_id() -> str:
-    return f"{_rand.getrandbits(64):016x}"
-
-
-def new_trace_id() -> str:
-    return f"{_rand.getrandbits(128):032x}"
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
 class RolloutContext:
@@ -175,8 +157,6 @@ def require_rollout() -> RolloutContext | None:
 
 
 def _exception_span(ctx: RolloutContext, exc: BaseException) -> None:
-    from producers.emit import exception_span
-
     ctx.send_span(exception_span(ctx, exc))
 
 
@@ -227,16 +207,6 @@ async def arollout(task_id: str = "", **kwargs: Any) -> AsyncIterator[RolloutCon
         ctx.finish()
     finally:
         _current.reset(token)
-
-
-def to_attr(value: Any) -> str:
-    """Attribute values are strings on the wire; others are JSON-encoded."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, default=str, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 __all__ = [

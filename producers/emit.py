@@ -1,7 +1,7 @@
 """``emit_*`` helpers: one span each, attributed to the current rollout, next sequence id.
 
 They build the plain Avro dict (no pydantic) and hand it to the transport; the agent pays a few
-microseconds. Outside a rollout they raise :class:`~rolloutbus.errors.RolloutContextError`, or do
+microseconds. Outside a rollout they raise :class:`~foundation.errors.RolloutContextError`, or do
 nothing when ``ROLLOUTBUS_EMIT_OUTSIDE_ROLLOUT=ignore``. Bad telemetry values (a NaN reward) are
 logged and counted, never raised into the agent.
 """
@@ -10,53 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas.codec import pack_floats, pack_tokens
 
-from producers.context import RolloutContext, current_parent, new_span_id, require_rollout, to_attr
+from producers.context import require_rollout
+from producers.spans import base_span, exception_span, to_attr
 
 log = logging.getLogger(__name__)
-
-
-def base_span(
-    ctx: RolloutContext,
-    kind: str,
-    name: str,
-    attributes: dict[str, str] | None = None,
-    *,
-    start_ns: int | None = None,
-    end_ns: int | None = None,
-    status: str = "UNSET",
-    status_message: str | None = None,
-    sequence_id: int | None = None,
-) -> dict[str, Any]:
-    """The Avro dict of a span in ``ctx`` with every field set (first-class parts None)."""
-    now = time.time_ns()
-    return {
-        "span_id": new_span_id(),
-        "trace_id": ctx.trace_id,
-        "parent_id": current_parent.get(),
-        "rollout_id": ctx.rollout_id,
-        "attempt_id": ctx.attempt_id,
-        "sequence_id": ctx.next_sequence_id() if sequence_id is None else sequence_id,
-        "name": name,
-        "kind": kind,
-        "start_time_ns": start_ns or now,
-        "end_time_ns": end_ns or now,
-        "status_code": status,
-        "status_message": status_message,
-        "attributes": attributes or {},
-        "events": [],
-        "resource": ctx.resource,
-        "llm": None,
-        "reward": None,
-        "tool": None,
-        "agent_name": ctx.agent_name,
-    }
 
 
 def emit_state(state: Any, name: str = "state") -> None:
@@ -205,19 +167,6 @@ def llm_record(
         "request_id": request_id,
         "finish_reason": finish_reason,
     }
-
-
-def exception_span(ctx: RolloutContext, exc: BaseException, name: str = "exception") -> dict[str, Any]:
-    """A span recording ``exc`` with the OpenTelemetry ``exception.*`` attributes."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    attrs = {
-        "exception.type": type(exc).__qualname__,
-        "exception.message": str(exc),
-        "exception.stacktrace": tb[-16384:],
-    }
-    span = base_span(ctx, "exception", name, attrs, status="ERROR", status_message=f"{type(exc).__name__}: {exc}")
-    span["events"] = [{"name": "exception", "time_ns": span["end_time_ns"], "attributes": attrs}]
-    return span
 
 
 def emit_exception(exc: BaseException, name: str = "exception") -> None:

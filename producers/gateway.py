@@ -40,7 +40,7 @@ from producers.mapping import Attribution, MappingError, otel_to_span, span_ids
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode_raw
-from rolloutbus.errors import EncodeError
+from foundation.errors import EncodeError
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,12 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.gateway import Gateway
     from producers.settings import GatewaySettings
-    from rolloutbus.config import load_settings
+    from producers.transport import SpanTransport
+    from foundation.entry import settings_from_args
 
-    flags = {"gateway_host": "--host", "gateway_port": "--port", "gateway_max_body_bytes": "--max-body-bytes"}
-    values = {"data_dir": getattr(args, "data_dir", None), "gateway_host": args.host, "gateway_port": args.port,
-              "gateway_max_body_bytes": args.max_body_bytes}
-    s = load_settings(GatewaySettings, {k: v for k, v in values.items() if v is not None}, flags)
-    transport = s.transport(spool_name="gateway")
+    s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
+                                                   "max_body_bytes": "gateway_max_body_bytes"})
+    transport = SpanTransport.from_settings(s, spool_name="gateway")
     gw = Gateway(
         transport,
         max_body_bytes=s.gateway_max_body_bytes,
@@ -43,13 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m producers.gateway_cli``: the same as ``rolloutbus gateway``."""
-    import logging
+    from foundation.entry import run_command
 
-    parser = argparse.ArgumentParser(prog="rolloutbus gateway")
-    parser.add_argument("--data-dir", default=None)
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+    return run_command("rolloutbus gateway", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

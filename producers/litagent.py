@@ -18,7 +18,7 @@ from typing import Any
 from schemas.models import ResourceVersion
 
 from producers.context import RolloutContext, _current
-from producers.emit import exception_span
+from producers.spans import exception_span
 
 log = logging.getLogger(__name__)
 

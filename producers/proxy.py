@@ -55,7 +55,7 @@ def proxy_url(base: str) -> str:
     """The OpenAI base URL (``.../v1``) of the proxy at ``base`` for the current rollout attempt."""
     ctx = current_rollout()
     if ctx is None:
-        from rolloutbus.errors import RolloutContextError
+        from foundation.errors import RolloutContextError
 
         raise RolloutContextError("proxy_url() needs an open rollout: call it inside `with rollout(...)`")
     return f"{base.rstrip('/')}/rollout/{ctx.rollout_id}/attempt/{ctx.attempt_id}/v1"

@@ -18,16 +18,14 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.proxy import LLMProxy
     from producers.settings import ProxySettings
-    from rolloutbus.config import load_settings
-    from rolloutbus.errors import ConfigError
+    from producers.transport import SpanTransport
+    from foundation.entry import settings_from_args
+    from foundation.errors import ConfigError
 
-    flags = {"proxy_upstream": "--upstream", "proxy_host": "--host", "proxy_port": "--port"}
-    values = {"data_dir": getattr(args, "data_dir", None), "proxy_upstream": args.upstream, "proxy_host": args.host,
-              "proxy_port": args.port}
-    s = load_settings(ProxySettings, {k: v for k, v in values.items() if v is not None}, flags)
+    s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port"})
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
-    transport = s.transport(spool_name="proxy")
+    transport = SpanTransport.from_settings(s, spool_name="proxy")
     proxy = LLMProxy(
         s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s,
         token=s.proxy_token.get_secret_value() if s.proxy_token else None,
@@ -43,13 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m producers.proxy_cli``: the same as ``rolloutbus proxy``."""
-    import logging
+    from foundation.entry import run_command
 
-    parser = argparse.ArgumentParser(prog="rolloutbus proxy")
-    parser.add_argument("--data-dir", default=None)
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+    return run_command("rolloutbus proxy", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutbus.config import Topics
-from rolloutbus.errors import DecodeError, ValidationError
+from foundation.config import Topics
+from foundation.errors import DecodeError, ValidationError
 from schemas.codec import decode, encode
 from schemas.models import DeadLetter, ResourceVersion, Task
 
@@ -291,7 +291,7 @@ def load_agent(spec: str) -> LitAgent:
     """``module:Name`` → an agent: a LitAgent subclass (instantiated), instance, or decorated function."""
     import importlib
 
-    from rolloutbus.errors import ConfigError
+    from foundation.errors import ConfigError
 
     module, _, name = spec.partition(":")
     if not module or not name:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rolloutbus.flags import Bounded
+from foundation.flags import Bounded
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,15 +23,13 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.runner import TaskRunner, load_agent
     from producers.settings import RunnerSettings
-    from rolloutbus.config import load_settings
+    from producers.transport import SpanTransport
+    from foundation.entry import settings_from_args
 
-    flags = {"runner_concurrency": "--concurrency", "runner_group": "--group", "runner_max_attempts": "--max-attempts",
-             "runner_timeout_s": "--timeout"}
-    values = {"data_dir": getattr(args, "data_dir", None), "runner_concurrency": args.concurrency, "runner_group": args.group,
-              "runner_max_attempts": args.max_attempts, "runner_timeout_s": args.timeout}
-    s = load_settings(RunnerSettings, {k: v for k, v in values.items() if v is not None}, flags)
+    s = settings_from_args(RunnerSettings, args, {"concurrency": "runner_concurrency", "group": "runner_group",
+                                                  "max_attempts": "runner_max_attempts", "timeout": "runner_timeout_s"})
     agent = load_agent(args.agent)
-    transport = s.transport(spool_name="runner")
+    transport = SpanTransport.from_settings(s, spool_name="runner")
     runner = TaskRunner(
         agent, s.kafka_conf(), s.topics, transport, group=s.runner_group, concurrency=s.runner_concurrency,
         max_attempts=s.runner_max_attempts, timeout_s=s.runner_timeout_s, heartbeat_s=s.runner_heartbeat_s,
@@ -56,13 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m producers.runner_cli AGENT``: the same as ``rolloutbus run-agent``."""
-    import logging
+    from foundation.entry import run_command
 
-    parser = argparse.ArgumentParser(prog="rolloutbus run-agent")
-    parser.add_argument("--data-dir", default=None)
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+    return run_command("rolloutbus run-agent", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

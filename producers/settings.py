@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import PORT, CommonSettings, check_http_url
-
-if TYPE_CHECKING:
-    from producers.transport import SpanTransport
+from foundation.config import PORT, CommonSettings, check_http_url
 
 
 class AgentSettings(CommonSettings):
@@ -24,19 +21,6 @@ class AgentSettings(CommonSettings):
         default="raise", description="emit_* outside a rollout: raise RolloutContextError, or do nothing."
     )
     agent_name: str | None = None
-
-    def transport(self, spool_name: str = "agent") -> SpanTransport:
-        from producers.transport import SpanTransport
-
-        return SpanTransport(
-            self.kafka_conf(),
-            self.topics.spans,
-            self.data_dir / "spool",
-            spool_name=spool_name,
-            spool_max_bytes=self.spool_max_bytes,
-            on_full=self.spool_full_policy,
-            fsync_interval_s=self.spool_fsync_interval_s,
-        )
 
 
 class GatewaySettings(AgentSettings):

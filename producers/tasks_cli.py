@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rolloutbus.errors import ConfigError, KafkaUnavailable
-from rolloutbus.flags import Bounded
+from foundation.errors import ConfigError, KafkaUnavailable
+from foundation.flags import Bounded
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
-    from rolloutbus.config import CommonSettings, load_settings
+    from foundation.config import CommonSettings, load_settings
     from schemas.codec import encode
 
     s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})

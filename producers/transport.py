@@ -25,12 +25,15 @@ from collections import deque
 from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rolloutbus.errors import ConfigError, EncodeError
+from foundation.errors import ConfigError, EncodeError
 from schemas.codec import encode_raw
 
 from producers.spool import Spool, open_spool
+
+if TYPE_CHECKING:
+    from producers.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +163,19 @@ class SpanTransport:
             log.info("spool %s: replaying %d records left by an earlier process", self.spool.dir, self.spool.pending)
         self._thread = threading.Thread(target=self._run, name="rolloutbus-transport", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_settings(cls, s: AgentSettings, spool_name: str = "agent") -> SpanTransport:
+        """The transport an agent-side process's settings describe (spool under ``<data dir>/spool``)."""
+        return cls(
+            s.kafka_conf(),
+            s.topics.spans,
+            s.data_dir / "spool",
+            spool_name=spool_name,
+            spool_max_bytes=s.spool_max_bytes,
+            on_full=s.spool_full_policy,
+            fsync_interval_s=s.spool_fsync_interval_s,
+        )
 
     # ------------------------------------------------------------------ agent side (hot path)
 
@@ -425,7 +441,7 @@ def get_transport() -> SpanTransport:
         if _default is None:
             from producers.settings import AgentSettings
 
-            _default = AgentSettings().transport()
+            _default = SpanTransport.from_settings(AgentSettings())
             atexit.register(_default.close)
         return _default
 

@@ -261,7 +261,7 @@ def write_results(out_dir: Path, rows: list[tuple[str, str, str, str]], info: di
 
 
 def _bench_port() -> int:
-    from rolloutbus.errors import SettingError
+    from foundation.errors import SettingError
 
     raw = os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", "29892")
     if not raw.isdigit() or not 1 <= int(raw) <= 65535:
@@ -270,8 +270,8 @@ def _bench_port() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rolloutbus.config import CommonSettings, load_settings
-    from rolloutbus.errors import ConfigError
+    from foundation.config import CommonSettings, load_settings
+    from foundation.errors import ConfigError
 
     load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})  # the benches read the same ROLLOUTBUS_* variables: check them before a broker starts
     port = _bench_port()

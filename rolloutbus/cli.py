@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
-import traceback
 from typing import Any
 
-from rolloutbus.errors import ConfigError, RolloutbusError
-from rolloutbus.flags import Bounded, OneLineParser
+from foundation.entry import configure_logging, guarded
+from foundation.flags import Bounded, OneLineParser
 
 # subcommand → (module, help). The module provides add_arguments(parser) and run(args) -> int.
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -35,7 +33,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 
 
 def _common(args: argparse.Namespace) -> Any:
-    from rolloutbus.config import CommonSettings, load_settings
+    from foundation.config import CommonSettings, load_settings
 
     overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None)}.items() if v is not None}
     return load_settings(CommonSettings, overrides)
@@ -45,8 +43,8 @@ def _common(args: argparse.Namespace) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from rolloutbus.clickhouse import open_store
-    from rolloutbus.kafka_admin import ensure_topics, topic_specs
+    from foundation.clickhouse import open_store
+    from foundation.kafka_admin import ensure_topics, topic_specs
     from rolloutbus.local_kafka import LocalKafka
 
     s = _common(args)
@@ -67,7 +65,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"store    {'started' if started else 'already running'} on {store.url} (pid {store.pid()}, log {store.log_file})")
         client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password, s.clickhouse_cluster)
         client.close()
-        from rolloutbus.clickhouse import redact_dsn
+        from foundation.clickhouse import redact_dsn
 
         print(f"clickhouse {redact_dsn(s.dsn)} database {s.clickhouse_database}: migrations applied")
     return 0
@@ -91,7 +89,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rolloutbus.kafka_admin import cluster_status
+    from foundation.kafka_admin import cluster_status
     from rolloutbus.local_kafka import LocalKafka
 
     from rolloutbus.store.local import LocalStore, ping
@@ -106,7 +104,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             health = "answers" if ping(s.store_host, s.store_port) else "does NOT answer"
             print(f"store    pid {spid} on {store.url} ({health}), data {s.store_path}")
     else:
-        from rolloutbus.clickhouse import redact_dsn
+        from foundation.clickhouse import redact_dsn
 
         print(f"store    using {redact_dsn(s.dsn)} (ROLLOUTBUS_CLICKHOUSE_DSN); nothing local")
     if s.uses_local_broker:
@@ -151,7 +149,7 @@ def run_query(client: Any, sql: str) -> tuple[list[str], list[list[Any]]]:
     """Run analyst SQL with readonly=1: it cannot modify data. Errors become one clear line."""
     from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
 
-    from rolloutbus.errors import ClickHouseError
+    from foundation.errors import ClickHouseError
 
     try:
         result = client.query(sql, settings={"readonly": 1})
@@ -170,7 +168,7 @@ TRAJECTORY_SQL = (
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from rolloutbus.clickhouse import connect
+    from foundation.clickhouse import connect
 
     s = _common(args)
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False, readonly=True)
@@ -200,7 +198,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from rolloutbus.clickhouse import connect, migrate_for, redact_dsn
+    from foundation.clickhouse import connect, migrate_for, redact_dsn
 
     s = _common(args)
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password)
@@ -268,58 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(args: argparse.Namespace, exc: BaseException, line: str, status: int) -> int:
-    """The one line a supervisor's log shows; the traceback too with ``-v``."""
-    if getattr(args, "verbose", False):
-        traceback.print_exception(exc)
-    print(f"rolloutbus {args.command}: {' '.join(line.split())}", file=sys.stderr)
-    return status
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A bad flag or ``ROLLOUTBUS_*`` value: one line on stderr, exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not args.verbose:
-        # HTTP clients (the openai client's among them) log every request at INFO: one line per LLM call.
-        for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     if getattr(args, "unavailable", None):
         print(f"rolloutbus: {args.unavailable}", file=sys.stderr)
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except ConfigError as exc:  # a flag or setting that cannot work (SettingError names flag and variable)
-        return _fail(args, exc, str(exc), 2)
-    except RolloutbusError as exc:
-        return _fail(args, exc, str(exc), 1)
-    except KeyboardInterrupt:
-        print(f"rolloutbus {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        # A settings class read without load_settings still gets its one line (no flag to name).
-        from pydantic import ValidationError
-
-        from rolloutbus.config import CommonSettings, setting_error
-
-        classes = _settings_classes(CommonSettings)
-        if not (isinstance(exc, ValidationError) and exc.title in classes):
-            raise
-        return _fail(args, exc, str(setting_error(classes[exc.title], exc, {})), 2)
-
-
-def _settings_classes(root: type) -> dict[str, Any]:
-    """``root`` and every settings class derived from it (those that read ``ROLLOUTBUS_*``), by name."""
-    found, todo = {}, [root]
-    while todo:
-        cls = todo.pop()
-        found[cls.__name__] = cls
-        todo.extend(cls.__subclasses__())
-    return found
+    return guarded(f"rolloutbus {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
-from rolloutbus.errors import BrokerSetupError
-
-DEPLOY_DIR = Path(os.environ.get("ROLLOUTBUS_DEPLOY_DIR") or Path(__file__).resolve().parents[1] / "deploy")
+from foundation.errors import BrokerSetupError, ServiceError
+from foundation.paths import DEPLOY_DIR
+from rolloutbus.localproc import LocalProcess
 
 
 def kafka_version() -> str:
@@ -72,51 +72,29 @@ def fetch_jars(quiet: bool = True) -> Path:
     return target
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie counts as dead.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return state != "Z"
-    except OSError:
-        return True
-
-
 @dataclass
-class LocalKafka:
+class LocalKafka(LocalProcess):
     """The local broker under ``data_dir/kafka``."""
 
     data_dir: Path
     port: int = 19092
     heap: str = "768m"
+    _admin: Any = field(default=None, init=False, repr=False, compare=False)
+    _jars: Path = field(default=Path(), init=False, repr=False, compare=False)
 
-    @property
-    def home(self) -> Path:
-        return self.data_dir / "kafka"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.home / "broker.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "broker.log"
+    subdir: ClassVar[str] = "kafka"
+    pid_name: ClassVar[str] = "broker.pid"
+    log_name: ClassVar[str] = "broker.log"
+    what: ClassVar[str] = "the broker"
+    error: ClassVar[type[ServiceError]] = BrokerSetupError
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return pid if _alive(pid) else None
+    @property
+    def address(self) -> str:
+        return self.bootstrap
 
     def _properties(self) -> Path:
         props = self.home / "server.properties"
@@ -163,74 +141,32 @@ class LocalKafka:
         ]
         return cmd
 
-    def start(self, timeout: float = 90.0) -> bool:
-        """Start the broker unless one is running. Returns True when this call started it."""
-        if self.pid() is not None:
-            self.wait_ready(timeout)
-            return False
-        jars = fetch_jars()
-        self.home.mkdir(parents=True, exist_ok=True)
+    def prepare(self) -> None:
+        """Fetch the jars (once) and format the storage (once)."""
+        self._jars = fetch_jars()
         props = self._properties()
         if not (self.home / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().hex[:22]
             fmt = subprocess.run(
-                self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--ignore-formatted"),
+                self._java(self._jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--ignore-formatted"),
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
                 raise BrokerSetupError(f"formatting Kafka storage failed: {fmt.stderr.strip() or fmt.stdout.strip()}")
-        with open(self.log_file, "ab") as log:
-            proc = subprocess.Popen(
-                self._java(jars, "kafka.Kafka", str(props), heap=self.heap),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # outlives the `rolloutbus up` that started it
-            )
-        self.pid_file.write_text(str(proc.pid))
-        try:
-            self.wait_ready(timeout, proc=proc)
-        except BrokerSetupError:
-            self.stop()
-            raise
-        return True
 
-    def wait_ready(self, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    def command(self) -> Sequence[str]:
+        return self._java(self._jars, "kafka.Kafka", str(self.home / "server.properties"), heap=self.heap)
+
+    def start(self, timeout: float = 90.0, env: dict[str, str] | None = None) -> bool:
+        """Start the broker unless one is running. Returns True when this call started it."""
+        return super().start(timeout, env)
+
+    def ready(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + timeout
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise BrokerSetupError(f"the broker exited with {proc.returncode}; see {self.log_file}")
-            try:
-                md = admin.list_topics(timeout=2)
-                if md.brokers:
-                    return
-            except Exception:  # noqa: BLE001 - not ready yet
-                pass
-            time.sleep(0.3)
-        raise BrokerSetupError(f"the broker did not answer on {self.bootstrap} within {timeout:.0f}s; see {self.log_file}")
-
-    def stop(self, timeout: float = 30.0) -> bool:
-        """Stop the broker this data dir's pid file names. Returns True when one was running."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        try:
+            return bool(self._admin.list_topics(timeout=2).brokers)
+        except Exception:  # noqa: BLE001 - not ready yet
             return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.1)
-        self.pid_file.unlink(missing_ok=True)
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL the broker (fault tests)."""
-        pid = self.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.05)

@@ -11,7 +11,7 @@ import math
 from array import array
 from typing import Any
 
-from rolloutbus.errors import ValidationError
+from foundation.errors import ValidationError
 from schemas.models import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES
 
 _ITEM = {"prompt_token_ids": 4, "response_token_ids": 4, "response_logprobs": 4, "response_mask": 1}

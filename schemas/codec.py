@@ -9,8 +9,8 @@ Two wire formats:
 * **Confluent wire format** (when a schema registry is configured): ``00`` + the 4-byte big-endian
   schema id + the body. The id → schema lookup is the caller's (see ``rolloutbus.registry``).
 
-Every failure is a :class:`~rolloutbus.errors.DecodeError` (bytes are not ours) or a
-:class:`~rolloutbus.errors.ValidationError` (bytes are ours but the values cannot be right), each with
+Every failure is a :class:`~foundation.errors.DecodeError` (bytes are not ours) or a
+:class:`~foundation.errors.ValidationError` (bytes are ours but the values cannot be right), each with
 a message that names the problem.
 """
 
@@ -30,7 +30,7 @@ import fastavro
 import pydantic
 from fastavro.schema import to_parsing_canonical_form
 
-from rolloutbus.errors import DecodeError, EncodeError, ValidationError
+from foundation.errors import DecodeError, EncodeError, ValidationError
 from schemas.models import RECORD_TYPES, Record
 
 SCHEMA_DIR = Path(__file__).parent / "avro"

@@ -41,7 +41,7 @@ from typing import Any
 import faust
 from prometheus_client import Counter, Histogram
 
-from rolloutbus.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 from streams.faust_guards import FRONTIER, START, STRICT_TOPICS

@@ -39,9 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats documented default."""
-    from rolloutbus.config import load_settings
+    from foundation.config import load_settings
     from streams.settings import StreamSettings
 
+    # The flags' names are not their fields' (--group-timeout sets group_timeout_s): named one by one.
     overrides = {kw["dest"]: getattr(args, kw["dest"]) for _, kw in _FLAGS if getattr(args, kw["dest"], None) is not None}
     if getattr(args, "data_dir", None) is not None:
         overrides["data_dir"] = args.data_dir
@@ -49,7 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def _span_partitions(conf: dict[str, Any], topic: str) -> int:
-    from rolloutbus.kafka_admin import admin
+    from foundation.kafka_admin import admin
 
     md = admin(conf).list_topics(timeout=30)
     t = md.topics.get(topic)
@@ -59,9 +60,9 @@ def _span_partitions(conf: dict[str, Any], topic: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from rolloutbus.clickhouse import open_store, redact_dsn
-    from rolloutbus.errors import ConfigError, KafkaUnavailable
-    from rolloutbus.kafka_admin import TopicSpec, ensure_topics, topic_specs
+    from foundation.clickhouse import open_store, redact_dsn
+    from foundation.errors import ConfigError, KafkaUnavailable
+    from foundation.kafka_admin import TopicSpec, ensure_topics, topic_specs
     from streams.app import Config, Worker, done_topic_name, faust_worker
     from streams.spans_stage import state_topic_name
     from streams.grouping import GroupPolicy
@@ -128,20 +129,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m streams.cli``: the same as ``rolloutbus process``, without the other subcommands."""
-    import sys
+    from foundation.entry import run_command
 
-    from rolloutbus.errors import RolloutbusError
-
-    parser = argparse.ArgumentParser(prog="rolloutbus process", description="run the stream processor")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return run(args)
-    except RolloutbusError as exc:
-        print(f"rolloutbus process: {exc}", file=sys.stderr)
-        return 1
+    return run_command("rolloutbus process", add_arguments, run, argv, description="run the stream processor")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rolloutbus.config import PORT, CommonSettings
+from foundation.config import PORT, CommonSettings
 
 
 class StreamSettings(CommonSettings):

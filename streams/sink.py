@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutbus.errors import ClickHouseError
+from foundation.errors import ClickHouseError
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, Span, TrainStep
 from streams import rowbinary
 from streams.grouping import Advantages

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from rolloutbus.errors import DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.checks import check_span
 from schemas.models import DeadLetter, RolloutEventType

@@ -63,8 +63,8 @@ def kafka_conf(kafka_bootstrap: str) -> dict[str, Any]:
 @pytest.fixture
 def topics(kafka_conf: dict[str, Any]) -> Any:
     """A fresh topic namespace, created on the real broker."""
-    from rolloutbus.config import Topics
-    from rolloutbus.kafka_admin import ensure_topics, topic_specs
+    from foundation.config import Topics
+    from foundation.kafka_admin import ensure_topics, topic_specs
 
     t = Topics(f"t{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_conf, topic_specs(t, span_partitions=4))
@@ -96,7 +96,7 @@ def clickhouse_dsn(scratch_dir: Path) -> str:
 @pytest.fixture
 def ch(clickhouse_dsn: str) -> Iterator[Any]:
     """A client on a fresh, migrated database in the real ClickHouse engine."""
-    from rolloutbus.clickhouse import connect, migrate
+    from foundation.clickhouse import connect, migrate
 
     database = f"t_{uuid.uuid4().hex[:12]}"
     client = connect(clickhouse_dsn, database=database)

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from rolloutbus.errors import ConfigError, KafkaUnavailable, RolloutbusError
-from rolloutbus.flags import Bounded
+from foundation.errors import ConfigError, KafkaUnavailable, RolloutbusError
+from foundation.flags import Bounded
 
 log = logging.getLogger(__name__)
 _FLAGS = {"resource": "apo_resource", "llm_url": "apo_llm_url", "llm_model": "apo_llm_model",
@@ -123,7 +123,7 @@ class PromptOptimizer:
     def __init__(self, settings: Any, val_inputs: list[str], run_id: str, say: Callable[[str], None] = print) -> None:
         from confluent_kafka import Producer
 
-        from rolloutbus.clickhouse import open_store
+        from foundation.clickhouse import open_store
 
         self.s = settings
         self.name = settings.apo_resource
@@ -370,7 +370,7 @@ def run_optimizer(s: Any, val_inputs: list[str], seeds: list[dict[str, str]], in
 
 def run(args: argparse.Namespace) -> int:
     from producers.tasks_cli import parse_tasks
-    from rolloutbus.config import load_settings
+    from foundation.config import load_settings
     from trainer.settings import ApoSettings
 
     values = {k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None}

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rolloutbus.errors import TrainingError
+from foundation.errors import TrainingError
 from trainer.model import save_policy
 from trainer.tokenizer import Tokenizer
 

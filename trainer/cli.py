@@ -64,13 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats default."""
-    from rolloutbus.config import load_settings
+    from foundation.entry import settings_from_args
     from trainer.settings import TrainerSettings
 
-    overrides = {field: getattr(args, flag) for flag, field in _FLAGS.items() if getattr(args, flag, None) is not None}
-    if getattr(args, "data_dir", None):
-        overrides["data_dir"] = args.data_dir
-    return load_settings(TrainerSettings, overrides, {field: "--" + flag.replace("_", "-") for flag, field in _FLAGS.items()})
+    return settings_from_args(TrainerSettings, args, _FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,18 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.cli`` — the same as ``rolloutbus train`` without the other components."""
-    from rolloutbus.errors import RolloutbusError
+    from foundation.entry import run_command
 
-    parser = argparse.ArgumentParser(prog="rolloutbus train")
-    parser.add_argument("--data-dir", default=None)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return run(args)
-    except RolloutbusError as exc:
-        print(f"rolloutbus train: {exc}", file=sys.stderr)
-        return 1
+    return run_command("rolloutbus train", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutbus.errors import ConfigError, DecodeError, KafkaUnavailable, ValidationError
-from rolloutbus.config import Topics
+from foundation.errors import ConfigError, DecodeError, KafkaUnavailable, ValidationError
+from foundation.config import Topics
 from schemas.codec import encode
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rolloutbus.errors import ConfigError, RolloutbusError
+from foundation.errors import ConfigError, RolloutbusError
 from trainer.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 TINY_NAME = "rolloutbus-tiny"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 
 log = logging.getLogger(__name__)
 IMPORT_FILE = "rolloutbus_import.json"

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from rolloutbus.errors import DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
 from schemas.codec import decode
 from schemas.models import ResourceVersion
 

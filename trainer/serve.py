@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rolloutbus.errors import RolloutbusError
+from foundation.errors import RolloutbusError
 from trainer.model import ContextTooLong, ContinuousBatch
 from trainer.tokenizer import Tokenizer
 

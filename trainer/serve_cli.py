@@ -21,18 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from rolloutbus.config import load_settings
+    from foundation.entry import settings_from_args
     from trainer.settings import ServeSettings
 
-    flags = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
-             "max_batch": "serve_max_batch", "threads": "torch_threads"}
-    overrides: dict[str, Any] = {f: getattr(args, k) for k, f in flags.items() if getattr(args, k, None) is not None}
     if getattr(args, "no_follow", False):
-        overrides["serve_follow"] = False
-    if getattr(args, "data_dir", None):
-        overrides["data_dir"] = args.data_dir
-    names = {f: "--" + k.replace("_", "-") for k, f in flags.items()} | {"serve_follow": "--no-follow"}
-    return load_settings(ServeSettings, overrides, names)
+        args.serve_follow = False  # --no-follow sets serve_follow: false
+    return settings_from_args(ServeSettings, args, {
+        "model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
+        "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from aiohttp import web
 
-    from rolloutbus.config import Topics
+    from foundation.config import Topics
     from trainer.resources import ResourceFollower
     from trainer.serve import PolicyServer, initial_policy
 
@@ -65,18 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.serve_cli`` — the same as ``rolloutbus serve``."""
-    from rolloutbus.errors import RolloutbusError
+    from foundation.entry import run_command
 
-    parser = argparse.ArgumentParser(prog="rolloutbus serve")
-    parser.add_argument("--data-dir", default=None)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return run(args)
-    except RolloutbusError as exc:
-        print(f"rolloutbus serve: {exc}", file=sys.stderr)
-        return 1
+    return run_command("rolloutbus serve", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

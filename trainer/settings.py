@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import PORT, CommonSettings, check_http_url
+from foundation.config import PORT, CommonSettings, check_http_url
 
 
 def _model_ref(v: str | None) -> str | None:

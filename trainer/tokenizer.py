@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 
 TOKENIZER_FILE = "rolloutbus_tokenizer.json"
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]

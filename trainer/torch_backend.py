@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rolloutbus.errors import TrainingError
+from foundation.errors import TrainingError
 from schemas.models import GroupBatch
 from trainer.grpo import GRPOConfig, grpo_loss, token_logprobs
 from trainer.model import max_positions

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rolloutbus.errors import ConfigError, TrainingError
+from foundation.errors import ConfigError, TrainingError
 from schemas.models import GroupBatch
 
 

@@ -1,14 +1,16 @@
-"""Checks the ClickHouse cluster DDL (deploy/clickhouse/cluster/) with the engine we have here (chDB).
+"""Checks the ClickHouse cluster DDL with the engine we have here (chDB).
 
-There is no ClickHouse cluster on a developer machine, so the checks are:
+The cluster form is not a second copy: it is derived from deploy/clickhouse/migrations/ at migration
+time (foundation/cluster_ddl.py). There is no ClickHouse cluster on a developer machine, so the checks
+of what the derivation produces are:
 
 1. every statement parses (``EXPLAIN AST``), ON CLUSTER, Replicated engines and macros included;
 2. the statements, "localised" to one node (ON CLUSTER dropped, ReplicatedReplacingMergeTree →
    ReplacingMergeTree with the same version column, Distributed → Merge over the local table), run
    for real, and every view of the cluster schema answers a query;
-3. drift: every table and view of deploy/clickhouse/migrations/ exists in the cluster schema with the
-   same columns (name, type, default kind and expression), in the same order, and the views return
-   the same columns;
+3. equivalence: every table and view of deploy/clickhouse/migrations/ exists in the cluster schema
+   with the same columns (name, type, default kind and expression), in the same order, and the views
+   return the same columns;
 4. every Distributed table's sharding key uses only columns of its local table's ORDER BY key, so all
    copies of a record meet on one shard and FINAL collapses them.
 
@@ -30,7 +32,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS = ROOT / "deploy" / "clickhouse" / "migrations"
-CLUSTER = ROOT / "deploy" / "clickhouse" / "cluster"
 
 _ON_CLUSTER = re.compile(r"\s+ON\s+CLUSTER\s+'[^']*'", re.I)
 _REPLICATED = re.compile(r"Replicated(\w*MergeTree)\(\s*'[^']*'\s*,\s*'[^']*'\s*(?:,\s*([^)]*?))?\s*\)")
@@ -56,15 +57,15 @@ class Statement:
         return m.group(2).split(".")[-1] if m else ""
 
 
-def load(directory: Path, database: str) -> list[Statement]:
-    """The statements of a migrations directory with ``{db}`` replaced, in the order migrate() runs them."""
+def load(directory: Path, database: str, cluster: bool = False) -> list[Statement]:
+    """The statements of a migrations directory with ``{db}`` replaced, in the order migrate() runs them
+    (their derived cluster form with ``cluster``)."""
     sys.path.insert(0, str(ROOT))
-    from rolloutbus.clickhouse import migration_files, split_statements
+    from foundation.clickhouse import migration_files, migration_statements
 
     out = []
     for _, path in migration_files(directory):
-        sql = path.read_text().replace("{db}", database)
-        out.extend(Statement(path.name, s) for s in split_statements(sql))
+        out.extend(Statement(path.name, s.replace("{db}", database)) for s in migration_statements(path, cluster))
     return out
 
 
@@ -125,15 +126,19 @@ def check_sharding(statements: list[Statement]) -> list[str]:
     return problems
 
 
-def check(client: Any, migrations: Path = MIGRATIONS, cluster: Path = CLUSTER) -> list[str]:
+def check(client: Any, migrations: Path = MIGRATIONS) -> list[str]:
     """All checks; returns one line per problem (empty: all good). ``client`` is a clickhouse-connect client."""
     suffix = uuid.uuid4().hex[:8]
     ref_db, cl_db = f"deploy_ref_{suffix}", f"deploy_cluster_{suffix}"
     problems: list[str] = []
     ref = load(migrations, ref_db)
-    cl = load(cluster, cl_db)
+    try:
+        cl = load(migrations, cl_db, cluster=True)
+    except Exception as exc:  # noqa: BLE001 - a statement the derivation refuses is the finding
+        return [str(exc)]
     if not cl:
-        return [f"{cluster}: no NNN_*.sql migrations"]
+        return [f"{migrations}: no NNN_*.sql migrations"]
+    cluster = "cluster form"
 
     # 1. parse
     for s in cl:
@@ -163,24 +168,24 @@ def check(client: Any, migrations: Path = MIGRATIONS, cluster: Path = CLUSTER) -
         for name, engine in sorted(ref_tables.items()):
             if name not in cl_tables:
                 problems.append(
-                    f"{'view' if engine == 'View' else 'table'} {name} of {migrations.name}/ has no counterpart in {cluster.name}/"
+                    f"{'view' if engine == 'View' else 'table'} {name} of {migrations.name}/ has no counterpart in the {cluster}"
                 )
                 continue
             if engine != "View" and cl_tables[name] != "Merge":
-                problems.append(f"{cluster.name}/: {name} should be a Distributed table over {name}_local")
+                problems.append(f"{cluster}: {name} should be a Distributed table over {name}_local")
             if engine != "View" and f"{name}_local" not in cl_tables:
-                problems.append(f"{cluster.name}/: {name}_local (the replicated table) is missing")
+                problems.append(f"{cluster}: {name}_local (the replicated table) is missing")
             want, got = _columns(client, ref_db, name), _columns(client, cl_db, name)
             if want != got:
                 diff = sorted(set(want) ^ set(got)) or ["column order"]
-                problems.append(f"{cluster.name}/: {name} columns differ from {migrations.name}/: {diff[:4]}")
+                problems.append(f"{cluster}: {name} columns differ from {migrations.name}/: {diff[:4]}")
         # every view answers
         for name, engine in sorted(cl_tables.items()):
             if engine == "View":
                 try:
                     client.query(f"SELECT * FROM {cl_db}.{name} LIMIT 1")
                 except Exception as exc:  # noqa: BLE001
-                    problems.append(f"{cluster.name}/: view {name} fails: {str(exc).splitlines()[0][:300]}")
+                    problems.append(f"{cluster}: view {name} fails: {str(exc).splitlines()[0][:300]}")
     finally:
         for db in (ref_db, cl_db):
             client.command(f"DROP DATABASE IF EXISTS {db}")
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default=None, help="ClickHouse DSN (default: a scratch chDB store)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from rolloutbus.clickhouse import connect
+    from foundation.clickhouse import connect
 
     with tempfile.TemporaryDirectory(prefix="rb-ddl-") as tmp:
         client = connect(args.dsn or f"chdb://{tmp}/clickhouse")
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(f"cluster DDL: {p}", file=sys.stderr)
     if not problems:
-        print(f"cluster DDL: {len(load(CLUSTER, 'db'))} statements parse, run on one node, match {MIGRATIONS.name}/")
+        print(f"cluster DDL: {len(load(MIGRATIONS, 'db', cluster=True))} statements derived from {MIGRATIONS.name}/ "
+              "parse, run on one node, match it")
     return 1 if problems else 0
 
 

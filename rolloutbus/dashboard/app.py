@@ -80,7 +80,7 @@ class Reader:
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
 
-        from rolloutbus.errors import RolloutbusError
+        from foundation.errors import RolloutbusError
 
         with self._lock:
             try:
@@ -161,7 +161,7 @@ class Dashboard:
 
     @classmethod
     def from_settings(cls, s: Any) -> Dashboard:
-        from rolloutbus.clickhouse import connect, redact_dsn
+        from foundation.clickhouse import connect, redact_dsn
 
         def panels() -> Any:
             return connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, readonly=True,
@@ -182,7 +182,7 @@ class Dashboard:
 
         lag = None
         if s.dashboard_kafka_lag:
-            from rolloutbus.kafka_admin import cluster_status
+            from foundation.kafka_admin import cluster_status
 
             conf, prefix = s.kafka_conf(), s.topic_prefix
 

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from rolloutbus.config import load_settings
+    from foundation.config import load_settings
     from rolloutbus.dashboard.app import Dashboard, assets_missing
 
     flags = {"dashboard_host": "--host", "dashboard_port": "--port", "dashboard_refresh_s": "--refresh",
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         web.run_app(dash.app(), host=s.dashboard_host, port=s.dashboard_port, print=None, access_log=None)
     except OSError as exc:
-        from rolloutbus.errors import ServiceError
+        from foundation.errors import ServiceError
 
         raise ServiceError(f"cannot serve on {s.dashboard_host}:{s.dashboard_port}: {exc.strerror or exc} "
                            "(something else there? set --port / ROLLOUTBUS_DASHBOARD_PORT)") from exc

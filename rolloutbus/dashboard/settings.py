@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator
 
-from rolloutbus.config import PORT, CommonSettings, check_http_url
+from foundation.config import PORT, CommonSettings, check_http_url
 
 
 class DashboardSettings(CommonSettings):

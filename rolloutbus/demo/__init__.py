@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from rolloutbus.flags import Bounded
+from foundation.flags import Bounded
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

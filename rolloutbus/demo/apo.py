@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any
 
-from rolloutbus.config import CommonSettings, load_settings
+from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo.procs import Supervisor
 from rolloutbus.demo.run import DemoConfig, _free_port, _wait_http, reset_local_state, sql_task, start_dashboard
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 
 
 def _one_line(text: str, limit: int = 400) -> str:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rolloutbus.errors import RolloutbusError
+from foundation.errors import RolloutbusError
 
 
 class ProcessDied(RolloutbusError):

@@ -21,7 +21,7 @@ EXAMPLE_QUERIES = [
 
 def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_scores: list[float],
            final_scores: list[float], say: Any, title: str = "calculator agent", first_label: str = "supervised warm-up only") -> None:
-    from rolloutbus.clickhouse import connect
+    from foundation.clickhouse import connect
 
     n = len(first_scores)
     a, b = sum(first_scores) / n, sum(final_scores) / n

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rolloutbus.config import CommonSettings, load_settings
+from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo import calc
 from rolloutbus.demo.procs import Supervisor
-from rolloutbus.errors import ConfigError, RolloutbusError
+from foundation.errors import ConfigError, RolloutbusError
 
 
 @dataclass
@@ -221,6 +221,7 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
              name: str, task: DemoTask, threads: int = 8) -> list[float]:
     """Greedy evaluation of one version on ``problems``, through its own server and proxy (recorded, mode test)."""
     from producers.settings import AgentSettings
+    from producers.transport import SpanTransport
 
     serve_port, proxy_port = _free_port(), _free_port()
     sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port),
@@ -229,7 +230,7 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
     try:
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 120, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
-        transport = AgentSettings(data_dir=settings.data_dir).transport(spool_name=f"demo-eval-{name}")
+        transport = SpanTransport.from_settings(AgentSettings(data_dir=settings.data_dir), spool_name=f"demo-eval-{name}")
         agent = task.eval_agent(f"http://127.0.0.1:{proxy_port}")
         try:
             def one(i_p: tuple[int, Any]) -> float:
@@ -321,8 +322,8 @@ def start_dashboard(sup: Supervisor, say: Any) -> None:
 
 def reset_local_state(settings: CommonSettings, say: Any) -> None:
     """A fresh run: the prefix's topics and the demo database are recreated (local stack only)."""
-    from rolloutbus.clickhouse import connect
-    from rolloutbus.kafka_admin import admin, ensure_topics, topic_specs
+    from foundation.clickhouse import connect
+    from foundation.kafka_admin import admin, ensure_topics, topic_specs
 
     a = admin(settings.kafka_conf())
     old = [t for t in a.list_topics(timeout=10).topics if t.startswith(settings.topic_prefix)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 
 ROLES = ("writer", "analyst")
 

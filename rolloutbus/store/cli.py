@@ -19,9 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rolloutbus.config import load_settings
-    from rolloutbus.errors import StoreError
-    from rolloutbus.store.local import lock_store
+    from foundation.config import load_settings
+    from foundation.errors import StoreError
+    from foundation.chdb_lock import lock_store
     from rolloutbus.store.server import Engine, StoreServer, serve
     from rolloutbus.store.settings import StoreSettings
 

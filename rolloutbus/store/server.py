@@ -63,7 +63,7 @@ class Engine:
         try:
             self._root = chdb.connect(self.path)  # keeps the engine up between requests
         except Exception as exc:  # noqa: BLE001 - chDB raises RuntimeError
-            from rolloutbus.errors import StoreError
+            from foundation.errors import StoreError
 
             raise StoreError(f"cannot open the ClickHouse engine at {path} (is another process using it with chdb://?): "
                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rolloutbus.config import CommonSettings
+from foundation.config import CommonSettings
 from rolloutbus.store.access import Limits, User, parse_users
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from producers import emit_llm_call, emit_reward, emit_state, emit_tool_call, rollout  # noqa: E402
+from producers import SpanTransport, emit_llm_call, emit_reward, emit_state, emit_tool_call, rollout  # noqa: E402
 from producers.settings import AgentSettings  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=0.0, help="run this long instead of --rollouts (soak)")
     a = ap.parse_args()
     s = AgentSettings()
-    transport = s.transport(spool_name=f"emitter-{a.prefix}")
+    transport = SpanTransport.from_settings(s, spool_name=f"emitter-{a.prefix}")
     started = time.monotonic()
     i = 0
     with a.out.open("a") as out:

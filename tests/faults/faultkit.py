@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from rolloutbus.errors import DecodeError, ValidationError
+from foundation.errors import DecodeError, ValidationError
 from schemas import codec
 from streams.spans_stage import span_group
 from tests.integration.streams.helpers import LIVE, ROOT, WorkerProc, query, read_topic, start_worker, stop_worker

@@ -28,8 +28,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from faultkit import LONG, check_store, emitter, kill, records, rng, store, wait_drained, worker
-from rolloutbus.config import Topics
-from rolloutbus.kafka_admin import admin, ensure_topics, topic_specs
+from foundation.config import Topics
+from foundation.kafka_admin import admin, ensure_topics, topic_specs
 from schemas import codec
 from streams.app import done_topic_name
 from streams.grouping import group_id

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from rolloutbus.clickhouse import connect, migrate
-from rolloutbus.errors import ClickHouseError, ConfigError
+from foundation.clickhouse import connect, migrate
+from foundation.errors import ClickHouseError, ConfigError
 from schemas import RolloutEvent, RolloutEventType, Span, decode, encode
 
 pytestmark = pytest.mark.integration

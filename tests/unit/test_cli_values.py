@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from rolloutbus import cli
-from rolloutbus.config import CommonSettings, setting_bounds
-from rolloutbus.flags import Bounded
+from foundation.config import CommonSettings, setting_bounds
+from foundation.flags import Bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-secret"
@@ -340,8 +340,8 @@ def test_a_secret_variable_is_never_shown(guarded: dict[str, int], monkeypatch: 
                                           capsys: pytest.CaptureFixture[str]) -> None:
     from pydantic import SecretStr
 
-    from rolloutbus.config import load_settings
-    from rolloutbus.errors import SettingError
+    from foundation.config import load_settings
+    from foundation.errors import SettingError
 
     class WithSecret(CommonSettings):
         api_token: SecretStr = SecretStr("x")

@@ -94,7 +94,7 @@ def test_clickhouse_connect_query_command_insert(store: Store, compress: Any) ->
 
 def test_the_projects_own_client_and_sink_through_the_store(store: Store) -> None:
     """Migrations, the RowBinary span rows of streams/rowbinary.py and the analyst path of `rolloutbus query`."""
-    from rolloutbus.clickhouse import connect, migrate
+    from foundation.clickhouse import connect, migrate
     from schemas import codec
     from streams import rowbinary
     from streams.attempts import span_view
@@ -163,8 +163,8 @@ def test_a_second_store_or_embedded_client_on_the_same_data_dir_refuses(store: S
                          capture_output=True, text=True, env=store_env(), cwd=REPO, timeout=60)
     assert out.returncode == 1
     assert "is in use by rolloutbus store on 127.0.0.1:" in out.stderr and "one process owns it" in out.stderr
-    from rolloutbus.clickhouse import connect
-    from rolloutbus.errors import ClickHouseError
+    from foundation.clickhouse import connect
+    from foundation.errors import ClickHouseError
 
     with pytest.raises(ClickHouseError, match="served by rolloutbus store"):
         connect(f"chdb://{store.data_dir.resolve()}/clickhouse")

@@ -127,7 +127,7 @@ def batches(conf: dict[str, Any], topic: str, groups: int, proc: WorkerProc | No
 
 _QUERY = """
 import json, sys
-from rolloutbus.clickhouse import connect
+from foundation.clickhouse import connect
 c = connect(sys.argv[1], database=sys.argv[2], create_database=False)
 out = {}
 for name, sql in json.loads(sys.argv[3]).items():

@@ -1,4 +1,4 @@
-"""The ClickHouse cluster DDL, checked in the real ClickHouse engine (chDB)."""
+"""The ClickHouse cluster DDL, derived from the single-node migrations, checked in the real ClickHouse engine (chDB)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any, Iterator
 import pytest
 
 import ddl
-from rolloutbus.clickhouse import connect
+from foundation.clickhouse import connect
+from foundation.cluster_ddl import cluster_statements
+from foundation.errors import ConfigError
 
 
 @pytest.fixture
@@ -23,41 +25,61 @@ def test_cluster_ddl_parses_runs_and_matches_migrations(client: Any) -> None:
     assert ddl.check(client) == []
 
 
-def test_every_table_and_view_of_migrations_has_a_cluster_counterpart() -> None:
-    """Drift guard: a new table or view in migrations/ (e.g. a 003_*) must be added to cluster/ too."""
+def test_every_table_and_view_of_migrations_has_a_cluster_form() -> None:
+    """One source: every table and view of migrations/ (a new 004_* too) has its cluster form, derived."""
     ref = {s.name for s in ddl.load(ddl.MIGRATIONS, "db") if s.kind in ("TABLE", "VIEW")}
-    cluster = {s.name for s in ddl.load(ddl.CLUSTER, "db") if s.kind in ("TABLE", "VIEW")}
+    cluster = {s.name for s in ddl.load(ddl.MIGRATIONS, "db", cluster=True) if s.kind in ("TABLE", "VIEW")}
     assert ref - cluster == set()
     # and every local replicated table sits behind a Distributed table of the reference name
     assert {f"{n}_local" for n in ref if not n.startswith("v_")} <= cluster
 
 
-def test_cluster_files_mirror_migration_numbering() -> None:
-    names = lambda d: sorted(p.name for p in d.glob("*.sql"))  # noqa: E731
-    assert names(ddl.CLUSTER) == names(ddl.MIGRATIONS)
+def test_no_second_copy_of_the_schema() -> None:
+    assert not (ddl.ROOT / "deploy" / "clickhouse" / "cluster").exists()
+    assert sorted(p.name for p in ddl.MIGRATIONS.glob("*.sql"))
 
 
 def test_replicated_engines_and_on_cluster_everywhere() -> None:
-    for s in ddl.load(ddl.CLUSTER, "db"):
+    for s in ddl.load(ddl.MIGRATIONS, "db", cluster=True):
         assert "ON CLUSTER '{cluster}'" in s.sql, s.name
         if s.name.endswith("_local"):
             assert "ENGINE = ReplicatedReplacingMergeTree(" in s.sql, s.name
 
 
-def test_drift_is_reported(client: Any, tmp_path: Path) -> None:
-    """A table added to migrations/ only, and a column changed in cluster/ only, are both caught."""
-    migrations, cluster = tmp_path / "migrations", tmp_path / "cluster"
+def test_cluster_form_of_one_table() -> None:
+    single = ("CREATE TABLE IF NOT EXISTS {db}.audit\n(\n    rollout_id String,\n    v Int64\n)\n"
+              "ENGINE = ReplacingMergeTree(v)\nORDER BY (rollout_id, v)\nSETTINGS non_replicated_deduplication_window = 10000")
+    out = cluster_statements([single])
+    assert out[0] == "CREATE DATABASE IF NOT EXISTS {db} ON CLUSTER '{cluster}'"
+    assert out[1].startswith("CREATE TABLE IF NOT EXISTS {db}.audit_local ON CLUSTER '{cluster}'\n(")
+    assert "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/audit_local', '{replica}', v)" in out[1]
+    assert "SETTINGS replicated_deduplication_window = 10000" in out[1]
+    assert out[2] == ("CREATE TABLE IF NOT EXISTS {db}.audit ON CLUSTER '{cluster}'\nAS {db}.audit_local\n"
+                      "ENGINE = Distributed('{cluster}', '{db}', 'audit_local', cityHash64(rollout_id))")
+
+
+def test_a_statement_without_a_cluster_form_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no cluster form for 'ALTER TABLE"):
+        cluster_statements(["ALTER TABLE {db}.spans ADD COLUMN x String"])
+
+
+def test_new_migration_is_derived_and_checked(client: Any, tmp_path: Path) -> None:
+    """A table added to migrations/ gets its cluster form with no second file; the check runs it."""
+    migrations = tmp_path / "migrations"
     shutil.copytree(ddl.MIGRATIONS, migrations)
-    shutil.copytree(ddl.CLUSTER, cluster)
-    (migrations / "003_extra.sql").write_text(
-        "CREATE TABLE IF NOT EXISTS {db}.reward_audit (rollout_id String, v Int64) ENGINE = ReplacingMergeTree ORDER BY rollout_id;\n"
+    (migrations / "009_extra.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS {db}.reward_audit\n(rollout_id String, v Int64)\nENGINE = ReplacingMergeTree\nORDER BY rollout_id;\n"
     )
-    (cluster / "003_extra.sql").write_text("SELECT 1;\n")
-    tables = cluster / "001_tables.sql"
-    tables.write_text(tables.read_text().replace("    kafka_offset       Int64,", "    kafka_offset       Int32,", 1))
-    problems = ddl.check(client, migrations, cluster)
-    assert any("reward_audit" in p and "no counterpart" in p for p in problems), problems
-    assert any("spans columns differ" in p for p in problems), problems
+    assert ddl.check(client, migrations) == []
+    assert "reward_audit_local" in {s.name for s in ddl.load(migrations, "db", cluster=True)}
+
+
+def test_unsupported_migration_is_reported(client: Any, tmp_path: Path) -> None:
+    migrations = tmp_path / "migrations"
+    shutil.copytree(ddl.MIGRATIONS, migrations)
+    (migrations / "009_alter.sql").write_text("ALTER TABLE {db}.spans ADD COLUMN x String;\n")
+    problems = ddl.check(client, migrations)
+    assert problems and "no cluster form" in problems[0]
 
 
 def test_sharding_key_outside_order_by_is_reported() -> None:
@@ -68,14 +90,6 @@ def test_sharding_key_outside_order_by_is_reported() -> None:
                                "ENGINE = Distributed('{cluster}', 'd', 't_local', cityHash64(b))"),
     ]
     assert ddl.check_sharding(statements) == ["x.sql: t: sharding key uses ['b'], not in t_local's ORDER BY"]
-
-
-def test_syntax_error_is_reported(client: Any, tmp_path: Path) -> None:
-    cluster = tmp_path / "cluster"
-    shutil.copytree(ddl.CLUSTER, cluster)
-    (cluster / "003_bad.sql").write_text("CREATE TABLE {db}.broken ON CLUSTER '{cluster}' (a String ENGINE = Memory;\n")
-    problems = ddl.check(client, ddl.MIGRATIONS, cluster)
-    assert problems and "003_bad.sql: does not parse" in problems[0]
 
 
 @pytest.mark.parametrize(

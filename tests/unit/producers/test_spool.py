@@ -64,7 +64,7 @@ def test_a_live_owner_locks_its_slot_and_the_next_process_gets_another(tmp_path:
 def test_transport_fast_encoder_writes_exactly_the_codec_bytes() -> None:
     from producers.transport import _FastEncoder
     from schemas.codec import encode_raw
-    from rolloutbus.errors import EncodeError
+    from foundation.errors import EncodeError
 
     span = {"span_id": "ab" * 8, "trace_id": "cd" * 16, "parent_id": None, "rollout_id": "r", "attempt_id": "a",
             "sequence_id": 3, "name": "n", "kind": "llm", "start_time_ns": 1, "end_time_ns": 2, "status_code": "OK",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rolloutbus.errors import ValidationError
+from foundation.errors import ValidationError
 from schemas import codec
 from schemas.checks import check_span
 from schemas.models import MAX_ATTRIBUTES, LLMCall, Reward, Span

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutbus.errors import DecodeError, ValidationError
+from foundation.errors import DecodeError, ValidationError
 from schemas import (
     DeadLetter,
     GroupBatch,

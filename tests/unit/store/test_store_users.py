@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 from rolloutbus.store.access import DEFAULT_USERS, Limits, Refused, User, authenticate, check_sql, effective_settings, parse_users
 
 

@@ -6,7 +6,7 @@ import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import SecretStr
 
-from rolloutbus.config import KafkaSecurity
+from foundation.config import KafkaSecurity
 
 PASSWORD = "pw-7d1c0e"
 

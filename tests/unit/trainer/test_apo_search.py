@@ -9,7 +9,7 @@ import pytest
 
 from producers.runner import OVERRIDE_PREFIX, task_resources, use_resource
 from rolloutbus.demo import sql
-from rolloutbus.errors import ConfigError, ValidationError
+from foundation.errors import ConfigError, ValidationError
 from schemas import ResourceVersion
 from trainer.apo import Candidate, Trajectory, beam_search, critique_messages, paired_difference, parse_rewrite, rank, rewrite_messages, winner
 from trainer.apo_cli import parse_prompts

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rolloutbus.errors import ConfigError
+from foundation.errors import ConfigError
 from trainer.model import ContextTooLong, ContinuousBatch, base_model_name, build_tiny, generate, generate_batch, load_policy, save_policy, sequence_logprobs
 from trainer.sft import SFTConfig, sft
 from trainer.tokenizer import CharTokenizer, load_tokenizer
@@ -138,7 +138,7 @@ def test_a_sliding_window_model_is_refused_with_a_clear_error() -> None:
     """Its cache keeps only the last window of tokens: merging rows by left padding would be wrong, so refuse."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    from rolloutbus.errors import RolloutbusError
+    from foundation.errors import RolloutbusError
 
     model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=4, num_key_value_heads=2, sliding_window=8))

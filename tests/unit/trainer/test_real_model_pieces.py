@@ -84,7 +84,7 @@ def test_an_import_is_found_again_from_another_copy_of_the_same_gguf(tmp_path: P
     # bytes under the same name are not, and say so instead of silently serving the wrong weights.
     import json
 
-    from rolloutbus.errors import ConfigError
+    from foundation.errors import ConfigError
     from trainer.model_import import IMPORT_FILE, _origin, import_model
 
     first, second, other = (tmp_path / d / "tiny-model.gguf" for d in ("a", "b", "c"))

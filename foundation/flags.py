@@ -2,7 +2,7 @@
 number types with a range, for the flags that no settings field backs.
 
 Flags that fall back to a ``ROLLOUTBUS_*`` variable are checked by their settings field (see
-:func:`rolloutbus.config.load_settings`), so the rule lives in one place; :class:`Bounded` is for
+:func:`foundation.config.load_settings`), so the rule lives in one place; :class:`Bounded` is for
 the rest (``demo --runners``, ``run-agent --max-tasks``, ...). Its bounds are attributes, so a test
 can read them off the parser.
 """

@@ -8,8 +8,8 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rolloutbus.config import Topics
-from rolloutbus.errors import KafkaUnavailable
+from foundation.config import Topics
+from foundation.errors import KafkaUnavailable
 
 
 @dataclass(frozen=True)

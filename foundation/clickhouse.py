@@ -2,9 +2,9 @@
 (``http(s)://user@host:8123``) and the embedded chDB engine in this process (``chdb://path``, for a
 single process that wants no server), and idempotent migrations.
 
-Migrations are the ``NNN_*.sql`` files under ``deploy/clickhouse/migrations`` (or another directory,
-e.g. the cluster variant). ``{db}`` in them is the database name. ``schema_migrations`` records which
-ran, so applying them again is a no-op.
+Migrations are the ``NNN_*.sql`` files under ``deploy/clickhouse/migrations`` (or another directory).
+``{db}`` in them is the database name. ``schema_migrations`` records which ran, so applying them again
+is a no-op. On a cluster the same files run in the form :mod:`foundation.cluster_ddl` derives.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from urllib.parse import urlparse, urlunparse
 
 from pydantic import SecretStr
 
-from rolloutbus.errors import ClickHouseError, ConfigError
-from rolloutbus.local_kafka import DEPLOY_DIR
+from foundation.chdb_lock import holder
+from foundation.cluster_ddl import cluster_statements
+from foundation.errors import ClickHouseError, ConfigError
+from foundation.paths import DEPLOY_DIR
 
 MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "migrations"
-CLUSTER_MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "cluster"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -58,8 +59,6 @@ def connect(
         path = urlparse(dsn).path
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            from rolloutbus.store.local import holder
-
             owner = holder(Path(path))
             if owner is not None:
                 raise ClickHouseError(
@@ -130,8 +129,17 @@ def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:
     return files
 
 
-def migrate(client: Any, database: str, directory: Path = MIGRATIONS_DIR, substitutions: dict[str, str] | None = None) -> list[str]:
-    """Apply the migrations not yet recorded in ``database.schema_migrations``. Returns what ran."""
+def migration_statements(path: Path, cluster: bool = False) -> list[str]:
+    """One migration file's statements (``{db}`` not yet replaced); their cluster form with ``cluster``."""
+    statements = split_statements(path.read_text())
+    return cluster_statements(statements) if cluster else statements
+
+
+def migrate(client: Any, database: str, directory: Path = MIGRATIONS_DIR, substitutions: dict[str, str] | None = None,
+            cluster: bool = False) -> list[str]:
+    """Apply the migrations not yet recorded in ``database.schema_migrations``. Returns what ran.
+
+    ``cluster``: in their cluster form, with ``substitutions['cluster']`` naming the cluster."""
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.command(
         f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations "
@@ -143,10 +151,9 @@ def migrate(client: Any, database: str, directory: Path = MIGRATIONS_DIR, substi
     for version, path in migration_files(directory):
         if version in done:
             continue
-        sql = path.read_text()
-        for key, value in subs.items():
-            sql = sql.replace("{" + key + "}", value)
-        for statement in split_statements(sql):
+        for statement in migration_statements(path, cluster):
+            for key, value in subs.items():
+                statement = statement.replace("{" + key + "}", value)
             try:
                 client.command(statement)
             except Exception as exc:  # noqa: BLE001
@@ -165,7 +172,7 @@ def migrate_for(client: Any, database: str, cluster: str | None = None) -> list[
     if cluster:
         if not _IDENT.match(cluster):
             raise ConfigError(f"cluster name {cluster!r} must be letters, digits and underscores")
-        return migrate(client, database, CLUSTER_MIGRATIONS_DIR, substitutions={"cluster": cluster})
+        return migrate(client, database, substitutions={"cluster": cluster}, cluster=True)
     return migrate(client, database)
 
 

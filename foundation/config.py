@@ -5,7 +5,7 @@ derives from :class:`CommonSettings`; it is read once, at the entry point, and l
 plain typed arguments. Explicit argument beats environment variable beats documented default.
 
 Each field carries its rule (``Field(ge=..., le=...)``, a ``Literal``, a validator); :func:`load_settings`
-turns a broken rule into one :class:`~rolloutbus.errors.SettingError` that names the flag and the
+turns a broken rule into one :class:`~foundation.errors.SettingError` that names the flag and the
 variable, which the CLI prints as one line with exit status 2.
 """
 
@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rolloutbus.errors import SettingError
+from foundation.errors import SettingError
 
 ENV_PREFIX = "ROLLOUTBUS_"
 PORT = {"ge": 1, "le": 65535}  # Field(**PORT): a TCP port a process binds or connects to
@@ -150,7 +150,7 @@ class CommonSettings(BaseSettings):
     clickhouse_database: str = "rolloutbus"
     clickhouse_cluster: str | None = Field(
         default=None,
-        description="ClickHouse cluster name: set → the replicated/distributed DDL of deploy/clickhouse/cluster/.",
+        description="ClickHouse cluster name: set → the replicated/distributed form of the migrations.",
     )
     clickhouse_password: SecretStr | None = Field(
         default=None, description="ClickHouse password, kept out of the DSN so it never shows in logs."

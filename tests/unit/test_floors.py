@@ -1,0 +1,101 @@
+"""The floors of the house, read from the code's own imports (every ``import``, also inside functions).
+
+    rolloutbus/   applications: the command, demo, dashboard, store server, bench    may import all below
+    trainer/      GRPO, serving, APO                                                  producers, schemas, foundation
+    producers/    agent side: SDK, gateway, proxy, runners  |  streams/  processors   schemas, foundation
+    schemas/      the Avro contract                                                   foundation
+    foundation/   errors, settings, flags, command entry, Kafka admin, ClickHouse     nothing of the project
+
+and the pure cores (trajectory assembly, rewards, credit, groups, the GRPO loss, APO's search) import
+no Kafka, ClickHouse, faust or HTTP library, and no shell module of their own package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ("foundation", "schemas", "producers", "streams", "trainer", "rolloutbus")
+MAY_IMPORT = {
+    "foundation": {"foundation"},
+    "schemas": {"schemas", "foundation"},
+    "producers": {"producers", "schemas", "foundation"},
+    "streams": {"streams", "schemas", "foundation"},
+    "trainer": {"trainer", "producers", "schemas", "foundation"},
+    "rolloutbus": set(PROJECT),
+}
+PURE = {
+    "streams": ["assembly", "attempts", "credit", "grouping", "rewards", "rollout", "transitions", "rowbinary"],
+    "trainer": ["grpo", "apo"],
+    "schemas": ["checks", "codec", "models"],
+}
+IO_LIBRARIES = {"faust", "aiokafka", "confluent_kafka", "clickhouse_connect", "chdb", "aiohttp", "mode", "kafka"}
+
+
+def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, as (line, dotted name); relative imports resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.append((node.lineno, name))
+    return out
+
+
+def modules(package: str, root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def floor_violations(package: str, root: Path = ROOT) -> list[str]:
+    allowed = MAY_IMPORT[package]
+    bad = []
+    for path in modules(package, root):
+        for line, name in imports_of(path, root):
+            top = name.split(".")[0]
+            if top in PROJECT and top not in allowed:
+                bad.append(f"{path.relative_to(root)}:{line} imports {name} (a floor above {package}/)")
+    return bad
+
+
+@pytest.mark.parametrize("package", PROJECT)
+def test_no_import_runs_back_up(package: str) -> None:
+    assert floor_violations(package) == []
+
+
+@pytest.mark.parametrize(("package", "module"), [(p, m) for p, ms in PURE.items() for m in ms])
+def test_pure_cores_import_no_io(package: str, module: str) -> None:
+    path = ROOT / package / f"{module}.py"
+    bad = []
+    for line, name in imports_of(path):
+        top = name.split(".")[0]
+        if top in IO_LIBRARIES:
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+        elif top == package and name.split(".")[1:2] and name.split(".")[1] not in PURE[package]:
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, a shell of {package}/")
+        elif top in PROJECT and top not in (package, "schemas", "foundation"):
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert bad == []
+
+
+def test_the_check_sees_an_arrow_running_back_up(tmp_path: Path) -> None:
+    """The guard fails when it should: a foundation module importing an application, inside a function."""
+    (tmp_path / "foundation").mkdir()
+    (tmp_path / "foundation" / "probe.py").write_text("import os\n\ndef f():\n    from rolloutbus.cli import main\n    return main\n")
+    (tmp_path / "foundation" / "ok.py").write_text("from .probe import f\nfrom foundation.errors import ConfigError\n")
+    assert floor_violations("foundation", tmp_path) == ["foundation/probe.py:4 imports rolloutbus.cli (a floor above foundation/)"]
+
+
+def test_every_package_is_on_a_floor() -> None:
+    tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert tops <= set(PROJECT), tops - set(PROJECT)
