@@ -3,7 +3,9 @@
 Integration tests run against the real Kafka broker and the real ClickHouse engine:
 
 * Kafka: ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set; otherwise a real local broker (the one ``rolloutbus up``
-  starts) in a scratch data dir on port 29092, started once for the session and stopped at its end.
+  starts) in a scratch data dir, started once for the session and stopped at its end, on
+  ``ROLLOUTBUS_TEST_KAFKA_PORT`` or else a free port pair (broker, controller) chosen for the session,
+  so two test sessions on one machine (or a published container port) never meet on one broker.
 * ClickHouse: ``ROLLOUTBUS_TEST_CLICKHOUSE_DSN`` if set; otherwise the embedded chDB engine in a scratch
   directory. Every test gets a fresh topic prefix and a fresh database.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -20,7 +23,31 @@ from typing import Any
 
 import pytest
 
-TEST_PORT = int(os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT", "29092"))
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 now (the broker's and its controller's)."""
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 64000 and free(port + 1) and free(port + 500) and free(port + 501):
+            return port
+    raise RuntimeError("no free port pair for the test broker")
+
+
+if not os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT"):
+    # Exported, so the tests' subprocesses and modules that derive their own ports (port + 500) agree.
+    os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"] = str(_free_port_pair())
+TEST_PORT = int(os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"])
 
 
 @pytest.fixture(scope="session")
