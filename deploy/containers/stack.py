@@ -1,0 +1,119 @@
+"""The production topology (deploy/docker-compose.yml) in containers on this host, with podman.
+
+    python deploy/containers/stack.py host            # podman, runc, debootstrap (apt-get when missing); a probe
+    python deploy/containers/stack.py images          # build what is missing (cached by content hash)
+    python deploy/containers/stack.py up              # images, then every service, waiting on depends_on
+    python deploy/containers/stack.py ps | logs SERVICE-N | kill SERVICE-N | start SERVICE-N
+    python deploy/containers/stack.py down [-v]       # -v also removes the volumes (Kafka logs, the store)
+
+The files: deploy/docker-compose.yml + deploy/compose.local.yml (+ any ``-f FILE``). CONTAINERS_CONF is
+deploy/containers/containers.conf. CLICKHOUSE_PASSWORD, when unset, is generated once per project and kept
+in ~/.cache/rolloutbus/containers/<project>.env (the store takes it as its user's password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compose import ComposeError, Project, Stack  # noqa: E402
+from host import REPO, HostError, cache_dir, ensure_tools, probe  # noqa: E402
+from images import build_all  # noqa: E402
+
+COMPOSE_FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
+
+
+def _project_env(project: str) -> dict[str, str]:
+    """Per-project values kept between runs (the store password), created on first use."""
+    path = cache_dir() / f"{project}.env"
+    values = {}
+    if path.is_file():
+        values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    if "CLICKHOUSE_PASSWORD" not in values:
+        values["CLICKHOUSE_PASSWORD"] = secrets.token_urlsafe(18)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        path.chmod(0o600)
+    return values
+
+
+def local_stack(project: str = "rolloutbus", extra_files: Iterable[Path] = (), env: dict[str, str] | None = None,
+                build: bool = True, say=print) -> Stack:  # noqa: ANN001 - a print-like callable
+    """The Stack of the production file + the local override (+ extra files), images built when missing."""
+    environ = {**_project_env(project), **os.environ, **(env or {})}
+    if build:
+        ensure_tools(say)
+        environ.update(build_all(say))
+    else:  # down, ps, logs: names are enough
+        for var in ("KAFKA_IMAGE", "ROLLOUTBUS_SLIM_IMAGE", "ROLLOUTBUS_IMAGE"):
+            environ.setdefault(var, "unbuilt")
+    project_ = Project.load([*COMPOSE_FILES, *extra_files], env=environ, name=project)
+    return Stack(project_, say=say)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stack.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-p", "--project", default=os.environ.get("COMPOSE_PROJECT_NAME", "rolloutbus"))
+    parser.add_argument("-f", "--file", action="append", default=[], type=Path, help="another override file")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("host")
+    sub.add_parser("images")
+    up = sub.add_parser("up")
+    up.add_argument("services", nargs="*")
+    down = sub.add_parser("down")
+    down.add_argument("-v", "--volumes", action="store_true")
+    sub.add_parser("ps")
+    sub.add_parser("config")
+    for name in ("logs", "kill", "start", "stop"):
+        p = sub.add_parser(name)
+        p.add_argument("container", help="<service>-<n>, e.g. kafka-1-1, or a full container name")
+    args = parser.parse_args(argv)
+
+    def full(name: str) -> str:
+        return name if name.startswith(f"{args.project}-") else f"{args.project}-{name}"
+
+    try:
+        if args.cmd == "host":
+            ensure_tools()
+            why = probe()
+            print(why or "podman works here (runc, cgroupfs; CONTAINERS_CONF=deploy/containers/containers.conf)")
+            return 1 if why else 0
+        if args.cmd == "images":
+            ensure_tools()
+            for k, v in build_all().items():
+                print(f"{k}={v}")
+            return 0
+        stack = local_stack(args.project, args.file, build=args.cmd == "up")
+        if args.cmd == "config":
+            import yaml
+
+            print(yaml.safe_dump({n: s.spec for n, s in stack.project.services.items()}, sort_keys=False))
+        elif args.cmd == "up":
+            took = stack.up(args.services or None)
+            print(f"up in {took:.0f}s")
+        elif args.cmd == "down":
+            stack.down(volumes=args.volumes)
+        elif args.cmd == "ps":
+            for name, st in stack.ps():
+                print(f"{name:40} {st}")
+        elif args.cmd == "logs":
+            print(stack.logs(full(args.container), tail=200))
+        elif args.cmd == "kill":
+            stack.kill(full(args.container))
+        elif args.cmd == "start":
+            stack.start(full(args.container))
+        elif args.cmd == "stop":
+            stack.stop(full(args.container))
+    except (ComposeError, HostError) as exc:
+        print(f"stack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
