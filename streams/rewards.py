@@ -15,9 +15,15 @@ explicit_scale        1.0    ``Span.reward`` (emit_reward mid-run): value × sca
 ==================  =======  ================================================================
 
 A signal lands on the latest LLM turn at or before it (by ``sequence_id``); signals before the
-first turn have nothing to credit and are returned as unassigned. A reward span that only repeats
-the outcome (the last reward span, after the last turn, equal to the FINISHED ``final_reward``) is
-the final reward itself, not an intermediate one, so it is not counted twice.
+first turn have nothing to credit and are returned as unassigned.
+
+The final reward (:func:`find_final_reward`) is the FINISHED event's ``final_reward``; an attempt that
+ends without one (no FINISHED, or a FINISHED with none) takes its last reward span, by
+``sequence_id``, as Agent Lightning's ``find_final_reward`` does. A reward is counted once: the
+reward span that is the final reward (the last one, when it gave the final reward or equals the
+reported one) is not also an intermediate reward. The final reward is carried by the last step
+(:mod:`streams.credit`), wherever its span stands; every other reward span is an intermediate
+reward of the step before it.
 
 Config file (TOML or JSON), all keys optional::
 
@@ -134,17 +140,39 @@ def span_signals(span: Span, rules: RewardRules) -> list[Signal]:
     return out
 
 
+@dataclass(frozen=True)
+class FinalReward:
+    """An attempt's final reward and the reward span that is it (``None``: no span is)."""
+
+    value: float | None
+    span_id: str | None = None
+    from_span: bool = False  # the value came from the span, not from the FINISHED event
+
+
+def find_final_reward(trajectory: Trajectory, reported: float | None = None) -> FinalReward:
+    """The final reward of an attempt: ``reported`` (the FINISHED event's) when there is one, else
+    the value of its last reward span (Agent Lightning's ``find_final_reward``), else none.
+
+    The last reward span *is* the final reward when it gave the value or when its value equals the
+    reported one (the agent's ``emit_reward`` and its return, or a runner that reports what the
+    agent emitted): that span is then no intermediate reward, so the reward is not counted twice."""
+    last = next((s for s in reversed(trajectory.spans) if s.reward is not None), None)
+    if last is None:
+        return FinalReward(reported)
+    assert last.reward is not None
+    if reported is None:
+        return FinalReward(last.reward.value, last.span_id, from_span=True)
+    if math.isclose(last.reward.value, reported, rel_tol=1e-9, abs_tol=1e-9):
+        return FinalReward(reported, last.span_id)
+    return FinalReward(reported)
+
+
 def signals(trajectory: Trajectory, rules: RewardRules, final_reward: float | None = None) -> list[Signal]:
-    """Every intermediate reward signal in the trajectory, in order."""
+    """Every intermediate reward signal in the trajectory, in order; ``final_reward`` is the one the
+    FINISHED event reported. The reward span that is the final reward is left out (see
+    :func:`find_final_reward`)."""
     out: list[Signal] = []
-    reward_spans = [s for s in trajectory.spans if s.reward is not None]
-    last_llm_seq = max((s.sequence_id for s in trajectory.spans if s.llm is not None), default=-1)
-    outcome = None
-    if reward_spans and final_reward is not None:
-        last = reward_spans[-1]
-        assert last.reward is not None
-        if last.sequence_id >= last_llm_seq and math.isclose(last.reward.value, final_reward, abs_tol=1e-9):
-            outcome = last.span_id
+    outcome = find_final_reward(trajectory, final_reward).span_id
     for span in trajectory.spans:
         out.extend(span_signals(span, rules))
         if span.reward is not None and span.span_id != outcome and rules.explicit_scale:
@@ -174,4 +202,4 @@ def intermediate_rewards(
     return assign(steps, signals(trajectory, rules, final_reward))[0]
 
 
-__all__ = ["RewardRules", "Signal", "span_signals", "signals", "assign", "intermediate_rewards"]
+__all__ = ["RewardRules", "Signal", "FinalReward", "find_final_reward", "span_signals", "signals", "assign", "intermediate_rewards"]

@@ -15,10 +15,12 @@ from schemas.codec import PACKED_FIELDS, pack_array, unpack_array
 from schemas.models import RolloutEvent, Span
 from streams.assembly import assemble
 from streams.credit import returns
-from streams.rewards import RewardRules, assign, signals
+from streams.rewards import RewardRules, assign, find_final_reward, signals
 from streams.transitions import Step, extract_transitions
 
 TIMED_OUT = "timed_out"
+# rollouts.metadata key: the reward span whose value became the final reward (none was reported)
+FINAL_REWARD_SPAN = "rolloutbus.final_reward_span"
 SUMMARY_MAGIC = b"RS1"
 _LEN = struct.Struct("<I")
 
@@ -126,8 +128,9 @@ def finish_attempt(
 ) -> RolloutResult:
     """Assemble, extract transitions, land intermediate rewards, assign credit.
 
-    ``event`` is the FINISHED event; ``None`` means the attempt timed out (status ``timed_out``,
-    no final reward) and the keyword arguments say what is known about it.
+    ``event`` is the FINISHED event; ``None`` means the attempt timed out (status ``timed_out``)
+    and the keyword arguments say what is known about it. The final reward is the FINISHED event's,
+    else the attempt's last reward span's (:func:`streams.rewards.find_final_reward`).
     """
     span_count = event.span_count if event is not None else None
     traj = assemble(spans, span_count or None)
@@ -136,13 +139,18 @@ def finish_attempt(
             event.rollout_id, event.attempt_id, event.task_id, event.mode, event.attempt,
         )
         finished_ns = event.time_ns
-    final = event.final_reward if event is not None else None
+    reported = event.final_reward if event is not None else None
+    fin = find_final_reward(traj, reported)
+    final = fin.value
     steps = extract_transitions(traj, task_id, settings.agent_match, llm_call_match=settings.llm_call_match,
                                 exclude_llm_call_in_reward=settings.exclude_llm_call_in_reward)
-    inter, unassigned = assign(steps, signals(traj, settings.rules, final))
+    inter, unassigned = assign(steps, signals(traj, settings.rules, reported))
     rets = returns(inter, final if final is not None else 0.0, settings.credit, settings.gamma)
     for step, r, g in zip(steps, inter, rets, strict=True):
         step.reward, step.return_ = r, g
+    metadata = dict(event.metadata) if event is not None else {}
+    if fin.from_span and fin.span_id is not None:
+        metadata[FINAL_REWARD_SPAN] = fin.span_id  # where an analyst finds the reward that was not reported
     rv = event.resource_version if event is not None else None
     if rv is None:
         rv = next((s.resource_version for s in steps if s.resource_version is not None), None)
@@ -162,11 +170,11 @@ def finish_attempt(
         missing_sequence_ids=traj.missing_sequence_ids,
         duplicates=traj.duplicates,
         error=event.error if event is not None else "no FINISHED event before the inactivity timeout",
-        metadata=dict(event.metadata) if event is not None else {},
+        metadata=metadata,
         credit=settings.credit,
         steps=steps,
         unassigned_reward=sum(s.value for s in unassigned),
     )
 
 
-__all__ = ["Settings", "RolloutResult", "finish_attempt", "TIMED_OUT"]
+__all__ = ["Settings", "RolloutResult", "finish_attempt", "TIMED_OUT", "FINAL_REWARD_SPAN"]

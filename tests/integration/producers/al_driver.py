@@ -5,7 +5,8 @@ OpenAI client writes them), ``emit_message`` / ``emit_object`` / ``emit_exceptio
 an LLM-as-judge inside a reward operation, a duplicate export of one call. Its own
 ``LightningStoreOTLPExporter`` sends every span to ``endpoint`` (our gateway), the ids on the Resource.
 Then its own adapter, ``TracerTraceToTriplet`` with its defaults, turns the same spans into triplets,
-written as JSON to ``out``:  python al_driver.py ENDPOINT ROLLOUT_ID ATTEMPT_ID OUT
+written as JSON to ``out``:  python al_driver.py ENDPOINT ROLLOUT_ID ATTEMPT_ID OUT [FINAL_REWARD]
+(the value of the last ``emit_reward``, 1.0 by default).
 
 Only the standard library and agentlightning are imported.
 """
@@ -50,7 +51,7 @@ def llm_call(tracer, n: int, prompt: list[int], response: list[int], response_id
         pass
 
 
-async def main(endpoint: str, rollout_id: str, attempt_id: str, out: str) -> None:
+async def main(endpoint: str, rollout_id: str, attempt_id: str, out: str, final: str = "1.0") -> None:
     tracer = OtelTracer()
     tracer.init_worker(0, GatewayStore(endpoint))
     async with tracer.trace_context("agent", rollout_id=rollout_id, attempt_id=attempt_id) as otel:
@@ -68,7 +69,7 @@ async def main(endpoint: str, rollout_id: str, attempt_id: str, out: str) -> Non
             llm_call(otel, 3, [5, 6], [13, 14, 15], "chatcmpl-3")
             with operation(name="agentlightning.reward"):
                 llm_call(otel, 9, [99], [98], "chatcmpl-judge")  # an LLM judge: not a policy step
-            emit_reward({"task": 1.0, "format": 0.5}, primary_key="task")
+            emit_reward({"task": float(final), "format": 0.5}, primary_key="task")
     spans = tracer.get_last_trace()
     triplets = TracerTraceToTriplet().adapt(spans)
     json.dump({
@@ -80,4 +81,4 @@ async def main(endpoint: str, rollout_id: str, attempt_id: str, out: str) -> Non
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    asyncio.run(main(*sys.argv[1:6]))

@@ -178,3 +178,53 @@ def test_identical_credit_gives_every_step_the_final_reward() -> None:
     rew = al("agentlightning.annotation", {"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 1.0}, root)
     res = finish_attempt([root, *calls, rew], finished("ro", "at", reward_=1.0), Settings(credit="identical"))
     assert [(s.span_id, s.return_) for s in res.steps] == [(c.span_id, 1.0) for c in calls]
+
+
+# --------------------------------------------------------------------------- the final reward: find_final_reward
+
+
+REWARD_ENCODINGS = [
+    ("agentlightning.annotation", lambda v: {"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": v}),
+    ("reward_op", lambda v: {"agentops.task.output": f'{{"type": "reward", "value": {v}}}'}),
+    ("reward_op", lambda v: {"agentops.entity.output": f'{{"type": "reward", "value": {v}}}'}),
+    ("agentlightning.annotation", lambda v: {"reward": v}),
+]
+
+
+@pytest.mark.parametrize("name, attrs", REWARD_ENCODINGS)
+@pytest.mark.parametrize("with_finished", [True, False], ids=["finished-without-reward", "no-finished"])
+def test_the_last_reward_span_is_the_rollouts_reward(name: str, attrs: Any, with_finished: bool) -> None:
+    from streams.grouping import GroupPolicy, build_batch
+
+    def attempt(rollout: str, first: float, last: float) -> Any:
+        root = al("agent.run", {})
+        spans = [root, chat(root, rid=f"{rollout}-1", prompt=[1], response=[2]), al(name, attrs(first), root),
+                 chat(root, rid=f"{rollout}-2", prompt=[3], response=[4]), al(name, attrs(last), root)]
+        spans = [s.model_copy(update={"rollout_id": rollout}) for s in spans]
+        if with_finished:  # e.g. Agent Lightning's runner: status, no reward
+            return finish_attempt(spans, finished(rollout, "at", reward_=None, status="succeeded"), Settings())
+        return finish_attempt(spans, None, Settings(), rollout_id=rollout, attempt_id="at", task_id="task1")
+
+    a, b = attempt("ro-a", 0.5, 1.0), attempt("ro-b", 0.5, 0.0)
+    assert (a.final_reward, b.final_reward) == (1.0, 0.0), "find_final_reward: the last reward span"
+    assert a.status == ("succeeded" if with_finished else "timed_out")
+    # the first reward span is an intermediate reward on the step before it; the last one is not counted again
+    assert [s.reward for s in a.steps] == [0.5, 0.0] and [s.return_ for s in a.steps] == [1.5, 1.5]
+    batch = build_batch([a, b], GroupPolicy(group_size=2), created_ns=1, complete=True)
+    assert batch.rewards == [1.0, 0.0] and batch.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert {t.rollout_id: t.advantage for t in batch.transitions} == pytest.approx({"ro-a": 1.0, "ro-b": -1.0}, abs=1e-5)
+
+
+def test_a_1x_reward_event_is_the_final_reward() -> None:
+    from producers.agl_events import event_to_span
+
+    def ev(seq: int, body: dict[str, Any]) -> Span:
+        rec = decode(encode_raw("rolloutbus.Span", event_to_span("ro", "at", body, sequence_id=seq, span_id=f"e{seq}", time_ns=seq)))
+        assert isinstance(rec, Span)
+        return rec
+
+    spans = [ev(1, {"event_type": "model_request", "data": {"response": {"id": "c1", "prompt_token_ids": [1],
+                                                                          "choices": [{"token_ids": [2]}]}}}),
+             ev(2, {"event_type": "reward", "data": {"value": 0.8}})]
+    res = finish_attempt(spans, None, Settings(), rollout_id="ro", attempt_id="at", task_id="t")
+    assert res.final_reward == 0.8 and [s.return_ for s in res.steps] == [0.8]

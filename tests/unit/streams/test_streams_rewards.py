@@ -30,7 +30,8 @@ def test_exception_validator_and_explicit_rewards():
         span(7, kind="validator", status_code="ERROR"),
         span(8, events=[SpanEvent(name="exception", time_ns=1)]),
     ]
-    assert _rewards(spans) == pytest.approx([-0.2, 0.1 + 0.25, -0.1 - 0.2])
+    # the agent reported its own final reward: the reward span is an intermediate one
+    assert _rewards(spans, final=1.0) == pytest.approx([-0.2, 0.1 + 0.25, -0.1 - 0.2])
 
 
 def test_final_reward_span_is_not_counted_twice():
@@ -54,7 +55,7 @@ def test_rules_are_configurable_and_zero_turns_a_rule_off(tmp_path):
     assert _rewards([llm(1), tool(2, ok=False), span(3, kind="exception")], rules) == [-1.0]
     js = tmp_path / "r.json"
     js.write_text(json.dumps({"explicit_scale": 2}))
-    assert _rewards([llm(1), reward(2, 0.5)], RewardRules.load(js)) == [1.0]
+    assert _rewards([llm(1), reward(2, 0.5)], RewardRules.load(js), final=0.0) == [1.0]
 
 
 @pytest.mark.parametrize(
@@ -66,3 +67,31 @@ def test_bad_rules_file_says_what_is_wrong(tmp_path, content, match):
     p.write_text(content)
     with pytest.raises(ValueError, match=match):
         RewardRules.load(p)
+
+
+# --------------------------------------------------------------------------- the final reward
+
+
+def test_without_a_reported_final_reward_the_last_reward_span_is_it():
+    from streams.rewards import find_final_reward
+
+    traj = assemble([llm(1), reward(2, 0.3), llm(3), reward(4, 0.7), llm(5)])
+    fin = find_final_reward(traj, None)
+    assert (fin.value, fin.span_id, fin.from_span) == (0.7, "r1-a1-4", True)
+    # ... counted once: not also an intermediate reward (the 0.3 before it still is)
+    assert _rewards(traj.spans, final=None) == pytest.approx([0.3, 0.0, 0.0])
+    assert find_final_reward(assemble([llm(1)]), None).value is None
+
+
+def test_a_mid_run_reward_that_is_the_reported_final_reward_counts_once():
+    # emit_reward(1.0) before a last LLM call, and the agent reports 1.0: one reward, not two
+    spans = [llm(1), reward(2, 1.0), llm(3)]
+    assert _rewards(spans, final=1.0) == pytest.approx([0.0, 0.0])
+    assert _rewards(spans, final=0.5) == pytest.approx([1.0, 0.0])  # the agent said otherwise: an intermediate one
+
+
+def test_the_last_reward_span_is_last_by_sequence_id_not_by_arrival():
+    from streams.rewards import find_final_reward
+
+    traj = assemble([reward(4, 0.9), llm(1), reward(2, 0.1)])
+    assert find_final_reward(traj, None).value == 0.9

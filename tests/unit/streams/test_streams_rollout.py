@@ -34,3 +34,22 @@ def test_a_truncated_or_padded_summary_is_a_value_error():
     for bad in (data[:-1], data + b"x"):
         with pytest.raises(ValueError):
             RolloutResult.from_bytes(bad)
+
+
+def test_a_reward_span_is_the_final_reward_when_finished_reports_none():
+    spans = [llm(1), reward(2, 0.25), llm(3), reward(4, 0.75)]
+    res = finish_attempt(spans, finished(reward_=None, span_count=4), Settings(credit="identical"))
+    assert res.final_reward == 0.75 and res.reward == 0.75
+    assert res.metadata["rolloutbus.final_reward_span"] == "r1-a1-4"
+    # the 0.25 is intermediate (on step 0), the 0.75 final (on the last step), each counted once
+    assert [s.reward for s in res.steps] == pytest.approx([0.25, 0.0])
+    assert [s.return_ for s in res.steps] == pytest.approx([1.0, 1.0])
+    reported = finish_attempt(spans, finished(reward_=0.75, span_count=4), Settings())
+    assert reported.final_reward == 0.75 and "rolloutbus.final_reward_span" not in reported.metadata
+    assert [s.return_ for s in reported.steps] == pytest.approx([1.0, 1.0])
+
+
+def test_an_attempt_without_finished_keeps_its_reward_span():
+    res = finish_attempt([llm(1), reward(2, 1.0)], None, Settings(), rollout_id="r1", attempt_id="a1", task_id="t", finished_ns=5)
+    assert res.status == "timed_out" and res.final_reward == 1.0 and res.reward == 1.0
+    assert [s.return_ for s in res.steps] == [1.0]
