@@ -47,6 +47,7 @@ from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 from streams.faust_guards import FRONTIER, START, STRICT_TOPICS
 from streams.faust_guards import install as install_faust_guards
 from streams.grouping import GroupPolicy, advantages, build_batch, ready
+from streams.health import StreamHealth
 from streams.rollout import RolloutResult, Settings
 from streams.sink import (
     ClickHouseSink,
@@ -117,9 +118,10 @@ def _dumps(obj: Any) -> bytes:
 class Worker:
     """Holds the faust app, its topics and tables, the sink, and the commit-point bookkeeping."""
 
-    def __init__(self, cfg: Config, sink: ClickHouseSink) -> None:
+    def __init__(self, cfg: Config, sink: ClickHouseSink, health: StreamHealth | None = None) -> None:
         self.cfg = cfg
         self.sink = sink
+        self.health = health or StreamHealth()  # what /readyz reports (streams/health.py)
         p = cfg.topic_prefix
         datadir = cfg.datadir or f"/tmp/rolloutbus-faust/{cfg.app_id}"
         os.makedirs(datadir, exist_ok=True)
@@ -201,7 +203,12 @@ class Worker:
         """Write every buffered row (both stages share the sink). Raises ClickHouseError, keeping them."""
         if self.sink.pending:
             started = time.monotonic()
-            written = self.sink.flush()
+            try:
+                written = self.sink.flush()
+            except ClickHouseError:
+                self.health.clickhouse(False)
+                raise
+            self.health.clickhouse(True)
             SINK_LATENCY.observe(time.monotonic() - started)
             for table, n in written.items():
                 SINK_ROWS.labels(table).inc(n)
@@ -259,6 +266,7 @@ class Worker:
     async def run_stage(self) -> None:
         """The span stage's loop: poll a batch, complete what is due, commit when the sink is due."""
         stage = self.stage = self.make_stage()
+        self.health.start()
         # Everything built so far (faust, the clients, the schemas) lives as long as the process:
         # keep the collector from walking it again on every full collection, and collect young
         # objects less often (the span stage allocates a few per span). Measured: ~3% of the CPU.
@@ -272,6 +280,7 @@ class Worker:
                 # rather than buffer without bound; what is not committed stays in Kafka.
                 stage.hold(self.sink.pending >= HOLD_AT_BATCHES * self.sink.batch_size)
                 n = stage.poll()
+                self.health.polled(n)
                 now = time.monotonic()
                 if now - last_tick >= self.cfg.tick_s:
                     stage.tick()
@@ -279,13 +288,22 @@ class Worker:
                 if self.sink.due() or now - last_commit >= self.cfg.tick_s:
                     try:
                         stage.commit_point()
+                        self.health.commit_ok()
                     except (ClickHouseError, KafkaUnavailable) as exc:
+                        self.health.commit_failed(exc)
                         log.error("span stage commit point failed (retrying; nothing is committed past what was written): %s", exc)
                     last_commit = now
+                self._watch(stage, now)
                 await asyncio.sleep(0 if n else 0.005)
         finally:
             if not self._stopping:  # cancelled without a SIGTERM flush: the next owner replays
                 stage.close()
+
+    def _watch(self, stage: SpanStage, now: float) -> None:
+        """Readiness: the stage's assignment and backlog; with no rows to write, whether ClickHouse answers."""
+        self.health.watch(stage.consumer, stage.spans_topic, now)
+        if self.health.ping_due(now):
+            self.health.clickhouse(bool(self.sink.client.ping(timeout=2)), "not answering a ping")
 
     def stop_stage(self) -> None:
         """Final commit point of the span stage, then leave its consumer group."""

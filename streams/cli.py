@@ -26,7 +26,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--completed-retention", {"type": float, "dest": "completed_retention_s", "help": "seconds a completed attempt is remembered, so later spans count as late (default 3600)"}),
     ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 20000)"}),
     ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
-    ("--metrics-port", {"type": int, "dest": "metrics_port", "help": "serve Prometheus /metrics on this port (default 0: off)"}),
+    ("--metrics-port", {"type": int, "dest": "streams_metrics_port",
+                        "help": "port of /metrics, /healthz and /readyz (env ROLLOUTBUS_STREAMS_METRICS_PORT, default 9101; 0: off)"}),
+    ("--metrics-host", {"dest": "streams_metrics_host",
+                        "help": "address they bind (env ROLLOUTBUS_STREAMS_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)"}),
     ("--shutdown-timeout", {"type": float, "dest": "shutdown_timeout_s", "help": "seconds SIGTERM may take, broker gone or not (default 60)"}),
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
 ]
@@ -58,14 +61,14 @@ def _span_partitions(conf: dict[str, Any], topic: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
     from foundation.clickhouse import open_store, redact_dsn
+    from foundation.health import serve_health
     from foundation.errors import ConfigError, KafkaUnavailable
     from foundation.kafka_admin import TopicSpec, ensure_topics, topic_specs
     from streams.app import Config, Worker, done_topic_name, faust_worker
     from streams.spans_stage import state_topic_name
     from streams.grouping import GroupPolicy
+    from streams.health import StreamHealth
     from streams.rewards import RewardRules
     from streams.rollout import Settings
     from streams.sink import ClickHouseSink
@@ -88,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise ConfigError("state store rocksdb:// needs rocksdict: pip install 'rolloutbus[rocksdb]'") from exc
 
+    # Probes answer from here on: /healthz at once, /readyz 503 until the span stage holds partitions.
+    health = StreamHealth(stall_s=s.streams_stall_s)
+    serve_health(health.verdict, s.streams_metrics_host, s.streams_metrics_port,
+                 explicit="streams_metrics_port" in s.model_fields_set,
+                 flag="--metrics-port", env="ROLLOUTBUS_STREAMS_METRICS_PORT")
+
     conf = s.kafka_conf()
     topics = s.topics
     ensure_topics(conf, topic_specs(topics))
@@ -109,14 +118,12 @@ def run(args: argparse.Namespace) -> int:
         finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s,
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
-    worker = Worker(cfg, sink)
+    worker = Worker(cfg, sink, health)
     # faust creates its tables' changelogs as it starts, which can be after its consumer (or another
     # worker's) fetched metadata; a group leader that does not know a changelog leaves it out of the
     # assignment for up to aiokafka's metadata max age (5 min), and that table is not recovered after
     # a rebalance. Created before any worker's faust starts, every worker knows them.
     ensure_topics(conf, [TopicSpec(name, partitions, {"cleanup.policy": "compact"}) for name in worker.table_changelogs()])
-    if s.metrics_port:
-        start_http_server(s.metrics_port)
     print(
         f"rolloutbus process: {topics.spans} ({partitions} partitions) → {redact_dsn(s.dsn)}/{s.clickhouse_database}, "
         f"groups of {s.group_size} → {topics.batches}",

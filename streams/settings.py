@@ -9,6 +9,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from foundation.config import PORT, CommonSettings
+from foundation.health import check_bind_host
+
+METRICS_PORT = 9101  # the trainer's is 9100: both run on one host in the local stack
 
 
 class StreamSettings(CommonSettings):
@@ -31,12 +34,19 @@ class StreamSettings(CommonSettings):
     completed_retention_s: float = Field(default=3600.0, gt=0, description="How long a completed rollout is remembered (late-span detection).")
     sink_batch_size: int = Field(default=20000, ge=1, description="Rows buffered before a ClickHouse insert.")
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
-    metrics_port: int = Field(default=0, ge=0, le=PORT["le"], description="Prometheus /metrics port; 0: off.")
+    streams_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],
+                                      description="Port of /metrics, /healthz and /readyz; 0: off.")
+    streams_metrics_host: str = Field(default="127.0.0.1", description="Address /metrics, /healthz and /readyz bind; "
+                                      "0.0.0.0 (or ::) opens them to a probe or a scraper from outside the host.")
+    streams_stall_s: float = Field(default=120.0, gt=0, description="/readyz turns 503 when records wait and nothing was "
+                                   "processed for this long.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
     shutdown_timeout_s: float = Field(
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
     )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
+
+    check_metrics_host = field_validator("streams_metrics_host")(check_bind_host)
 
     @field_validator("reward_rules")
     @classmethod
