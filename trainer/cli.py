@@ -35,6 +35,10 @@ _FLAGS: dict[str, str] = {
     "keep_checkpoints": "keep_checkpoints",
     "train_layers": "train_layers",
     "skip_zero_variance": "skip_zero_variance",
+    "backend": "train_backend",
+    "device": "train_device",
+    "metrics_port": "train_metrics_port",
+    "metrics_host": "train_metrics_host",
 }
 
 
@@ -60,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-zero-variance", action="store_true", default=None,
                    help="drop groups whose rewards are all equal, so a step waits for groups that teach (env ROLLOUTBUS_SKIP_ZERO_VARIANCE)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
+    p.add_argument("--backend", choices=["torch", "verl"],
+                   help="torch: the reference backend, CPU or one GPU; verl: needs the gpu extra and GPUs (env ROLLOUTBUS_TRAIN_BACKEND, default torch)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live "
+                   "(env ROLLOUTBUS_TRAIN_DEVICE, default auto: a GPU when one is visible)")
+    p.add_argument("--metrics-port", type=int,
+                   help="port of /metrics, /healthz and /readyz (env ROLLOUTBUS_TRAIN_METRICS_PORT, default 9100; 0: off)")
+    p.add_argument("--metrics-host", help="address they bind (env ROLLOUTBUS_TRAIN_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -71,10 +82,19 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from foundation.health import serve_health
+    from trainer.device import check_backend
+    from trainer.health import TrainerHealth
     from trainer.loop import Trainer
 
     settings = settings_from_args(args)
-    trainer = Trainer(settings)
+    device = check_backend(settings.train_backend, settings.train_device)  # before anything is loaded or bound
+    # Probes answer while the model loads: /healthz at once, /readyz 503 until the batches topic is assigned.
+    health = TrainerHealth(settings.train_stall_s)
+    serve_health(health.verdict, settings.train_metrics_host, settings.train_metrics_port,
+                 explicit="train_metrics_port" in settings.model_fields_set, registry=health.registry,
+                 flag="--metrics-port", env="ROLLOUTBUS_TRAIN_METRICS_PORT")
+    trainer = Trainer(settings, device=device, health=health)
     log.info("training %s from %s on %s (groups/step %d, checkpoints %s)", settings.resource_name, settings.bootstrap,
              trainer.topics.batches, settings.groups_per_step, trainer.store.root)
     steps = trainer.run()

@@ -103,16 +103,22 @@ class LoopState:
 class Trainer:
     """Owns the model, the backend, the checkpoints and the Kafka clients of one training process."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Any, device: Any = None, health: Any = None) -> None:
+        """``device``: a ``torch.device`` (default: ``settings.train_device`` resolved); ``health``: the
+        :class:`~trainer.health.TrainerHealth` the probes read (default: one nobody serves)."""
         import torch
 
         from trainer.checkpoint import CheckpointStore
+        from trainer.device import resolve_device
         from trainer.grpo import GRPOConfig
+        from trainer.health import TrainerHealth
         from trainer.model import base_model_name, build_tiny, load_policy
         from trainer.resources import read_latest
         from trainer.torch_backend import TorchGRPOBackend
 
         self.s = settings
+        self.device = device if device is not None else resolve_device(settings.train_device)
+        self.health = health if health is not None else TrainerHealth(settings.train_stall_s)
         self.topics = Topics(settings.topic_prefix)
         self.conf = settings.kafka_conf()
         if settings.torch_threads:
@@ -141,6 +147,9 @@ class Trainer:
             first = 0 if self.published_version is None else self.published_version + 1
             self.state = LoopState(0, first, uuid.uuid4().hex[:12])
             self._latest_manifest = None
+        # Weights are read on the CPU, then moved: the backend builds each batch on the model's device.
+        self.model.to(self.device)
+        log.info("training on %s", self.device)
         from trainer.model import train_top_layers
 
         trainable = train_top_layers(self.model, settings.train_layers)
@@ -177,8 +186,8 @@ class Trainer:
         from trainer.model import build_tiny, load_policy
 
         if self.s.train_model == "tiny":
-            return build_tiny(seed=self.s.train_seed)[0]
-        return load_policy(self.s.train_model)[0]
+            return build_tiny(seed=self.s.train_seed)[0].to(self.device)
+        return load_policy(self.s.train_model)[0].to(self.device)
 
     def _config(self) -> dict[str, str]:
         s = self.s
@@ -259,7 +268,8 @@ class Trainer:
                 "auto.offset.reset": "earliest", "max.poll.interval.ms": 900000,
                 "fetch.message.max.bytes": 16777216, "log_level": 0,
             })
-            self._consumer.subscribe([self.topics.batches], on_assign=self._on_assign)
+            self._consumer.subscribe([self.topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_revoke)
         return self._consumer
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
@@ -270,7 +280,13 @@ class Trainer:
                 tp.offset = stored[str(tp.partition)]
         consumer.assign(partitions)
         self._last_data = time.monotonic()  # idle time counts from having something to read
+        self.health.assignment(len(partitions))
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        # Revoked, or lost when the group session expired (the broker unreachable): not ready until reassigned.
+        self.health.assignment(0)
+        log.info("revoked %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     # ------------------------------------------------------------------ consuming
 
@@ -372,7 +388,9 @@ class Trainer:
     def run(self) -> int:
         """Consume and train until max_steps, idle_exit_s, or SIGTERM/SIGINT. Returns steps done."""
         self.reconcile()
+        self.health.published(self.published_version)
         consumer = self._consumer_client()
+        self.health.start()
         stop = {"flag": False}
 
         def _graceful(signum: int, frame: Any) -> None:
@@ -386,6 +404,7 @@ class Trainer:
                 if self.s.max_steps and self.state.step >= self.s.max_steps:
                     break
                 msg = consumer.poll(0.5)
+                self.health.watch(consumer, self.topics.batches)
                 if msg is None:
                     if self.s.idle_exit_s and time.monotonic() - self._last_data > self.s.idle_exit_s:
                         log.info("no new batches for %.0fs: exiting", self.s.idle_exit_s)
@@ -397,8 +416,10 @@ class Trainer:
                     continue
                 self._last_data = time.monotonic()
                 self.handle(msg)
+                self.health.batch_read()
                 if len(self.pending) >= self.s.groups_per_step:
                     self.train_step()
+                    self.health.step_done(self.state.version)
                     done += 1
             if self.counters.dead_lettered:
                 self._flush()

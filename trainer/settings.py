@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
 from foundation.config import PORT, CommonSettings, check_http_url
+from foundation.health import check_bind_host
+
+METRICS_PORT = 9100  # the stream worker's is 9101: both run on one host in the local stack
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def _model_ref(v: str | None) -> str | None:
@@ -45,7 +50,25 @@ class TrainerSettings(CommonSettings):
     skip_zero_variance: bool = Field(default=False, description="Drop groups whose rewards are all equal (their advantages are "
                                      "all 0: DAPO's dynamic sampling), so each step is made of groups that teach.")
 
+    train_backend: Literal["torch", "verl"] = Field(default="torch", description="torch (CPU or one GPU) | verl (the gpu extra).")
+    train_device: str = Field(default="auto", description="cpu | cuda | cuda:N | auto (a GPU when one is visible): "
+                              "where the model, the reference model and the batches live.")
+    train_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],
+                                    description="Port of /metrics, /healthz and /readyz; 0: off.")
+    train_metrics_host: str = Field(default="127.0.0.1", description="Address /metrics, /healthz and /readyz bind; "
+                                    "0.0.0.0 (or ::) opens them to a probe or a scraper from outside the host.")
+    train_stall_s: float = Field(default=600.0, gt=0, description="/readyz turns 503 when batches wait and none was "
+                                 "read and no step finished for this long (longer than one step takes).")
+
     check_model = field_validator("train_model")(_model_ref)
+    check_metrics_host = field_validator("train_metrics_host")(check_bind_host)
+
+    @field_validator("train_device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError("must be cpu, cuda, cuda:N or auto")
+        return v
 
     def resolved_group(self) -> str:
         # Derived from the prefix so that two topic namespaces on one cluster never share a group.

@@ -1,0 +1,157 @@
+"""``train --device`` and ``train --backend``: where the trainer runs, and one line when it cannot.
+
+On this kind of machine (no GPU, no verl) the CUDA and verl cases must end in exit status 2 with one line
+naming what is missing, before anything is loaded, bound or connected. The placement test runs on every
+device this machine has (the CPU here; a GPU as well where there is one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from foundation.errors import ConfigError
+from trainer.device import check_backend, resolve_device
+
+NO_CUDA = not torch.cuda.is_available()
+DEVICES = ["cpu"] + ([] if NO_CUDA else ["cuda"])
+
+
+@pytest.fixture
+def no_io(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A clean ROLLOUTBUS_* environment; binding or connecting a socket fails the test."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("ROLLOUTBUS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("ROLLOUTBUS_DATA_DIR", str(tmp_path / "data"))
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("bound or connected a socket before rejecting the command")
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def _train(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from rolloutbus.cli import main
+
+    try:
+        code = main(["train", *argv])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    return code, lines[0]
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
+@pytest.mark.parametrize("how", [["--device", "cuda"], ["--device", "cuda:0"], "env"])
+def test_cuda_asked_for_and_absent_is_one_line_exit_2(how: Any, no_io: None, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    if how == "env":
+        monkeypatch.setenv("ROLLOUTBUS_TRAIN_DEVICE", "cuda")
+    code, line = _train([] if how == "env" else how, capsys)
+    assert code == 2
+    assert line.startswith("rolloutbus train: ")
+    assert "CUDA is not available" in line and "ROLLOUTBUS_TRAIN_DEVICE" in line and "--device" in line, line
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs CUDA")
+def test_a_device_index_past_the_visible_gpus_is_one_line(no_io: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, line = _train(["--device", f"cuda:{torch.cuda.device_count()}"], capsys)
+    assert code == 2 and "CUDA device" in line and "visible" in line, line
+
+
+def test_a_device_that_is_no_device_is_a_bad_value(no_io: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, line = _train(["--device", "gpu0"], capsys)
+    assert code == 2 and "--device" in line and "must be cpu, cuda, cuda:N or auto" in line, line
+
+
+def test_auto_and_cpu_resolve_here() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cpu" if NO_CUDA else "cuda")
+    assert check_backend("torch", "cpu") == torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ verl
+
+
+def test_verl_without_the_extra_names_it(no_io: None, capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("verl") is not None:
+        pytest.skip("verl is installed here")
+    code, line = _train(["--backend", "verl"], capsys)
+    assert code == 2 and "pip install 'rolloutbus[gpu]'" in line and "--backend verl" in line, line
+
+
+def test_verl_that_fails_to_import_is_one_line(no_io: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """An installed verl that does not import (a transformers it rejects) is a setup error, not a traceback."""
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "__init__.py").write_text("raise ImportError('transformers 5.16 is not supported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "verl", raising=False)
+    code, line = _train(["--backend", "verl"], capsys)
+    assert code == 2 and "fails to import" in line and "transformers 5.16" in line and "rolloutbus[gpu]" in line, line
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
+def test_verl_installed_but_no_gpu_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trainer.device._verl_import_error", lambda: None)
+    with pytest.raises(ConfigError, match="needs a CUDA GPU and none is available"):
+        check_backend("verl", "auto")
+    with pytest.raises(ConfigError, match="not with --device cpu"):
+        check_backend("verl", "cpu")
+
+
+def test_the_backend_comes_from_the_environment_too(no_io: None, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ROLLOUTBUS_TRAIN_BACKEND", "verl")
+    monkeypatch.setattr("trainer.device._verl_import_error", lambda: "not installed")
+    code, line = _train([], capsys)
+    assert code == 2 and "rolloutbus[gpu]" in line, line
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_reference_and_batches_live_on_the_device(device: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer built for ``device`` holds the policy and the KL reference there and trains a step there."""
+    from trainer.loop import Trainer
+    from trainer.model import build_tiny
+    from trainer.settings import TrainerSettings
+    from trainer.synthetic import sample_groups
+
+    monkeypatch.setattr("trainer.resources.read_latest", lambda conf, topic: {})  # no broker: nothing published yet
+    settings = TrainerSettings(data_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", kl_beta=0.05, train_device=device,
+                               kafka_bootstrap="127.0.0.1:1")
+    trainer = Trainer(settings)
+    want = resolve_device(device)
+    assert trainer.device == want
+    assert {p.device for p in trainer.model.parameters()} == {want}
+    assert trainer.backend.ref_model is not None and {p.device for p in trainer.backend.ref_model.parameters()} == {want}
+
+    seen: set[torch.device] = set()  # the devices of the tensors the decoder is called with
+    monkeypatch.setattr(trainer.model.get_decoder(), "forward", _recording(trainer.model.get_decoder().forward, seen))
+    model, tok = build_tiny(seed=0)
+    groups = sample_groups(model, tok, n_groups=2, group_size=2, max_new_tokens=4, seed=3)
+    metrics = trainer.backend.step(groups)
+    assert metrics["samples"] > 0 and seen == {want}
+
+
+def _recording(forward: Any, seen: set[Any]) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        seen.update(v.device for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor))
+        return forward(*args, **kwargs)
+
+    return wrapped

@@ -1,0 +1,79 @@
+"""Where the trainer runs: ``--device`` (cpu, cuda, cuda:N, auto) and ``--backend`` (torch, verl).
+
+Both are checked before anything is loaded or bound, and each way they cannot work is one
+:class:`~foundation.errors.ConfigError` line (exit status 2): CUDA asked for on a machine without it, a
+device index past the visible GPUs, the verl backend without the ``gpu`` extra or without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from foundation.errors import ConfigError
+
+_WHERE = "(--device / ROLLOUTBUS_TRAIN_DEVICE)"
+
+
+def _no_cuda_reason() -> str:
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    return f"torch {torch.__version__} sees no NVIDIA driver or GPU (is this a GPU node, and was the container given one?)"
+
+
+def resolve_device(spec: str) -> Any:
+    """``spec`` → a ``torch.device``. ``auto`` is the first GPU when one is visible, else the CPU."""
+    import torch
+
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if not spec.startswith("cuda"):
+        raise ConfigError(f"device {spec!r} {_WHERE}: must be cpu, cuda, cuda:N or auto")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {spec} {_WHERE}: CUDA is not available: {_no_cuda_reason()}; use cpu or auto")
+    count = torch.cuda.device_count()
+    index = int(spec.partition(":")[2] or torch.cuda.current_device())
+    if index >= count:
+        raise ConfigError(f"device {spec} {_WHERE}: only {count} CUDA device{'s' if count != 1 else ''} visible "
+                          f"(cuda:0 to cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def _verl_import_error() -> str | None:
+    """None when verl imports; else why not, in a few words."""
+    if importlib.util.find_spec("verl") is None:
+        return "not installed"
+    try:
+        import verl  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken install is a setup problem, said in one line
+        return f"installed but fails to import ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+    return None
+
+
+def check_backend(backend: str, device: str) -> Any:
+    """The device the chosen backend trains on; a ConfigError when the backend cannot run here."""
+    if backend == "torch":
+        return resolve_device(device)
+    if backend != "verl":
+        raise ConfigError(f"backend {backend!r} (--backend / ROLLOUTBUS_TRAIN_BACKEND): must be torch or verl")
+    why = _verl_import_error()
+    if why is not None:
+        raise ConfigError(f"--backend verl needs the gpu extra (verl, vLLM): verl is {why}: pip install 'rolloutbus[gpu]' "
+                          "(or train with --backend torch)")
+    if device == "cpu":
+        raise ConfigError("--backend verl trains on CUDA GPUs, not with --device cpu: use --backend torch for the CPU")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--backend verl needs a CUDA GPU and none is available: {_no_cuda_reason()} "
+                          "(--backend torch --device cpu trains on the CPU)")
+    resolve_device(device)
+    raise ConfigError("--backend verl: `rolloutbus train` does not launch verl's Ray/FSDP workers (trainer/verl_backend.py "
+                      "converts batches for an actor that a verl job builds); train on a GPU with --backend torch --device cuda")
+
+
+__all__ = ["check_backend", "resolve_device"]
