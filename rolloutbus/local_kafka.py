@@ -4,6 +4,12 @@ The broker's jars come from Maven Central through ``deploy/kafka/pom.xml`` into 
 repository (``~/.cache/rolloutbus/kafka-<version>`` unless ``ROLLOUTBUS_KAFKA_CACHE`` says otherwise).
 Storage is formatted once; the data dir holds ``server.properties``, the log dirs, ``broker.pid`` and
 ``broker.log``. ``start`` reuses a broker that is already running.
+
+With ``scram=Scram(admin, password)`` the broker is what a secured production cluster looks like to its
+clients: its client listener speaks SASL/SCRAM-SHA-512 and the standard KRaft authorizer refuses what
+no ACL allows; only the admin is a super user (it creates topics, ACLs and the other SCRAM users through
+the Admin API). The controller listener stays PLAINTEXT on loopback (its principal, ANONYMOUS, is a super
+user so the broker can register with its own controller): a local test broker, not a production setup.
 """
 
 from __future__ import annotations
@@ -72,13 +78,30 @@ def fetch_jars(quiet: bool = True) -> Path:
     return target
 
 
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class Scram:
+    """SASL/SCRAM-SHA-512 with the standard authorizer; ``admin`` is the one super user."""
+
+    admin: str
+    password: str = field(repr=False)
+
+    def client_conf(self, username: str, password: str) -> dict[str, Any]:
+        """librdkafka settings that authenticate as ``username`` on this broker."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": SCRAM_MECHANISM,
+                "sasl.username": username, "sasl.password": password}
+
+
 @dataclass
 class LocalKafka(LocalProcess):
-    """The local broker under ``data_dir/kafka``."""
+    """The local broker under ``data_dir/kafka``; with ``scram``, SASL/SCRAM and ACLs enforced."""
 
     data_dir: Path
     port: int = 19092
     heap: str = "768m"
+    scram: Scram | None = None
     _admin: Any = field(default=None, init=False, repr=False, compare=False)
     _jars: Path = field(default=Path(), init=False, repr=False, compare=False)
 
@@ -96,6 +119,38 @@ class LocalKafka(LocalProcess):
     def address(self) -> str:
         return self.bootstrap
 
+    def admin_conf(self) -> dict[str, Any]:
+        """librdkafka settings of a client with every right: bootstrap, plus the admin's SASL login."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        if self.scram is not None:
+            conf.update(self.scram.client_conf(self.scram.admin, self.scram.password))
+        return conf
+
+    def _listener_lines(self) -> list[str]:
+        if self.scram is None:
+            return [
+                f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.port + 1}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                "controller.listener.names=CONTROLLER",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            ]
+        jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                f'username="{self.scram.admin}" password="{self.scram.password}";')
+        return [
+            f"listeners=SASL_PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.port + 1}",
+            f"advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=SASL_PLAINTEXT",
+            f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={SCRAM_MECHANISM}",
+            f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # ANONYMOUS: the broker's own requests to its controller, over the loopback controller listener.
+            f"super.users=User:{self.scram.admin};User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found=false",
+        ]
+
     def _properties(self) -> Path:
         props = self.home / "server.properties"
         props.write_text(
@@ -104,10 +159,7 @@ class LocalKafka(LocalProcess):
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.voters=1@127.0.0.1:{self.port + 1}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.port + 1}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                    "controller.listener.names=CONTROLLER",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    *self._listener_lines(),
                     f"log.dirs={self.home / 'logs'}",
                     "num.partitions=4",
                     "offsets.topic.replication.factor=1",
@@ -147,8 +199,12 @@ class LocalKafka(LocalProcess):
         props = self._properties()
         if not (self.home / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().hex[:22]
+            # The admin's SCRAM credentials go into the metadata log at format time: the only way in.
+            scram = [] if self.scram is None else [
+                "--add-scram", f"{SCRAM_MECHANISM}=[name={self.scram.admin},password={self.scram.password}]"]
             fmt = subprocess.run(
-                self._java(self._jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--ignore-formatted"),
+                self._java(self._jars, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                           "--ignore-formatted", *scram),
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
@@ -165,7 +221,7 @@ class LocalKafka(LocalProcess):
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            self._admin = AdminClient({**self.admin_conf(), "log_level": 0})
         try:
             return bool(self._admin.list_topics(timeout=2).brokers)
         except Exception:  # noqa: BLE001 - not ready yet
