@@ -36,7 +36,7 @@ Verdict = tuple[bool, str]
 class Readiness:
     """What a consumer's loop reports about itself. Times are ``time.monotonic()`` seconds.
 
-    Ready means: started; at least one partition of its input topic assigned; no named problem
+    Ready means: started; the loop called :meth:`watch` within ``stall_s``; at least one partition of its input topic assigned; no named problem
     (``problem("clickhouse", ...)`` until ``clear("clickhouse")``); and either nothing is waiting to be
     read (backlog 0 or unknown) or progress was made within ``stall_s`` (counted from the assignment,
     so a worker that just joined has time to catch up).
@@ -51,10 +51,16 @@ class Readiness:
     last_progress: float | None = None
     problems: dict[str, tuple[str, float]] = field(default_factory=dict)
     _last_watch: float = field(default=float("-inf"), repr=False)
+    _alive: float | None = field(default=None, repr=False)  # the last time the loop called start() or watch()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def start(self) -> None:
+    def start(self, now: float | None = None) -> None:
+        self.beat(now)
         self.started = True
+
+    def beat(self, now: float | None = None) -> None:
+        """The loop ran (:meth:`watch` calls this): a loop that stops calling it is stalled after ``stall_s``."""
+        self._alive = time.monotonic() if now is None else now
 
     def assignment(self, partitions: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -82,6 +88,7 @@ class Readiness:
         """Read the assignment (partitions of ``topic``) and the backlog off a confluent-kafka consumer, at
         most every ``every_s``; call it from the thread that polls. Cached watermarks: never waits."""
         now = time.monotonic() if now is None else now
+        self.beat(now)
         if now - self._last_watch < every_s:
             return
         self._last_watch = now
@@ -100,6 +107,8 @@ class Readiness:
             assigned, assigned_at = self.assigned, self.assigned_at
         if not self.started:
             return False, "starting"
+        if self._alive is not None and now - self._alive > self.stall_s:  # the loop is stuck (a hung step, insert, ...)
+            return False, f"stalled: the consumer loop has not run for {now - self._alive:.0f}s"
         if not assigned:
             return False, f"kafka: no partition of {self.input_name} assigned (joining the consumer group)"
         if problems:

@@ -30,7 +30,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 def test_not_ready_until_started_and_assigned() -> None:
     h = StreamHealth(stall_s=60)
     assert h.verdict(now=0) == (False, "starting")
-    h.start()
+    h.start(now=0)
     ok, reason = h.verdict(now=0)
     assert not ok and reason.startswith("kafka: no partition of the spans topic assigned")
     h.assignment(3, now=1)
@@ -39,22 +39,23 @@ def test_not_ready_until_started_and_assigned() -> None:
 
 def test_a_worker_with_a_backlog_and_no_progress_stalls() -> None:
     h = StreamHealth(stall_s=60)
-    h.start()
+    h.start(now=100)
     h.assignment(2, now=100)
     h.backlog = 500
     assert h.verdict(now=150)[0]  # just assigned: time to catch up
+    h.beat(now=160)  # the loop runs, and reads nothing
     ok, reason = h.verdict(now=161)
     assert not ok and reason == "stalled: no progress for 61s with 500 records waiting"
     h.polled(20)
     h.commit_ok(now=170)  # read, written and committed: progress
     assert h.verdict(now=171) == (True, "ready")
-    h.backlog = 0  # nothing waits: quiet is not stalled
-    assert h.verdict(now=10_000) == (True, "ready")
+    h.watch(_Consumer({0: 7, 1: 9}, {0: 7, 1: 9}), "rb.spans", now=9_990)  # nothing waits: quiet is not stalled
+    assert h.backlog == 0 and h.verdict(now=10_000) == (True, "ready")
 
 
 def test_a_commit_point_without_new_records_is_not_progress() -> None:
     h = StreamHealth(stall_s=10)
-    h.start()
+    h.start(now=15)
     h.assignment(1, now=0)
     h.backlog = 5
     h.commit_ok(now=20)  # nothing was polled since the last one
@@ -199,3 +200,14 @@ def test_process_reads_the_metrics_port_and_host(monkeypatch: pytest.MonkeyPatch
     s = settings_from_args(parser.parse_args(["--metrics-port", "9200"]))
     assert (s.streams_metrics_port, s.streams_metrics_host) == (9200, "0.0.0.0")
     assert "streams_metrics_port" in s.model_fields_set
+
+
+def test_a_loop_that_stops_reporting_is_stalled_whatever_it_last_said() -> None:
+    """A hung insert or step blocks the loop that updates the state: the last snapshot must not stay 'ready'."""
+    h = StreamHealth(stall_s=30)
+    h.start(now=0)
+    h.watch(_Consumer({0: 7}, {0: 7}), "rb.spans", now=1)  # assigned, caught up
+    assert h.verdict(now=31) == (True, "ready")
+    assert h.verdict(now=32) == (False, "stalled: the consumer loop has not run for 31s")
+    h.watch(_Consumer({0: 7}, {0: 7}), "rb.spans", now=33)
+    assert h.verdict(now=34) == (True, "ready")

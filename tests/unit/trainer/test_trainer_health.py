@@ -53,19 +53,31 @@ def test_two_trainers_in_one_process_do_not_share_metrics() -> None:
 def test_ready_when_assigned_and_not_stalled() -> None:
     h = TrainerHealth(stall_s=300)
     assert h.verdict(now=0) == (False, "starting")  # loading the model, publishing the initial version
-    h.start()
+    h.start(now=0)
     ok, reason = h.verdict(now=0)
     assert not ok and reason.startswith("kafka: no partition of the batches topic assigned")
     h.assignment(1, now=10)
     assert h.verdict(now=11) == (True, "ready")
-    h.backlog = 16  # batches wait; the step in progress may take a while
+    h.backlog = 16  # batches wait while a step runs
+    h.beat(now=299)  # the loop polls between steps
     assert h.verdict(now=300)[0]
+    h.beat(now=310)
     ok, reason = h.verdict(now=311)
     assert not ok and reason.startswith("stalled: no progress for 301s with 16 records waiting")
     h.batch_read(now=320)
     assert h.verdict(now=321)[0]
     h.assignment(0, now=330)  # revoked, or lost with the broker
     assert not h.verdict(now=331)[0]
+
+
+def test_a_step_that_hangs_makes_the_trainer_unready() -> None:
+    """The loop reports between polls; a step (or a publish) stuck past stall_s is a stall even with no backlog."""
+    h = TrainerHealth(stall_s=600)
+    h.start(now=0)
+    h.assignment(1, now=0)
+    h.batch_read(now=5)  # the last batch of a step; the step starts
+    assert h.verdict(now=600)[0]
+    assert h.verdict(now=606) == (False, "stalled: the consumer loop has not run for 606s")
 
 
 @pytest.mark.parametrize(("argv", "env", "want"), [
