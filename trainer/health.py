@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 from foundation.health import Readiness
 
@@ -32,6 +32,8 @@ class TrainerHealth(Readiness):
         super().__init__(input_name="the batches topic", stall_s=stall_s)
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        if registry is None:
+            ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.steps = Counter("rolloutbus_trainer_steps", "Optimiser steps finished by this process", registry=r)
         self.last_step = Gauge("rolloutbus_trainer_last_step_timestamp_seconds", "Unix time of the last finished step", registry=r)
         self.policy_version = Gauge("rolloutbus_trainer_policy_version", "The policy version last published on the resources topic",
