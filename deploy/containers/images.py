@@ -74,6 +74,19 @@ def exists(ref: str) -> bool:
     return podman("image", "exists", ref, check=False).returncode == 0
 
 
+def prune_old_tags(ref: str, keep: int = 2) -> None:
+    """Untag all but the newest ``keep`` tags of ``ref``'s repository (their layers stay as build cache)."""
+    repo = ref.rsplit(":", 1)[0]
+    proc = podman("images", "--format", "{{.Repository}}:{{.Tag}} {{.CreatedAt}}", repo, check=False)
+    tags = []
+    for line in proc.stdout.splitlines():
+        name, _, created = line.partition(" ")
+        if name.startswith(repo + ":") and name != ref:
+            tags.append((created, name))
+    for _, name in sorted(tags, reverse=True)[max(0, keep - 1):]:
+        podman("untag", name, check=False)
+
+
 def _build(ref: str, context: Path, dockerfile: Path, args: dict[str, str], volumes: list[str], say: Say) -> None:
     cmd = ["build", "--isolation=chroot", "--layers", "-t", ref, "-f", str(dockerfile)]
     for k, v in args.items():
@@ -89,6 +102,7 @@ def _build(ref: str, context: Path, dockerfile: Path, args: dict[str, str], volu
         tail = log.read_text().strip().splitlines()[-15:]
         raise HostError(f"building {ref} failed (log {log}):\n  " + "\n  ".join(tail))
     say(f"built {ref} in {time.monotonic() - t0:.0f}s (log {log})")
+    prune_old_tags(ref)
 
 
 # ------------------------------------------------------------------------------------------ base

@@ -19,11 +19,14 @@ import secrets
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compose import ComposeError, Project, Stack  # noqa: E402
 from host import REPO, HostError, cache_dir, ensure_tools, probe  # noqa: E402
 from images import build_all  # noqa: E402
+
+if TYPE_CHECKING:
+    from compose import Stack
 
 COMPOSE_FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
 
@@ -45,6 +48,8 @@ def _project_env(project: str) -> dict[str, str]:
 def local_stack(project: str = "rolloutbus", extra_files: Iterable[Path] = (), env: dict[str, str] | None = None,
                 build: bool = True, say=print) -> Stack:  # noqa: ANN001 - a print-like callable
     """The Stack of the production file + the local override (+ extra files), images built when missing."""
+    from compose import Project, Stack  # PyYAML: the project's environment, not needed by `host`/`images`
+
     environ = {**_project_env(project), **os.environ, **(env or {})}
     if build:
         ensure_tools(say)
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.start(full(args.container))
         elif args.cmd == "stop":
             stack.stop(full(args.container))
-    except (ComposeError, HostError) as exc:
+    except HostError as exc:  # ComposeError included
         print(f"stack: {exc}", file=sys.stderr)
         return 1
     return 0

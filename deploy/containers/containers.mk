@@ -1,0 +1,32 @@
+# The production topology in containers on this host (podman): included by the top-level Makefile, which
+# defines setup and BIN. See deploy/README.md ("Containers on one host").
+#
+#   make containers-host    podman, runc, debootstrap (apt-get when missing, as root) and a probe
+#   make containers-images  every image, built from Debian packages and cached by content hash
+#   make deploy-up          deploy/docker-compose.yml + deploy/compose.local.yml, waiting on depends_on
+#   make deploy-ps | deploy-down | deploy-clean (down, volumes too)
+#   make test-deploy        the end-to-end container test (tests/deploy): ~8 minutes with images cached
+CONTAINERS := deploy/containers
+
+.PHONY: containers-host containers-images deploy-up deploy-ps deploy-down deploy-clean test-deploy
+
+containers-host:
+	@python3 $(CONTAINERS)/stack.py host
+
+containers-images: setup containers-host
+	$(BIN)/python $(CONTAINERS)/stack.py images
+
+deploy-up: setup containers-host
+	$(BIN)/python $(CONTAINERS)/stack.py up
+
+deploy-ps:
+	@$(BIN)/python $(CONTAINERS)/stack.py ps
+
+deploy-down:
+	$(BIN)/python $(CONTAINERS)/stack.py down
+
+deploy-clean:
+	$(BIN)/python $(CONTAINERS)/stack.py down -v
+
+test-deploy: setup
+	$(BIN)/python -m pytest -q -s tests/deploy $(PYTEST_ARGS)

@@ -1,0 +1,384 @@
+"""The production topology, for real, in containers on this machine (issue 25).
+
+deploy/docker-compose.yml + deploy/compose.local.yml (images built here; ``clickhouse`` is ``rolloutbus
+store``) + tests/deploy/compose.test.yml (sizes), brought up with podman by deploy/containers: 3 KRaft
+brokers (replication 3, min ISR 2), the store, init (topics + migrations), 2 gateway and 2 proxy
+replicas, the policy server, 3 stream workers, 2 runner replicas with the calculator agent, the trainer.
+
+The tests run in order on one deployment, as a user would see it from outside (Kafka on the published
+ports, ClickHouse over HTTP):
+
+1. calculator tasks run through it; every span exactly once (FINAL), every attempt one row, a new
+   policy version published and rollouts made with it;
+2. ``podman kill`` of the broker leading the most ``rb.spans`` partitions and of a stream worker while
+   tasks run: nothing lost, nothing twice;
+3. one attempt's spans sent alternately through both gateway replicas arrive once each, numbered apart;
+4. ``down`` then ``up`` again: the store, the topics, the consumer offsets and the trainer's checkpoints
+   come back from the volumes and the run goes on.
+
+Timings go to ``~/.cache/rolloutbus/containers/deploy-test-timings.json`` (and are printed). Skipped, with
+the reason, only when containers cannot run on this host (or ROLLOUTBUS_SKIP_DEPLOY is set).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "deploy" / "containers"))
+
+import host  # noqa: E402
+from images import build_all  # noqa: E402
+
+PROJECT = "rbdeploytest"
+GROUP_SIZE = 4  # the stream workers' default group size: one train task = one GRPO group
+TEST_COMPOSE = Path(__file__).resolve().parent / "compose.test.yml"
+TIMINGS: dict[str, Any] = {}
+pytestmark = pytest.mark.timeout(1800)
+
+
+def say(msg: str) -> None:
+    print(f"[deploy {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """``n`` ports free on this host now (``consecutive``: a run of n)."""
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+            return True
+
+    out: list[int] = []
+    for _ in range(500):
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            p = s.getsockname()[1]
+        if p > 60000:
+            continue
+        if consecutive:
+            if all(free(p + i) for i in range(n)):
+                return list(range(p, p + n))
+        elif p not in out:
+            out.append(p)
+            if len(out) == n:
+                return out
+    raise RuntimeError("no free host ports")
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Deployment:
+    stack: Any
+    bootstrap: str
+    ch_port: int
+    gateway_ports: list[int]
+    password: str
+    published: list[str] = field(default_factory=list)
+
+    # -------------------------------------------------------------- clients
+
+    def ch(self) -> Any:
+        import clickhouse_connect
+
+        return clickhouse_connect.get_client(host="127.0.0.1", port=self.ch_port, username="rolloutbus",
+                                             password=self.password, database="rolloutbus")
+
+    def query(self, sql: str) -> list[tuple]:
+        client = self.ch()
+        try:
+            return client.query(sql).result_rows
+        finally:
+            client.close()
+
+    def publish_tasks(self, n: int) -> list[str]:
+        """``n`` calculator train tasks (one GRPO group each) on rb.tasks."""
+        from confluent_kafka import Producer
+
+        from rolloutbus.demo import calc
+        from schemas import Task, encode
+
+        problems = calc.problems(200, seed=25)
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "log_level": 0})
+        ids = []
+        for _ in range(n):
+            i = len(self.published)
+            p = problems[i % len(problems)]
+            task = Task(task_id=f"deploy-{i:04d}", input=p.to_json(), mode="train", group_size=GROUP_SIZE,
+                        created_ns=time.time_ns(), metadata={"question": p.text})
+            producer.produce("rb.tasks", key=task.task_id.encode(), value=encode(task))
+            self.published.append(task.task_id)
+            ids.append(task.task_id)
+        assert producer.flush(60) == 0, "tasks not delivered to Kafka"
+        return ids
+
+    # -------------------------------------------------------------- what Kafka holds
+
+    def kafka_truth(self) -> tuple[collections.Counter, dict[tuple[str, str], dict[str, Any]]]:
+        """Every span record on rb.spans (key (rollout, attempt, span) -> copies) and every attempt's events."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        from schemas import decode_raw
+
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"deploy-truth-{uuid.uuid4().hex[:8]}",
+                      "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
+        try:
+            md = c.list_topics("rb.spans", timeout=30)
+            parts = sorted(md.topics["rb.spans"].partitions)
+            ends = {p: c.get_watermark_offsets(TopicPartition("rb.spans", p), timeout=30)[1] for p in parts}
+            c.assign([TopicPartition("rb.spans", p, 0) for p in parts if ends[p] > 0])
+            left = {p for p in parts if ends[p] > 0}
+            spans: collections.Counter = collections.Counter()
+            attempts: dict[tuple[str, str], dict[str, Any]] = {}
+            deadline = time.monotonic() + 120
+            while left and time.monotonic() < deadline:
+                m = c.poll(2)
+                if m is None or m.error():
+                    continue
+                name, d = decode_raw(m.value())
+                if name == "rolloutbus.Span":
+                    spans[(d["rollout_id"], d["attempt_id"], d["span_id"])] += 1
+                else:
+                    a = attempts.setdefault((d["rollout_id"], d["attempt_id"]), {"events": set()})
+                    a["events"].add(str(d["event"]).rsplit(".", 1)[-1])
+                    a["task_id"] = d["task_id"]
+                if m.offset() + 1 >= ends[m.partition()]:
+                    left.discard(m.partition())
+            assert not left, f"rb.spans partitions {sorted(left)} could not be read to their end"
+            return spans, attempts
+        finally:
+            c.close()
+
+    # -------------------------------------------------------------- waiting and checking
+
+    def rollouts_done(self, task_ids: list[str]) -> int:
+        ids = ",".join(f"'{t}'" for t in task_ids)
+        rows = self.query(f"SELECT uniqExact(rollout_id) FROM rollouts FINAL WHERE task_id IN ({ids})")
+        return int(rows[0][0])
+
+    def wait_tasks(self, task_ids: list[str], timeout: float) -> None:
+        want = len(task_ids) * GROUP_SIZE
+        wait_for(f"{want} rollouts of {len(task_ids)} tasks in ClickHouse",
+                 lambda: self.rollouts_done(task_ids) >= want, timeout)
+
+    def check_exactly_once(self) -> dict[str, int]:
+        """ClickHouse (FINAL) holds exactly what Kafka holds: every span once, every attempt one row."""
+        spans, attempts = self.kafka_truth()
+        ch_spans = self.query("SELECT rollout_id, attempt_id, span_id, count() FROM spans FINAL GROUP BY 1, 2, 3")
+        in_ch = {(r, a, s) for r, a, s, _ in ch_spans}
+        lost = set(spans) - in_ch
+        extra = in_ch - set(spans)
+        twice = [k for k in ch_spans if k[3] > 1]
+        assert not lost, f"{len(lost)} spans on rb.spans are not in ClickHouse, e.g. {sorted(lost)[:3]}"
+        assert not extra, f"{len(extra)} spans in ClickHouse are not on rb.spans, e.g. {sorted(extra)[:3]}"
+        assert not twice, f"{len(twice)} spans twice in spans FINAL, e.g. {twice[:3]}"
+        rows = self.query("SELECT rollout_id, attempt_id, count(), any(status), any(span_count), any(spans_seen), "
+                          "any(length(missing_sequence_ids)) FROM rollouts FINAL GROUP BY 1, 2")
+        by_key = {(r, a): (n, st, sc, seen, miss) for r, a, n, st, sc, seen, miss in rows}
+        finished = {k for k, v in attempts.items() if "FINISHED" in v["events"]}
+        missing_rows = finished - set(by_key)
+        assert not missing_rows, f"{len(missing_rows)} finished attempts have no rollouts row, e.g. {sorted(missing_rows)[:3]}"
+        # Attempts sent through the gateways only (test 3) have no lifecycle events; the sink stores them as timed out.
+        unknown = {k for k in by_key if k not in attempts and not k[0].startswith("gw-")}
+        assert not unknown, f"{len(unknown)} rollouts rows for attempts never started on rb.spans: {sorted(unknown)[:3]}"
+        bad = {k: v for k, v in by_key.items() if k in finished and (v[0] != 1 or v[2] != v[3] or v[4])}
+        assert not bad, f"attempts with duplicate rows, unseen spans or missing sequence ids: {dict(list(bad.items())[:3])}"
+        raw = self.query("SELECT count() FROM spans")[0][0]
+        return {"spans": len(spans), "span_records_on_kafka": sum(spans.values()), "span_rows_before_final": int(raw),
+                "attempts": len(attempts), "finished_attempts": len(finished)}
+
+    def max_version(self) -> int:
+        rows = self.query("SELECT max(version) FROM resource_versions FINAL WHERE name = 'policy'")
+        return int(rows[0][0] or 0)
+
+    def broker_container(self, node_id: int) -> str:
+        for name, svc in self.stack.project.services.items():
+            if svc.environment.get("KAFKA_NODE_ID") == str(node_id):
+                return self.stack.project.container(name)
+        raise AssertionError(f"no service has KAFKA_NODE_ID {node_id}")
+
+    def dump_logs(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in self.stack.state():
+            (directory / f"{name}.log").write_text(self.stack.logs(name, tail=400))
+
+
+@pytest.fixture(scope="module")
+def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    if os.environ.get("ROLLOUTBUS_SKIP_DEPLOY"):
+        pytest.skip("ROLLOUTBUS_SKIP_DEPLOY is set: the container topology test is switched off")
+    if not sys.platform.startswith("linux"):
+        pytest.skip(f"containers run on Linux only with podman; this is {sys.platform}")
+    try:
+        host.ensure_tools(say)
+    except host.HostError as exc:
+        pytest.skip(f"containers cannot run on this host: {exc}")
+    why = host.probe()
+    if why:
+        pytest.skip(f"containers cannot run on this host: {why}")
+    t0 = time.monotonic()
+    images = build_all(say)  # a failed build is a failure, not a skip
+    TIMINGS["images_s"] = round(time.monotonic() - t0, 1)
+    why = host.probe(images["RB_BASE_IMAGE"])
+    if why:
+        pytest.skip(f"containers cannot run on this host: {why}")
+
+    from stack import _project_env, local_stack
+
+    k1, k2, k3, ch = _free_ports(4)
+    gw = _free_ports(2, consecutive=True)
+    px = _free_ports(2, consecutive=True)
+    env = {**images, "KAFKA_1_PORT": str(k1), "KAFKA_2_PORT": str(k2), "KAFKA_3_PORT": str(k3),
+           "CLICKHOUSE_HTTP_PORT": str(ch), "GATEWAY_PORTS": f"{gw[0]}-{gw[1]}", "PROXY_PORTS": f"{px[0]}-{px[1]}",
+           "KAFKA_EXTERNAL_HOST": "localhost", "SPAN_PARTITIONS": "6", "STREAM_WORKERS": "3", "RUNNERS": "2",
+           "GATEWAY_REPLICAS": "2", "PROXY_REPLICAS": "2"}
+    stack = local_stack(PROJECT, [TEST_COMPOSE], env=env, build=False, say=say)
+    stack.down(volumes=True)  # what an interrupted earlier run left
+    dep = Deployment(stack, f"localhost:{k1},localhost:{k2},localhost:{k3}", ch, gw,
+                     _project_env(PROJECT)["CLICKHOUSE_PASSWORD"])
+    failed_before = request.session.testsfailed
+    try:
+        t0 = time.monotonic()
+        stack.up(timeout=600)
+        TIMINGS["up_s"] = round(time.monotonic() - t0, 1)
+        say(f"up in {TIMINGS['up_s']}s: {len(stack.state())} containers")
+        yield dep
+    finally:
+        if request.session.testsfailed > failed_before:
+            logs = host.cache_dir() / "logs" / "deploy-test"
+            dep.dump_logs(logs)
+            say(f"containers' logs in {logs}")
+        if not os.environ.get("ROLLOUTBUS_DEPLOY_KEEP"):
+            t0 = time.monotonic()
+            stack.down(volumes=True)
+            TIMINGS["down_v_s"] = round(time.monotonic() - t0, 1)
+        out = host.cache_dir() / "deploy-test-timings.json"
+        out.write_text(json.dumps(TIMINGS, indent=2))
+        say(f"timings {json.dumps(TIMINGS)} (also in {out})")
+
+
+def test_tasks_run_through_the_topology_and_train(deployment: Deployment) -> None:
+    dep = deployment
+    t0 = time.monotonic()
+    first = dep.publish_tasks(8)  # 32 rollouts = 8 groups = 2 optimiser steps
+    dep.wait_tasks(first, 300)
+    TIMINGS["first_8_tasks_s"] = round(time.monotonic() - t0, 1)
+    wait_for("a policy version > 0 on rb.resources (stored by the sink)", lambda: dep.max_version() >= 1, 180)
+    TIMINGS["first_new_version_s"] = round(time.monotonic() - t0, 1)
+    # Runners pick the new version up: keep a little work flowing until rollouts carry it.
+    more = dep.publish_tasks(4)
+    wait_for("rollouts made with a policy version > 0",
+             lambda: dep.query("SELECT count() FROM rollouts FINAL WHERE resource_version >= 1")[0][0] > 0, 240)
+    TIMINGS["first_rollout_on_new_version_s"] = round(time.monotonic() - t0, 1)
+    dep.wait_tasks(more, 300)
+    counts = dep.check_exactly_once()
+    TIMINGS["phase1"] = {**counts, "versions": dep.max_version()}
+    say(f"phase 1: {counts}, policy version {dep.max_version()}")
+    per_task = dep.query("SELECT task_id, uniqExact(rollout_id) FROM rollouts FINAL GROUP BY 1")
+    assert {t: n for t, n in per_task} == {t: GROUP_SIZE for t in dep.published}
+
+
+def test_broker_and_stream_worker_killed_mid_run(deployment: Deployment) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    dep = deployment
+    t0 = time.monotonic()
+    batch = dep.publish_tasks(16)
+    wait_for("the batch under way", lambda: dep.rollouts_done(batch) >= 8, 240, every=1.0)
+    admin = AdminClient({"bootstrap.servers": dep.bootstrap, "log_level": 0})
+    leaders = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
+    node, led = leaders.most_common(1)[0]
+    broker = dep.broker_container(node)
+    worker = dep.stack.project.container("stream-worker", 2)
+    done_at_kill = dep.rollouts_done(batch)
+    dep.stack.kill(broker)
+    dep.stack.kill(worker)
+    say(f"killed {broker} (leader of {led} of {sum(leaders.values())} rb.spans partitions) and {worker} "
+        f"with {done_at_kill}/{len(batch) * GROUP_SIZE} rollouts of the batch stored")
+    time.sleep(20)
+    moved = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
+    assert node not in moved, f"broker {node} still leads rb.spans partitions after its kill: {dict(moved)}"
+    done_while_down = dep.rollouts_done(batch)
+    dep.stack.start(broker)
+    dep.stack.start(worker)
+    dep.wait_tasks(batch, 300)
+    TIMINGS["faults_batch_s"] = round(time.monotonic() - t0, 1)
+    counts = dep.check_exactly_once()
+    TIMINGS["phase2"] = {**counts, "killed_broker_led_partitions": led, "rollouts_at_kill": done_at_kill,
+                         "rollouts_while_down": done_while_down}
+    say(f"phase 2: {counts}; {done_while_down - done_at_kill} rollouts stored while {broker} and {worker} were down")
+
+
+def test_one_attempt_through_both_gateway_replicas(deployment: Deployment) -> None:
+    dep = deployment
+    rollout_id, attempt_id, n = f"gw-{uuid.uuid4().hex[:10]}", "attempt-1", 6
+    for i in range(n):
+        now = time.time_ns()
+        body = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "deploy-test"}}]},
+                                   "scopeSpans": [{"scope": {"name": "deploy-test"}, "spans": [{
+                                       "traceId": uuid.uuid4().hex, "spanId": uuid.uuid4().hex[:16], "name": f"step-{i}",
+                                       "kind": 1, "startTimeUnixNano": str(now), "endTimeUnixNano": str(now + 1000),
+                                       "attributes": [{"key": "rolloutbus.rollout_id", "value": {"stringValue": rollout_id}},
+                                                      {"key": "rolloutbus.attempt_id", "value": {"stringValue": attempt_id}}]}]}]}]}
+        port = dep.gateway_ports[i % 2]
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+    rows = wait_for(f"{n} spans of {rollout_id} in ClickHouse", lambda: (
+        r if len(r := dep.query(f"SELECT name, sequence_id FROM spans FINAL WHERE rollout_id = '{rollout_id}'")) >= n else None), 60)
+    assert sorted(name for name, _ in rows) == [f"step-{i}" for i in range(n)]
+    seqs = sorted(seq for _, seq in rows)
+    assert len(set(seqs)) == n, f"one attempt's spans through two gateway replicas share sequence ids: {sorted(rows, key=lambda r: r[0])}"
+
+
+def test_down_then_up_continues_from_the_volumes(deployment: Deployment) -> None:
+    dep = deployment
+    before_rows = dep.query("SELECT count() FROM rollouts FINAL")[0][0]
+    before_version = dep.max_version()
+    before_tasks = list(dep.published)
+    t0 = time.monotonic()
+    dep.stack.down()
+    TIMINGS["down_s"] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
+    dep.stack.up(timeout=600)
+    TIMINGS["up_again_s"] = round(time.monotonic() - t0, 1)
+    assert dep.query("SELECT count() FROM rollouts FINAL")[0][0] == before_rows, "the store lost rows across down/up"
+    t0 = time.monotonic()
+    batch = dep.publish_tasks(8)  # 2 more optimiser steps
+    dep.wait_tasks(batch, 300)
+    wait_for(f"a policy version after {before_version} (the trainer resumes from its checkpoint volume)",
+             lambda: dep.max_version() > before_version, 180)
+    TIMINGS["after_restart_batch_s"] = round(time.monotonic() - t0, 1)
+    versions = dep.query("SELECT version FROM resource_versions FINAL WHERE name = 'policy' ORDER BY version")
+    assert [v for (v,) in versions] == list(range(len(versions))), f"versions restarted or skipped: {versions}"
+    per_task = dict(dep.query("SELECT task_id, uniqExact(rollout_id) FROM rollouts FINAL GROUP BY 1"))
+    assert all(per_task[t] == GROUP_SIZE for t in before_tasks), "tasks consumed before down ran again after up"
+    counts = dep.check_exactly_once()
+    TIMINGS["phase4"] = {**counts, "versions": dep.max_version()}
+    say(f"phase 4: {counts}, policy version {before_version} -> {dep.max_version()}")
