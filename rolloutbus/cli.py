@@ -12,6 +12,9 @@ import importlib
 import sys
 from typing import Any
 
+from pydantic import Field
+
+from foundation.config import CommonSettings
 from foundation.entry import configure_logging, guarded
 from foundation.flags import Bounded, OneLineParser
 
@@ -127,36 +130,113 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- query
 
+# --format names of our own; any other name is a ClickHouse output format, passed through as it is.
+QUERY_FORMATS: dict[str, str | None] = {"table": None, "csv": "CSVWithNames", "tsv": "TSVWithNames", "jsonl": "JSONEachRow"}
+# What a pipe into pandas or csvkit reads without options: NULL as an empty CSV field, 64-bit integers as
+# JSON numbers. Sent only where the server lets this user change them.
+FORMAT_SETTINGS: dict[str, dict[str, Any]] = {
+    "csv": {"format_csv_null_representation": ""},
+    "jsonl": {"output_format_json_quote_64bit_integers": 0},
+}
+
+
+class QuerySettings(CommonSettings):
+    """``ROLLOUTBUS_QUERY_*``: how ``rolloutbus query`` prints its result."""
+
+    query_format: str = Field(default="table", pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
+                              description="table, csv, tsv, jsonl, or a ClickHouse output format name (JSON, Markdown, Parquet, ...)")
+
+
+def format_cell(v: Any, max_width: int = 60) -> str:
+    """One value as the table shows it: floats in full (the shortest text that reads back the same)."""
+    if isinstance(v, float):
+        text = repr(v)
+    elif v is None:
+        text = "∅"
+    else:
+        text = str(v)
+    return text if len(text) <= max_width else text[: max_width - 1] + "…"
+
 
 def format_table(header: list[str], rows: list[list[Any]], max_width: int = 60) -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            text = f"{v:.4g}"
-        elif v is None:
-            text = "∅"
-        else:
-            text = str(v)
-        return text if len(text) <= max_width else text[: max_width - 1] + "…"
-
-    cells = [[cell(v) for v in row] for row in rows]
+    cells = [[format_cell(v, max_width) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    if not rows:
+        lines.append("(0 rows)")
     return "\n".join(lines)
 
 
-def run_query(client: Any, sql: str) -> tuple[list[str], list[list[Any]]]:
-    """Run analyst SQL with readonly=1: it cannot modify data. Errors become one clear line."""
+def clickhouse_error(exc: BaseException, database: str | None = None) -> str:
+    """ClickHouse's whole error text in one line (the driver's preamble and the server version dropped);
+    a missing database says how to create it."""
+    import re
+
+    text = " ".join(str(exc).split())
+    at = text.find("Code:")
+    if at > 0:
+        text = text[at:]
+    text = re.sub(r"\s*\(version [^)]*\)", "", text)
+    # The embedded engine nests its message: say each part once.
+    text = re.sub(r"(Code: (\d+)\. DB::Exception: )(?:Code: \2\. DB::Exception: )+", r"\1", text)
+    text = re.sub(r"(\(([A-Z_]+)\))(?:\.? \(\2\))+", r"\1", text).strip() or type(exc).__name__
+    if "UNKNOWN_DATABASE" in text or text.startswith("Code: 81."):
+        text += (f" — the database {database!r} is created by `rolloutbus up` (or `rolloutbus migrate` for a server "
+                 "you run yourself)" if database else " — `rolloutbus up` creates it")
+    return text
+
+
+def readonly_settings(client: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``readonly=2`` (no writes; the analyst may still lower limits such as ``max_execution_time``, within
+    the server's ceilings) unless the server already holds this user read-only, plus ``extra`` where the
+    server lets this user change them."""
+    server = getattr(client, "server_settings", None) or {}
+    current = server.get("readonly")
+    out: dict[str, Any] = {} if current is not None and str(current.value) in ("1", "2") else {"readonly": 2}
+    for key, value in (extra or {}).items():
+        setting = server.get(key)
+        if setting is None or not setting.readonly:
+            out[key] = value
+    return out
+
+
+def run_query(client: Any, sql: str, parameters: dict[str, Any] | None = None) -> tuple[list[str], list[list[Any]]]:
+    """Run analyst SQL read-only; rows as Python values. Errors become one clear line."""
     from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
 
     from foundation.errors import ClickHouseError
 
     try:
-        result = client.query(sql, settings={"readonly": 1})
+        result = client.query(sql, parameters=parameters, settings=readonly_settings(client))
+        header, rows = list(result.column_names), [list(r) for r in result.result_rows]
+        if not rows and not header:
+            # An empty result in Native format may carry no columns at all: ask for the names alone.
+            names = client.raw_query(sql, parameters=parameters, settings=readonly_settings(client), fmt="TSVWithNames")
+            header = names.decode().split("\n", 1)[0].split("\t") if names.strip() else []
     except CCError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ClickHouseError(first.split("(version")[0].strip()) from exc
-    return list(result.column_names), [list(r) for r in result.result_rows]
+        raise ClickHouseError(clickhouse_error(exc, client.database)) from exc
+    return header, rows
+
+
+def stream_query(client: Any, sql: str, fmt: str | None, out: Any, parameters: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+    """Run analyst SQL read-only and copy the server's bytes to ``out`` as they come: in ``fmt``, or in
+    the format the SQL's own ``FORMAT`` clause names (``fmt`` None)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError as CCError
+
+    from foundation.errors import ClickHouseError
+
+    try:
+        stream = client.raw_stream(sql, parameters=parameters, settings=readonly_settings(client, extra), fmt=fmt)
+        try:
+            while chunk := stream.read(1 << 16):
+                out.write(chunk)
+        finally:
+            stream.close()
+    except CCError as exc:
+        raise ClickHouseError(clickhouse_error(exc, client.database)) from exc
+    out.flush()
 
 
 TRAJECTORY_SQL = (
@@ -165,33 +245,53 @@ TRAJECTORY_SQL = (
     "coalesce(nullIf(message, ''), tool_arguments, '') AS detail, prompt_tokens, response_tokens, resource_version AS version "
     "FROM v_trajectory WHERE rollout_id = {rid:String} ORDER BY attempt_id, sequence_id"
 )
+ROLLOUT_SQL = (
+    "SELECT rollout_id, attempt_id, task_id, status, final_reward, resource_version, spans_seen, transition_count "
+    "FROM rollouts FINAL WHERE rollout_id = {rid:String}"
+)
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     from foundation.clickhouse import connect
+    from foundation.entry import settings_from_args
+    from rolloutbus.store.sqltext import output_format
 
-    s = _common(args)
-    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False, readonly=True)
+    s = settings_from_args(QuerySettings, args, {"format": "query_format"})
+    name = s.query_format
+    fmt = QUERY_FORMATS.get(name, name)
+    if not args.trajectory and not args.sql:
+        print("rolloutbus query: give SQL or --trajectory ROLLOUT_ID", file=sys.stderr)
+        return 2
+    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
+    out = sys.stdout.buffer
     try:
         if args.trajectory:
-            rollout = client.query(
-                "SELECT rollout_id, attempt_id, task_id, status, final_reward, resource_version, spans_seen, transition_count "
-                "FROM rollouts FINAL WHERE rollout_id = {rid:String}",
-                parameters={"rid": args.trajectory}, settings={"readonly": 1},
-            )
-            for row in rollout.result_rows:
-                print("rollout {} attempt {}  task {}  status {}  final reward {}  version {}  spans {}  llm turns {}".format(*row))
-            result = client.query(TRAJECTORY_SQL, parameters={"rid": args.trajectory}, settings={"readonly": 1})
-            if not result.result_rows:
-                print(f"no spans for rollout {args.trajectory}", file=sys.stderr)
+            params = {"rid": args.trajectory}
+            if fmt is not None:
+                stream_query(client, TRAJECTORY_SQL, fmt, out, params, FORMAT_SETTINGS.get(name))
+                return 0
+            _, rollout = run_query(client, ROLLOUT_SQL, params)
+            header, rows = run_query(client, TRAJECTORY_SQL, params)
+            if not rows:
+                print(f"rolloutbus query: no spans for rollout {args.trajectory}" + ("" if rollout else " (no such rollout)"),
+                      file=sys.stderr)
                 return 1
-            print(format_table(list(result.column_names), [list(r) for r in result.result_rows]))
+            for row in rollout:
+                print("rollout {} attempt {}  task {}  status {}  final reward {}  version {}  spans {}  llm turns {}".format(*row))
+            print(format_table(header, rows))
             return 0
-        if not args.sql:
-            print("rolloutbus query: give SQL or --trajectory ROLLOUT_ID", file=sys.stderr)
-            return 2
-        header, rows = run_query(client, args.sql)
-        print(format_table(header, rows))
+        if output_format(args.sql) is not None:  # the SQL names its format: ClickHouse's bytes, as they are
+            stream_query(client, args.sql, None, out)
+        elif fmt is not None:
+            stream_query(client, args.sql, fmt, out, extra=FORMAT_SETTINGS.get(name))
+        else:
+            header, rows = run_query(client, args.sql)
+            print(format_table(header, rows))
+        return 0
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         client.close()
@@ -236,8 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="store, broker, topics, partitions, consumer-group lag")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("query", help="run analyst SQL (read-only) or print one trajectory")
-    p.add_argument("sql", nargs="?", help="SQL to run against the rolloutbus database")
+    p.add_argument("sql", nargs="?", help="SQL to run against the rolloutbus database; a FORMAT clause in it is honoured")
     p.add_argument("--trajectory", metavar="ROLLOUT_ID", help="print one rollout's spans in order, with rewards")
+    p.add_argument("--format", default=None, metavar="FORMAT",
+                   help="table (default), csv, tsv (both with a header row), jsonl, or any ClickHouse output format "
+                        "(JSON, Markdown, Parquet, ...) passed through (env ROLLOUTBUS_QUERY_FORMAT)")
     p.set_defaults(func=cmd_query)
     p = sub.add_parser("migrate", help="apply ClickHouse migrations")
     p.set_defaults(func=cmd_migrate)

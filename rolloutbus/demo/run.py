@@ -389,6 +389,7 @@ def run_demo(cfg: DemoConfig) -> int:
     shutil.rmtree(demo_dir / "checkpoints", ignore_errors=True)
     shutil.rmtree(settings.data_dir / "spool", ignore_errors=True)
     sup = Supervisor(cfg.out / "logs", env)
+    finished = False
     live = Live()
     stop_follow = threading.Event()
     follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
@@ -456,12 +457,17 @@ def run_demo(cfg: DemoConfig) -> int:
         from rolloutbus.demo.report import report
 
         report(settings, cfg, live, first, final, first_scores, final_scores, say, task.title, task.first_label)
-        say(f"done in {time.monotonic() - t_start:.0f}s. Query the run: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\"")
+        finished = True
+        say(f"done in {time.monotonic() - t_start:.0f}s.")
+        if store is not None:
+            # The run is there to be queried: the store stays up (one light process); the broker stops.
+            say(f"query      the store stays up on {store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
+                "(.venv/bin/rolloutbus down stops it)")
         return 0
     finally:
         stop_follow.set()
         sup.stop_all()
-        if started_store and store is not None and not cfg.keep_running:
+        if started_store and store is not None and not cfg.keep_running and not finished:
             store.stop()
         if started_broker and not cfg.keep_running:
             broker.stop()

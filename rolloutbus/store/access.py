@@ -2,9 +2,13 @@
 
 Two roles. ``writer`` is what the stream workers use: anything the engine accepts (like a ClickHouse
 server's ``default`` user). ``analyst`` is read-only whatever the request says: the server sets
-``readonly=1`` last, after the request's own settings, caps the query time and the result size, and
-refuses SQL that reaches the file system, the network or other processes (``file``, ``url``,
-``executable``, ``s3``, ... and ``INTO OUTFILE``), which the engine's readonly mode alone lets through.
+``readonly=2`` last, after the request's own settings (``readonly=1`` when the request asks for it), caps
+the query time and the result size, and refuses SQL that reaches the file system, the network or other
+processes (``file``, ``url``, ``executable``, ``s3``, ... and ``INTO OUTFILE``), which the engine's
+readonly mode alone lets through. ``readonly=2`` lets an analyst change settings in the SQL too
+(``SETTINGS max_execution_time = 5``): those go through the same rules as the URL's — limits only
+lowered, otherwise only how results look — since the engine has no per-user ceilings of its own here;
+the temporary tables and ``KILL QUERY`` that readonly mode lets through are refused.
 
 Users come from ``ROLLOUTBUS_STORE_USERS`` (``name:role:password`` entries separated by commas) or a
 file of one ``name role password`` line each (``#`` comments). With no users configured the store has
@@ -21,6 +25,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from foundation.errors import ConfigError
+from rolloutbus.store.sqltext import Unreadable, settings_in, statement_keywords, strip_literals
 
 ROLES = ("writer", "analyst")
 
@@ -127,16 +132,15 @@ _OUTSIDE = (
 )
 _OUTSIDE_RE = re.compile(r"(?<![\w.$])[`\"]?(" + "|".join(sorted(set(n.lower() for n in _OUTSIDE), key=len, reverse=True)) + r")[`\"]?\s*\(", re.IGNORECASE)
 _OUTFILE_RE = re.compile(r"\bINTO\s+OUTFILE\b|\bFROM\s+INFILE\b", re.IGNORECASE)
-_LITERALS = re.compile(r"'(?:[^'\\]|\\.|'')*'|--[^\n]*|/\*.*?\*/", re.DOTALL)
+# Statements the engine's readonly mode lets through that an analyst may not run: temporary tables
+# (readonly=2), killing other users' queries (every request runs as the engine's one user), backups.
+_ANALYST_REFUSED_STATEMENTS = ("CREATE", "DROP", "INSERT", "KILL", "BACKUP", "RESTORE")
 
 
-def strip_literals(sql: str) -> str:
-    """``sql`` with string literals and comments blanked, so a name inside a string does not count."""
-    return _LITERALS.sub(" ", sql)
-
-
-def check_sql(sql: str, readonly: bool) -> None:
-    """Refuse what no client of the store may run, and what a read-only request may not reach."""
+def check_sql(sql: str, readonly: bool, user: User | None = None, limits: Limits | None = None) -> None:
+    """Refuse what no client of the store may run, and what a read-only request may not reach; for an
+    analyst (``user``), also statements readonly mode lets through and settings the SQL itself changes
+    beyond what :func:`effective_settings` allows."""
     code = strip_literals(sql)
     if _OUTFILE_RE.search(code):
         raise Refused("INTO OUTFILE and FROM INFILE are client-side features; the store does not read or write its own files for a client", *ACCESS_DENIED)
@@ -147,12 +151,23 @@ def check_sql(sql: str, readonly: bool) -> None:
                 f"{match.group(1)}() reaches outside the database (files, network, processes): not allowed for read-only users",
                 *ACCESS_DENIED,
             )
+    if user is not None and user.readonly:
+        for keyword in statement_keywords(sql):
+            if keyword in _ANALYST_REFUSED_STATEMENTS:
+                raise Refused(f"{user.name}: Cannot execute query in readonly mode ({keyword})", *READONLY)
+        try:
+            changed = settings_in(sql)
+        except Unreadable as exc:
+            raise Refused(f"cannot check the settings this SQL changes ({exc}): give each SETTINGS value as a plain literal", *READONLY) from None
+        for key, value in changed:
+            _check_analyst_setting(user, key, value, limits or Limits())
 
 
 # Settings an analyst may change: how results look, not what a query may reach or use.
 _ANALYST_SETTINGS = re.compile(
     r"^(output_format_\w+|format_\w+|date_time_output_format|date_time_input_format|input_format_\w+|"
     r"extremes|totals_mode|max_block_size|join_use_nulls|session_timezone|use_query_cache|limit|offset|"
+    r"cast_string_to_dynamic_use_inference|"
     r"cancel_http_readonly_queries_on_client_close|http_\w+|send_progress_in_http_headers|"
     r"wait_end_of_query|add_http_cors_header|enable_http_compression|http_zlib_compression_level)$"
 )
@@ -174,27 +189,36 @@ def effective_settings(user: User, requested: dict[str, str], limits: Limits, ge
                 raise Refused(f"readonly={value!r} is not 0, 1 or 2", 62, "SYNTAX_ERROR") from None
             continue
         if user.readonly:
-            cap = limits.settings().get(key)
-            if cap is not None:
-                if key == "result_overflow_mode":
-                    if value != "throw":
-                        raise Refused(f"Cannot modify '{key}' setting in readonly mode", *READONLY)
-                    continue
-                if not _within(value, cap):
-                    raise Refused(f"Cannot raise '{key}' above {cap} for user {user.name}", *READONLY)
-            elif not _ANALYST_SETTINGS.match(key):
-                raise Refused(f"Cannot modify '{key}' setting in readonly mode", *READONLY)
+            _check_analyst_setting(user, key, value, limits)
+            if key == "result_overflow_mode":
+                continue  # "throw" is what the limits set below
         out[key] = value
     if user.readonly:
         for key, value in limits.settings().items():
             if key not in out:
                 out[key] = value
-        readonly = 1
+        # 2 lets the SQL lower the limits too (check_sql holds it to the same rules); 1 if asked for.
+        readonly = 1 if readonly == 1 else 2
     elif get_request:
         readonly = max(readonly, 2)
     if readonly:
         out["readonly"] = str(readonly)
     return out
+
+
+def _check_analyst_setting(user: User, key: str, value: str, limits: Limits) -> None:
+    """An analyst may lower a limit and change how results look; nothing else."""
+    cap = limits.settings().get(key)
+    if key == "readonly":
+        raise Refused(f"Cannot modify '{key}' setting in readonly mode", *READONLY)
+    if cap is not None:
+        if key == "result_overflow_mode":
+            if value != "throw":
+                raise Refused(f"Cannot modify '{key}' setting in readonly mode", *READONLY)
+        elif not _within(value, cap):
+            raise Refused(f"Cannot raise '{key}' above {cap} for user {user.name}", *READONLY)
+    elif not _ANALYST_SETTINGS.match(key):
+        raise Refused(f"Cannot modify '{key}' setting in readonly mode", *READONLY)
 
 
 def _within(value: str, cap: str) -> bool:

@@ -277,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         requested = {k: v for k, v in params.items() if k not in protocol.TRANSPORT_PARAMS and not k.startswith("param_")}
         settings = effective_settings(user, requested, self.server.limits, get_request=(method == "GET"))
-        check_sql(sql, readonly=bool(int(settings.get("readonly", "0"))))
+        check_sql(sql, readonly=bool(int(settings.get("readonly", "0"))), user=user, limits=self.server.limits)
         binds = {k[6:]: v for k, v in params.items() if k.startswith("param_")}
         database = self.headers.get("X-ClickHouse-Database") or params.get("database")
         default_format = self.headers.get("X-ClickHouse-Format") or params.get("default_format") or "TabSeparated"

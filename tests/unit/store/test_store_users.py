@@ -44,7 +44,7 @@ LIMITS = Limits(max_execution_time_s=5, max_result_rows=100, max_result_bytes=10
 
 def test_the_analyst_is_read_only_last_with_its_limits() -> None:
     out = effective_settings(ANALYST, {"readonly": "0", "output_format_json_quote_64bit_integers": "1", "max_execution_time": "2"}, LIMITS)
-    assert list(out)[-1] == "readonly" and out["readonly"] == "1"
+    assert list(out)[-1] == "readonly" and out["readonly"] == "2"  # 2: the SQL may lower limits too (check_sql holds it)
     assert out["max_execution_time"] == "2" and out["max_result_rows"] == "100" and out["result_overflow_mode"] == "throw"
 
 
