@@ -28,6 +28,7 @@ from typing import Any
 
 import fastavro
 import pydantic
+from fastavro.schema import fingerprint as fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from foundation.errors import DecodeError, EncodeError, ValidationError
@@ -67,32 +68,15 @@ assert array("I").itemsize == 4, "uint32 array typecode must be 4 bytes on this 
 
 # --------------------------------------------------------------------------- CRC-64-AVRO
 
-_EMPTY = 0xC15D213AA4D7A795
-
-
-@lru_cache(maxsize=1)
-def _fp_table() -> list[int]:
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (_EMPTY & -(fp & 1))
-        table.append(fp)
-    return table
-
 
 def crc64_avro(data: bytes) -> int:
-    """The Rabin CRC-64 fingerprint the Avro spec defines for single-object encoding."""
-    table = _fp_table()
-    fp = _EMPTY
-    for b in data:
-        fp = (fp >> 8) ^ table[(fp ^ b) & 0xFF]
-    return fp
+    """The Rabin CRC-64 fingerprint the Avro spec defines for single-object encoding (fastavro's)."""
+    return int.from_bytes(bytes.fromhex(fastavro_fingerprint(data.decode(), "CRC-64-AVRO")), "little")
 
 
 def fingerprint(schema: Mapping[str, Any]) -> bytes:
     """The 8-byte little-endian fingerprint of a schema's parsing canonical form."""
-    return struct.pack("<Q", crc64_avro(to_parsing_canonical_form(schema).encode()))
+    return bytes.fromhex(fastavro_fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
 # --------------------------------------------------------------------------- schema registry (local)
