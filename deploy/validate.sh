@@ -3,6 +3,10 @@
 #   compose : deploy/docker-compose.yml against the Compose Specification JSON schema + rules
 #   k8s     : every kustomization under deploy/k8s rendered, then checked against the Kubernetes
 #             schemas (strict) and the vendored CRD schemas + rules
+#   commands: every container's command line parsed by the real `rolloutbus` parser, every ROLLOUTBUS_*
+#             variable checked against the settings classes, Kafka users' ACLs against the groups and
+#             topics the code uses, Service ports/probes against what each process serves, spools on
+#             volumes (deploy/validate/commands.py, with the project's Python)
 #   DDL     : the cluster form of deploy/clickhouse/migrations/ parsed and run (localised) in chDB, compared with it
 # Installs its tools once into ~/.cache/rolloutbus/deploy-validate (a venv from PyPI; Kustomize from
 # kubectl, or `go install` from the Go module proxy when kubectl is absent).
@@ -56,6 +60,7 @@ fi
 status=0
 "$TOOL_PYTHON" deploy/validate/compose.py || status=1
 "$TOOL_PYTHON" deploy/validate/k8s.py --kustomize "$KUSTOMIZE" || status=1
+"$PYTHON" deploy/validate/commands.py --kustomize "$KUSTOMIZE" || status=1
 "$PYTHON" deploy/validate/ddl.py || status=1
 [ $status = 0 ] && echo "validate-deploy: ok (not run here: containers, a Kubernetes API server, a ClickHouse cluster; see deploy/README.md)"
 exit $status

@@ -21,11 +21,14 @@ def test_base_has_the_expected_workloads(tools: dict[str, str]) -> None:
     proc = run_tool(tools, _render_base(tools) + "print(json.dumps(sorted(o['kind'] + '/' + o['metadata']['name'] for o in objs)))")
     assert proc.returncode == 0, proc.stderr
     names = set(json.loads(proc.stdout))
+    assert "KafkaUser/rolloutbus" not in names, "one user per process kind, not one for all"
     for expected in [
-        "Deployment/rolloutbus-gateway", "Service/rolloutbus-gateway", "HorizontalPodAutoscaler/rolloutbus-gateway",
-        "Deployment/rolloutbus-proxy", "Service/rolloutbus-proxy", "HorizontalPodAutoscaler/rolloutbus-proxy",
-        "Deployment/rolloutbus-stream-worker", "Deployment/rolloutbus-runner", "StatefulSet/rolloutbus-trainer",
-        "Job/rolloutbus-migrate", "KafkaTopic/rb-spans", "KafkaTopic/rb-resources", "KafkaUser/rolloutbus",
+        "StatefulSet/rolloutbus-gateway", "Service/rolloutbus-gateway", "HorizontalPodAutoscaler/rolloutbus-gateway",
+        "StatefulSet/rolloutbus-proxy", "Service/rolloutbus-proxy", "HorizontalPodAutoscaler/rolloutbus-proxy",
+        "Deployment/rolloutbus-policy", "Service/rolloutbus-policy", "PersistentVolumeClaim/rolloutbus-checkpoints",
+        "Deployment/rolloutbus-stream-worker", "StatefulSet/rolloutbus-runner", "StatefulSet/rolloutbus-trainer",
+        "Job/rolloutbus-migrate", "KafkaTopic/rb-spans", "KafkaTopic/rb-resources",
+        *(f"KafkaUser/rolloutbus-{kind}" for kind in ("gateway", "proxy", "runner", "stream-worker", "trainer", "policy", "tasks", "optimizer")),
     ]:
         assert expected in names
 
