@@ -19,7 +19,6 @@ import json
 import logging
 import time
 import zlib
-from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
@@ -36,10 +35,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from producers.agl_events import EVENT_PATH, event_to_span
 from producers.context import new_span_id
-from producers.mapping import Attribution, MappingError, otel_to_span, span_ids
+from producers.mapping import Attribution, MappingError, otel_to_span
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode_raw
+from schemas.models import UNNUMBERED
 from foundation.errors import EncodeError
 
 log = logging.getLogger(__name__)
@@ -107,27 +107,12 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     return req
 
 
-class SequenceCounters:
-    """Per-attempt counters for spans that carry no sequence id (bounded: oldest attempts forgotten)."""
+def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], list[str]]:
+    """Map every span of the request; returns (Avro span dicts, reasons of the rejected ones).
 
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._next: OrderedDict[str, int] = OrderedDict()
-        self.capacity = capacity
-
-    def next(self, attempt_id: str) -> int:
-        n = self._next.pop(attempt_id, 1)
-        self._next[attempt_id] = n + 1
-        if len(self._next) > self.capacity:
-            self._next.popitem(last=False)
-        return n
-
-    def observe(self, attempt_id: str, n: int) -> None:
-        if n + 1 > self._next.get(attempt_id, 1):
-            self._next[attempt_id] = n + 1
-
-
-def request_to_spans(req: ExportTraceServiceRequest, counters: SequenceCounters) -> tuple[list[dict[str, Any]], list[str]]:
-    """Map every span of the request; returns (Avro span dicts, reasons of the rejected ones)."""
+    A span without a sequence id goes on unnumbered (0): the span stage numbers it in the order the
+    attempt's spans arrive on their partition, which stays right with any number of gateway replicas
+    (a counter here would give two replicas' spans of one attempt the same ids)."""
     spans: list[dict[str, Any]] = []
     errors: list[str] = []
     for rs in req.resource_spans:
@@ -135,16 +120,7 @@ def request_to_spans(req: ExportTraceServiceRequest, counters: SequenceCounters)
         for ss in rs.scope_spans:
             for s in ss.spans:
                 attrs = _attrs(s.attributes)
-                att = Attribution(resource={k: str(v) for k, v in resource.items()})
-                _rollout, attempt, seq = span_ids(attrs, resource)
-                if attempt is not None:
-                    if seq is None:
-                        att.sequence_id = counters.next(str(attempt))
-                    else:
-                        try:
-                            counters.observe(str(attempt), int(seq))
-                        except (TypeError, ValueError):
-                            pass
+                att = Attribution(resource={k: str(v) for k, v in resource.items()}, sequence_id=UNNUMBERED)
                 try:
                     spans.append(
                         otel_to_span(
@@ -182,7 +158,6 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.token = token
         self.retry_after_s = retry_after_s
-        self.counters = SequenceCounters()
         self.registry = CollectorRegistry()
         self.m_requests = Counter("rolloutbus_gateway_requests", "OTLP requests by HTTP status", ["code"], registry=self.registry)
         self.m_spans = Counter("rolloutbus_gateway_spans_accepted", "Spans accepted onto rb.spans", registry=self.registry)
@@ -239,7 +214,7 @@ class Gateway:
             req = decode_request(body, ctype)
         except BadRequest as exc:
             return self._reply(400, str(exc))
-        spans, errors = request_to_spans(req, self.counters)
+        spans, errors = request_to_spans(req)
         encoded: list[tuple[bytes, bytes, str]] = []
         for span in spans:
             try:
@@ -290,9 +265,9 @@ class Gateway:
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
         now = time.time_ns()
         try:
-            span = event_to_span(rollout_id, attempt_id, event, sequence_id=0, span_id=new_span_id(), time_ns=now)
-            # Numbered in arrival order per attempt, as Agent Lightning's store keeps events in insertion order.
-            span["sequence_id"] = self.counters.next(attempt_id)
+            # Unnumbered: the span stage numbers the attempt's events in arrival order (as Agent Lightning's
+            # store keeps events in insertion order), whichever replica each came through.
+            span = event_to_span(rollout_id, attempt_id, event, sequence_id=UNNUMBERED, span_id=new_span_id(), time_ns=now)
             value = encode_raw(SPAN, span)
         except (MappingError, EncodeError) as exc:
             self.m_rejected.inc()
@@ -320,4 +295,4 @@ def gzip_body(data: bytes) -> bytes:
     return gzip.compress(data)
 
 
-__all__ = ["Gateway", "decode_request", "request_to_spans", "BadRequest", "SequenceCounters"]
+__all__ = ["Gateway", "decode_request", "request_to_spans", "BadRequest"]

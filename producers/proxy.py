@@ -4,8 +4,10 @@ Routes: ``/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions`` and `
 The request goes to the upstream (vLLM in production) with ``return_token_ids`` and ``logprobs`` turned
 on; the response — JSON or SSE stream — is passed back as it comes, and the token ids, logprobs, model
 and serving resource version (``x-rolloutbus-resource-version`` upstream header) are recorded. The
-sequence id is the agent's (``x-rolloutbus-sequence-id`` request header) or the proxy's per-attempt
-counter. Upstream errors are passed back faithfully and recorded with status ERROR.
+sequence id is the agent's (``x-rolloutbus-sequence-id`` request header); without one the span goes
+on unnumbered and the span stage numbers it in arrival order (a counter here would give two proxy
+replicas' calls of one attempt the same ids). Upstream errors are passed back faithfully and
+recorded with status ERROR.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import hmac
 import json
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -22,6 +23,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from producers.context import current_rollout, new_span_id, new_trace_id
 from producers.emit import llm_record
 from producers.transport import SPAN, SpanTransport
+from schemas.models import UNNUMBERED
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +75,6 @@ def proxy_headers() -> dict[str, str]:
     return headers
 
 
-class _Counters:
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._next: OrderedDict[str, int] = OrderedDict()
-        self.capacity = capacity
-
-    def take(self, attempt_id: str, given: int | None) -> int:
-        n = self._next.pop(attempt_id, 1)
-        seq = n if given is None else given
-        self._next[attempt_id] = max(n, seq + 1)
-        if len(self._next) > self.capacity:
-            self._next.popitem(last=False)
-        return seq
-
-
 class _Call:
     """What one upstream call produced, accumulated from a JSON body or SSE chunks."""
 
@@ -131,7 +119,6 @@ class LLMProxy:
         self.transport = transport
         self.api_key = api_key
         self.timeout = ClientTimeout(total=timeout_s)
-        self.counters = _Counters()
         self._session: ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -170,11 +157,11 @@ class LLMProxy:
         except ValueError:
             return web.json_response({"error": {"message": "request body must be a JSON object", "type": "invalid_request_error"}}, status=400)
         agent_name = request.headers.get(AGENT_HEADER) or None
-        given = request.headers.get(SEQUENCE_HEADER)
-        try:
-            seq = self.counters.take(attempt_id, int(given) if given else None)
-        except ValueError:
-            return web.json_response({"error": {"message": f"{SEQUENCE_HEADER} must be an integer", "type": "invalid_request_error"}}, status=400)
+        given = (request.headers.get(SEQUENCE_HEADER) or "").strip()
+        if given and not given.isdigit():
+            return web.json_response({"error": {"message": f"{SEQUENCE_HEADER} must be a non-negative integer",
+                                                "type": "invalid_request_error"}}, status=400)
+        seq = int(given) if given else UNNUMBERED
         # Ask for what the trainer needs (vLLM's API).
         body["return_token_ids"] = True
         if chat:
@@ -269,7 +256,9 @@ class LLMProxy:
                 "parent_id": None,
                 "rollout_id": meta["rollout_id"],
                 "attempt_id": meta["attempt_id"],
-                "sequence_id": seq + i,
+                # The agent's number is the first choice's; the others go unnumbered (numbered by the
+                # span stage after it), never into numbers the agent may hand out next.
+                "sequence_id": seq if i == 0 else UNNUMBERED,
                 "name": "chat.completions" if meta["chat"] else "completions",
                 "kind": "llm",
                 "start_time_ns": meta["start"],
@@ -289,8 +278,6 @@ class LLMProxy:
                 "agent_name": meta.get("agent_name"),
             }
             self.transport.emit(meta["rollout_id"], SPAN, span)
-        if len(choices) > 1:
-            self.counters.take(meta["attempt_id"], seq + len(choices) - 1)
 
 
 __all__ = ["LLMProxy", "proxy_url", "proxy_headers", "SEQUENCE_HEADER", "VERSION_HEADER"]

@@ -104,6 +104,12 @@ class ToolCall(BaseModel):
     error: str | None = None
 
 
+# Span.sequence_id of a span the process that ran the attempt did not number (an OTLP span without
+# one, an Agent Lightning 1.x event, a proxied call without the agent's header): the span stage
+# numbers it when it arrives, after every span of the attempt before it on the partition.
+UNNUMBERED = 0
+
+
 class Span(_Record):
     schema_name: ClassVar[str] = "rolloutbus.Span"
     span_id: str

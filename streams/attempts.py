@@ -12,6 +12,15 @@ an attempt twice nor misses a late span.
 
 A restart after a crash therefore re-reads from the oldest in-flight attempt — bounded by the
 inactivity timeout — which is the price of not writing every span twice.
+
+Numbering. A span its producer did not number (``sequence_id`` 0: an OTLP span without one, an Agent
+Lightning 1.x event, a proxied call without the agent's header) is numbered here, when it arrives:
+one past the highest sequence id of its attempt so far. One attempt's spans are on one partition in
+one order, whichever gateway or proxy replica sent them, so the numbers are distinct and follow the
+arrival order with any number of replicas and no coordination between them; and a replay, which
+re-reads every in-flight attempt from its first record, gives each span the number it had. Spans
+numbered by the process that ran the attempt (our SDK, the agent's header to the proxy, Agent
+Lightning's ``span_sequence_id``) keep theirs: the FINISHED ``span_count`` counts them.
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from schemas.codec import unpack_array
-from schemas.models import RolloutEvent, RolloutEventType
+from schemas.models import UNNUMBERED, RolloutEvent, RolloutEventType
 
 Key = tuple[str, str]  # (rollout_id, attempt_id)
+NUMBERED_BY = "rolloutbus.sequence_by"  # attribute of a span numbered here: "stream"
 
 
 def span_view(d: dict[str, Any]) -> Any:
@@ -55,6 +65,12 @@ def span_view(d: dict[str, Any]) -> Any:
     return v
 
 
+def number(span: Any, sequence_id: int) -> None:
+    """Give an unnumbered span its sequence id (in place), marking it as numbered by the stream."""
+    span.sequence_id = sequence_id
+    span.attributes = {**span.attributes, NUMBERED_BY: "stream"}
+
+
 @dataclass
 class Attempt:
     """One attempt still being assembled."""
@@ -65,6 +81,7 @@ class Attempt:
     seen: float
     spans: dict[str, Any] = field(default_factory=dict)  # span_id → span (the first one kept)
     seqs: set[int] = field(default_factory=set)
+    top: int = 0  # the highest sequence id so far: an unnumbered span gets the next one
     task_id: str = ""
     mode: str = "train"
     attempt: int = 1
@@ -113,9 +130,10 @@ class PartitionState:
     def on_span(self, span: Any, offset: int, now: float) -> tuple[bool, bool, Attempt | None]:
         """→ (write its row, is it late, the attempt it made whole or None).
 
-        A span of a completed attempt after its FINISHED record is late (stored, flagged); one
-        before it is a replay of a span already stored. Spans below ``sunk_below`` were written
-        before a restart: they rebuild state only."""
+        An unnumbered span is numbered, in place (see the module docstring); one of a completed
+        attempt stays 0. A span of a completed attempt after its FINISHED record is late (stored,
+        flagged); one before it is a replay of a span already stored. Spans below ``sunk_below``
+        were written before a restart: they rebuild state only."""
         self.position = offset + 1
         key = (span.rollout_id, span.attempt_id)
         fin = self.finished_offset(key)
@@ -123,9 +141,15 @@ class PartitionState:
             late = offset > fin
             return late and offset >= self.sunk_below, late, None
         att = self._attempt(key, offset, now)
-        if span.span_id not in att.spans:
+        kept = att.spans.get(span.span_id)
+        if kept is None:
+            if span.sequence_id == UNNUMBERED:
+                number(span, att.top + 1)
             att.spans[span.span_id] = span
             att.seqs.add(span.sequence_id)
+            att.top = max(att.top, span.sequence_id)
+        elif span.sequence_id == UNNUMBERED:
+            number(span, kept.sequence_id)  # a second copy: its row replaces the first's, with the same number
         att.seen = now
         return offset >= self.sunk_below, False, att if att.finished is not None and att.all_in() else None
 
@@ -199,4 +223,4 @@ class PartitionState:
             self.done[key] = (finished_offset, completed_ns)
 
 
-__all__ = ["Attempt", "PartitionState", "span_view", "Key"]
+__all__ = ["Attempt", "PartitionState", "span_view", "number", "Key", "NUMBERED_BY"]

@@ -80,8 +80,8 @@ def test_agent_lightning_1x_client_posts_events_to_the_gateway(
     records = consume_all(kafka_conf, topics.spans, expect=3, timeout=30)
     spans = [r for _k, _n, r, _p in records]
     assert {k for k, *_ in records} == {rollout_id.encode()} and len(spans) == 3, "the rejected events are not on the topic"
-    llm, output, reward = sorted(spans, key=lambda s: s["sequence_id"])
-    assert [s["sequence_id"] for s in (llm, output, reward)] == [1, 2, 3], "numbered in arrival order"
+    llm, output, reward = spans  # in the order they were posted (one partition)
+    assert [s["sequence_id"] for s in spans] == [0, 0, 0], "unnumbered: the span stage numbers them in arrival order"
     assert llm["kind"] == "llm" and llm["attempt_id"] == attempt_id
     assert unpack_tokens(llm["llm"]["prompt_token_ids"]) == [11, 12, 13]
     assert unpack_tokens(llm["llm"]["response_token_ids"]) == [21, 22]
@@ -99,6 +99,9 @@ def test_agent_lightning_1x_client_posts_events_to_the_gateway(
     out = batches(kafka_conf, topics.batches, 1, proc)
     rc, log = stop_worker(proc)
     assert rc == 0 and len(out) == 1, log[-3000:]
-    rows = query(test_env, {"tr": "SELECT prompt_token_ids, response_token_ids, return_ FROM transitions FINAL "
-                                  f"WHERE rollout_id = '{rollout_id}' ORDER BY turn"})["tr"]
-    assert [r[:2] for r in rows] == [[[11, 12, 13], [21, 22]]]
+    got_rows = query(test_env, {
+        "tr": f"SELECT prompt_token_ids, response_token_ids, return_ FROM transitions FINAL WHERE rollout_id = '{rollout_id}' ORDER BY turn",
+        "seq": f"SELECT sequence_id, attributes['agentlightning.event_type'] FROM spans FINAL WHERE rollout_id = '{rollout_id}' ORDER BY kafka_offset",
+    })
+    assert [r[:2] for r in got_rows["tr"]] == [[[11, 12, 13], [21, 22]]]
+    assert got_rows["seq"] == [[1, "model_request"], [2, "agent_output"], [3, "reward"]], "numbered in arrival order"

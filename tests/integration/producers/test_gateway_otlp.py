@@ -139,7 +139,7 @@ def test_stock_sdk_with_ids_on_its_resource_gets_every_span_attributed(
     records = consume_all(kafka_conf, topics.spans, expect=3, timeout=30)
     assert sorted(r["name"] for _k, _n, r, _p in records) == ["agent.run", "agentlightning.annotation", "openai.chat.completion"]
     assert {(k, r["rollout_id"], r["attempt_id"]) for k, _n, r, _p in records} == {(rollout.encode(), rollout, "at-r")}
-    assert sorted(r["sequence_id"] for _k, _n, r, _p in records) == [1, 2, 3], "the gateway numbers them in export order"
+    assert [r["sequence_id"] for _k, _n, r, _p in records] == [0, 0, 0], "unnumbered: the span stage numbers them"
     by_name = {r["name"]: r for _k, _n, r, _p in records}
     assert by_name["openai.chat.completion"]["kind"] == "llm" and by_name["agentlightning.annotation"]["reward"]["value"] == 1.0
     metrics = requests.get(f"{base}/metrics", timeout=5).text
@@ -198,7 +198,7 @@ def test_gateway_http_contract(gateway: Any, kafka_conf: dict[str, Any], topics:
     records = consume_all(kafka_conf, topics.spans, expect=1, timeout=20)
     [(key, _n, span, _p)] = records
     assert key == b"ro-json" and span["span_id"] == "b7ad6b7169203331" and span["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
-    assert span["kind"] == "tool" and span["tool"]["name"] == "calc" and span["sequence_id"] == 1
+    assert span["kind"] == "tool" and span["tool"]["name"] == "calc" and span["sequence_id"] == 0
     assert span["resource"] == {"service.name": "js"}
 
 

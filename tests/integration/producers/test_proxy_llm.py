@@ -124,13 +124,16 @@ def test_proxy_records_token_ids_that_decode_to_the_returned_text(proxy: str, ka
 
     comp = requests.post(f"{base}/completions", json={"model": "tiny", "prompt": "Q:"}, timeout=10)
     assert comp.json()["choices"][0]["text"] == ANSWER
+    bad = requests.post(f"{base}/chat/completions", json={"model": "tiny", "messages": msgs},
+                        headers={"x-rolloutbus-sequence-id": "-1"}, timeout=10)
+    assert bad.status_code == 400 and "non-negative integer" in bad.json()["error"]["message"], "not sent upstream, not recorded"
     err = requests.post(f"{base}/chat/completions", json={"model": "fail", "messages": msgs}, timeout=10)
     assert err.status_code == 429 and err.json() == {"error": {"message": "rate limited", "code": 429}}
 
     records = consume_all(kafka_conf, topics.spans, expect=4, timeout=30)
     spans = [r for k, _n, r, _p in records]
     assert all(k == b"ro-p" for k, *_ in records)
-    assert [s["sequence_id"] for s in spans] == [1, 5, 6, 7], "proxy counter, the agent's header, then past it"
+    assert [s["sequence_id"] for s in spans] == [0, 5, 0, 0], "the agent's header, else unnumbered (the span stage numbers it)"
     for s in spans[:3]:
         llm = s["llm"]
         assert s["kind"] == "llm" and s["status_code"] == "OK"

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from google.protobuf import json_format
 
-from producers.gateway import SequenceCounters, decode_request, request_to_spans
+from producers.gateway import decode_request, request_to_spans
 from producers.mapping import MappingError, otel_to_span, span_ids
 from producers.otel import RolloutSpanExporter, readable_to_avro
 from test_context_emit import Recorder
@@ -77,14 +77,15 @@ def test_gateway_reads_ids_from_the_resource(encoding: str) -> None:
                         if k in sp:
                             sp[k] = __import__("base64").b64decode(sp[k]).hex()
         body, ctype = json.dumps(d).encode(), "application/json"
-    spans, errors = request_to_spans(decode_request(body, ctype), SequenceCounters())
+    spans, errors = request_to_spans(decode_request(body, ctype))
     assert errors == []
+    # spans without a sequence id go on unnumbered (0): the span stage numbers them
     assert [(s["rollout_id"], s["attempt_id"], s["sequence_id"], s["kind"]) for s in spans] == [
-        ("ro-res", "at-res", 1, "llm"), ("ro-res", "at-res", 2, "tool"), ("ro-res", "at-res", 7, "span")]
+        ("ro-res", "at-res", 0, "llm"), ("ro-res", "at-res", 0, "tool"), ("ro-res", "at-res", 7, "span")]
 
 
 def test_gateway_resource_sequence_id_is_used() -> None:
-    spans, errors = request_to_spans(_sdk_request(RES, [("a", {})]), SequenceCounters())
+    spans, errors = request_to_spans(_sdk_request(RES, [("a", {})]))
     assert errors == [] and spans[0]["sequence_id"] == 5
 
 

@@ -120,3 +120,62 @@ def test_replay_from_is_read_back_from_commit_metadata_only_when_it_is_ours() ->
     assert parse_replay_from(f"{REPLAY_PREFIX}42") == 42
     assert parse_replay_from(None) is None and parse_replay_from("") is None
     assert parse_replay_from("42") is None and parse_replay_from(f"{REPLAY_PREFIX}-1") is None
+
+
+# --------------------------------------------------------------------------- numbering unnumbered spans
+
+
+def numbered(st: PartitionState, records: list[tuple[int, Any]]) -> dict[str, int]:
+    """Feed spans as ``run`` does, keeping the views; → span id → the sequence id its row carries."""
+    out: dict[str, int] = {}
+    for offset, rec in records:
+        if isinstance(rec, RolloutEvent):
+            att = st.on_event(rec, offset, 0.0)
+        else:
+            v = view(rec)
+            _write, _late, att = st.on_span(v, offset, 0.0)
+            out[v.span_id] = v.sequence_id
+        if att is not None:
+            st.complete(att, max(offset, att.finished_offset))
+    return out
+
+
+def test_unnumbered_spans_are_numbered_in_arrival_order_and_the_attempt_completes() -> None:
+    # Six spans of one attempt through two gateway replicas: none numbered, interleaved on the partition.
+    # Another rollout's span between them changes nothing.
+    recs: list[Any] = [span(0, span_id=f"s{i}") for i in range(6)]
+    recs.insert(3, span(1, rid="other"))
+    records = list(enumerate([*recs, finished(span_count=6)]))
+    st = PartitionState(0)
+    got = numbered(st, records)
+    assert [got[f"s{i}"] for i in range(6)] == [1, 2, 3, 4, 5, 6]
+    assert st.finished_offset(("r1", "a1")) == 7, "FINISHED's span_count found 1..6 in"
+
+
+def test_numbering_follows_the_highest_id_and_a_copy_keeps_its_number() -> None:
+    st = PartitionState(0)
+    v = view(span(0, span_id="u1"))
+    st.on_span(view(span(4, span_id="p4")), 0, 0.0)
+    st.on_span(v, 1, 0.0)
+    assert v.sequence_id == 5 and v.attributes["rolloutbus.sequence_by"] == "stream"
+    again = view(span(0, span_id="u1"))
+    st.on_span(again, 2, 0.0)
+    assert again.sequence_id == 5, "a re-export's row replaces the first's: the same number"
+    nxt = view(span(0, span_id="u2"))
+    st.on_span(nxt, 3, 0.0)
+    assert nxt.sequence_id == 6 and "rolloutbus.sequence_by" not in view(span(4)).attributes
+
+
+def test_a_replay_gives_every_unnumbered_span_the_number_it_had() -> None:
+    records: list[tuple[int, Any]] = [(0, span(0, span_id="x1")), (1, span(0, span_id="x2", rid="b")),
+                                      (2, span(0, span_id="x3")), (3, span(0, span_id="x4", rid="b")),
+                                      (4, finished(span_count=2)), (5, span(0, span_id="x5", rid="b"))]
+    first = PartitionState(0)
+    before = numbered(first, records[:4])
+    _entries, commit = first.commit_point(now_ns=1, retention_ns=10**12)
+    assert commit is not None
+    before.update(numbered(first, records[4:]))
+    # a crash: the next owner reads from the oldest in-flight attempt, rows below the commit not rewritten
+    second = PartitionState(0, sunk_below=commit[0])
+    after = numbered(second, [r for r in records if r[0] >= commit[1]])
+    assert after == before == {"x1": 1, "x2": 1, "x3": 2, "x4": 2, "x5": 3}
