@@ -21,7 +21,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[all,test]'
 	@touch $(STAMP)
 
 kafka-jars: $(STAMP)

@@ -35,6 +35,26 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 }
 
 
+# The extra that brings each command's dependencies (pyproject.toml); a command not listed needs only
+# the base install (the agent SDK's: Kafka client, Avro, pydantic, OpenTelemetry).
+COMMAND_EXTRAS: dict[str, str] = {
+    "store": "store", "up": "store", "query": "query", "migrate": "query", "process": "streams",
+    "gateway": "gateway", "proxy": "gateway", "train": "trainer", "optimize-prompt": "trainer", "serve": "trainer",
+    "model": "trainer", "dashboard": "dashboard", "demo": "all", "bench": "all",
+}
+OUR_PACKAGES = ("foundation", "rolloutbus", "producers", "streams", "schemas", "trainer")
+
+
+def missing_extra(command: str, exc: ImportError) -> str | None:
+    """The one line for a command whose third-party dependency is not installed; None if ``exc`` is not that."""
+    top = (exc.name or "").split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or not top or top in OUR_PACKAGES:
+        return None
+    extra = COMMAND_EXTRAS.get(command, "all")
+    return (f"`rolloutbus {command}` needs the '{extra}' extra, and {top} is not installed: "
+            f"pip install 'rolloutbus[{extra}]'")
+
+
 def _common(args: argparse.Namespace) -> Any:
     from foundation.config import CommonSettings, load_settings
 
@@ -61,9 +81,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"topics   {len(created)} created: {', '.join(created)}" if created else "topics   all present")
     if not args.no_clickhouse:
         if s.uses_local_store:
+            import importlib.util
+
             from rolloutbus.store.local import LocalStore
 
             store = LocalStore(s.data_dir, s.store_host, s.store_port)
+            if store.pid() is None and importlib.util.find_spec("chdb") is None:
+                raise ModuleNotFoundError("chdb is not installed", name="chdb")
             started = store.start()
             print(f"store    {'started' if started else 'already running'} on {store.url} (pid {store.pid()}, log {store.log_file})")
         client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password, s.clickhouse_cluster)
@@ -356,15 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(module=module)
         try:
             mod = importlib.import_module(module)
+            if not (hasattr(mod, "add_arguments") and hasattr(mod, "run")):
+                p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} is incomplete)")
+                continue
+            mod.add_arguments(p)
         except ImportError as exc:
+            if (line := missing_extra(name, exc)) is not None:
+                p.set_defaults(unavailable=line)
+                continue
             if exc.name and module.startswith(exc.name):
                 p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} missing)")
                 continue
             raise
-        if not (hasattr(mod, "add_arguments") and hasattr(mod, "run")):
-            p.set_defaults(unavailable=f"`rolloutbus {name}` is not available in this build ({module} is incomplete)")
-            continue
-        mod.add_arguments(p)
         p.set_defaults(func=mod.run)
     return parser
 
@@ -377,7 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "unavailable", None):
         print(f"rolloutbus: {args.unavailable}", file=sys.stderr)
         return 2
-    return guarded(f"rolloutbus {args.command}", args.func, args)
+    try:
+        return guarded(f"rolloutbus {args.command}", args.func, args)
+    except ImportError as exc:  # a dependency imported when the command runs (torch, faust, chdb, ...)
+        line = missing_extra(args.command, exc)
+        if line is None:
+            raise
+        if args.verbose:
+            import traceback
+
+            traceback.print_exception(exc)
+        print(f"rolloutbus: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
