@@ -83,8 +83,9 @@ class SecuredKafka:
 
     def env(self, user: str, **extra: str) -> dict[str, str]:
         """What a process of ``user`` gets in its pod: the cluster, SASL/SCRAM, its own password."""
+        outer = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTBUS_")}  # this cluster only
         return {
-            **os.environ, "PYTHONUNBUFFERED": "1",
+            **outer, "PYTHONUNBUFFERED": "1",
             "ROLLOUTBUS_KAFKA_BOOTSTRAP": self.broker.bootstrap, "ROLLOUTBUS_TOPIC_PREFIX": PREFIX,
             "ROLLOUTBUS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "ROLLOUTBUS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
             "ROLLOUTBUS_KAFKA_SASL_USERNAME": user, "ROLLOUTBUS_KAFKA_SASL_PASSWORD": self.passwords[user],
