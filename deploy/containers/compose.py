@@ -501,6 +501,8 @@ class Stack:
             for n in names:
                 if n in self.healthy:
                     continue
+                if st[n]["restarts"] >= 3:
+                    raise ComposeError(f"{n} restarted {st[n]['restarts']} times before it was healthy:\n{self.logs(n, 30)}")
                 if not st[n]["running"]:
                     if st[n]["status"] == "exited" and s.spec.get("restart", "no") == "no":
                         raise ComposeError(f"{n} exited ({st[n]['exit_code']}) before it was healthy:\n{self.logs(n, 30)}")

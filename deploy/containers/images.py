@@ -7,8 +7,8 @@ No public registry is reachable here, so every image starts from Debian packages
   (``deploy/containers/kafka/pom.xml``, same version as ``deploy/kafka/pom.xml``), laid out like the
   apache/kafka image (``/opt/kafka/bin``, configured from ``KAFKA_*`` variables);
 - ``rolloutbus``: ``deploy/Dockerfile`` on the base, everything installed (torch: trainer, policy server);
-- ``rolloutbus-slim``: the same file with ``WITHOUT`` torch and the model stack (gateway, proxy, stream
-  workers, runners of the calculator agent, the store, init).
+- ``rolloutbus-slim``: the same file with the extras gateway, streams, store, query, no torch (gateway,
+  proxy, stream workers, runners of the calculator agent, the store, init).
 
 Each image is tagged with a hash of its inputs (files, build arguments, its base's tag); a build whose tag
 already exists is skipped. ``python deploy/containers/images.py`` builds what is missing and prints the
@@ -36,10 +36,11 @@ Say = Callable[[str], None]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 BASE_RECIPE = "1"  # bump to rebuild the base (what debootstrap is asked for is in the hash too)
-# Distributions the slim image leaves out: nothing it runs imports them.
-SLIM_WITHOUT = "torch transformers gguf accelerate safetensors matplotlib"
+# pyproject extras of the two rolloutbus images: slim has no torch (nothing it runs imports it).
+FULL_EXTRAS = "all"
+SLIM_EXTRAS = "gateway,streams,store,query"
 # What deploy/Dockerfile copies from the repository (besides itself).
-PROJECT_FILES = ["pyproject.toml", "README.md", "foundation", "rolloutbus", "producers", "streams", "schemas",
+PROJECT_FILES = ["pyproject.toml", "README.md", "LICENSE", "foundation", "rolloutbus", "producers", "streams", "schemas",
                  "trainer", "deploy/clickhouse"]
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -212,7 +213,7 @@ def ca_bundle() -> Path | None:
 def project_image(base: str, slim: bool, say: Say = print) -> str:
     dockerfile = REPO / "deploy" / "Dockerfile"
     files = _files(REPO, PROJECT_FILES)
-    args = {"BASE_IMAGE": base, "WITHOUT": SLIM_WITHOUT if slim else "", "PIP_NO_CACHE": "0"}
+    args = {"BASE_IMAGE": base, "EXTRAS": SLIM_EXTRAS if slim else FULL_EXTRAS, "PIP_NO_CACHE": "0"}
     tag = content_hash(REPO, [*files, dockerfile], *(f"{k}={v}" for k, v in sorted(args.items())))
     ref = f"localhost/rolloutbus{'-slim' if slim else ''}:{tag}"
     if exists(ref):
