@@ -1,6 +1,7 @@
 """OTLP/HTTP ingest gateway: ``POST /v1/traces`` (protobuf or JSON, gzip) → Avro spans on rb.spans.
 
-Agent Lightning 1.x agents' event URL too: ``POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events``
+Agent Lightning 0.3's LightningStore API, the calls of an attempt (``/v1/agl/...``,
+:mod:`producers.agl_store_http`), and Agent Lightning 1.x agents' event URL too: ``POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events``
 with ``{"event_type", "data"}`` becomes one span (:mod:`producers.agl_events`); the reply is the stored
 event, as its store answers (422 with the reason for a body that is not an event).
 
@@ -34,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from producers.agl_events import EVENT_PATH, event_to_span
+from producers.agl_store_http import LightningStoreRoutes, Resources
 from producers.context import new_span_id
 from producers.mapping import Attribution, MappingError, otel_to_span
 from producers.spool import FRAME_OVERHEAD
@@ -153,8 +155,12 @@ class Gateway:
         max_body_bytes: int = 16 << 20,
         token: str | None = None,
         retry_after_s: int = 5,
+        resources: Resources | None = None,
     ) -> None:
         self.transport = transport
+        # Agent Lightning 0.3's store API: the calls of an attempt (producers/agl_store_http.py)
+        self.agl_store = LightningStoreRoutes(transport, resources or dict, token=token, retry_after_s=retry_after_s,
+                                              max_body_bytes=max_body_bytes)
         self.max_body_bytes = max_body_bytes
         self.token = token
         self.retry_after_s = retry_after_s
@@ -174,6 +180,7 @@ class Gateway:
         app.router.add_post(EVENT_PATH, self.agl_event)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
+        self.agl_store.add_to(app)
         return app
 
     def _reply(self, status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:

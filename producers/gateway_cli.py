@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
+    from producers.agl_store_http import FollowedResources
     from producers.gateway import Gateway
     from producers.settings import GatewaySettings
     from producers.transport import SpanTransport
@@ -24,11 +25,13 @@ def run(args: argparse.Namespace) -> int:
     s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
                                                    "max_body_bytes": "gateway_max_body_bytes"})
     transport = SpanTransport.from_settings(s, spool_name="gateway")
+    resources = FollowedResources(s.kafka_conf(), s.topics.resources)
     gw = Gateway(
         transport,
         max_body_bytes=s.gateway_max_body_bytes,
         token=s.gateway_token.get_secret_value() if s.gateway_token else None,
         retry_after_s=s.gateway_retry_after_s,
+        resources=resources,
     )
     logging.getLogger(__name__).info(
         "gateway on http://%s:%d/v1/traces → %s at %s", s.gateway_host, s.gateway_port, s.topics.spans, s.bootstrap
@@ -36,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None)
     finally:
+        resources.close()
         transport.close(30)
     return 0
 

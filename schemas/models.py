@@ -108,6 +108,10 @@ class ToolCall(BaseModel):
 # one, an Agent Lightning 1.x event, a proxied call without the agent's header): the span stage
 # numbers it when it arrives, after every span of the attempt before it on the partition.
 UNNUMBERED = 0
+# RolloutEvent.metadata key of a FINISHED whose sender cannot know the attempt's spans (an attempt ended
+# through Agent Lightning's store API, on any gateway replica): the span stage waits its finish grace
+# for spans still on their way instead of completing the attempt at once.
+SPANS_UNKNOWN = "rolloutbus.spans_unknown"
 
 
 class Span(_Record):

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from schemas.codec import unpack_array
-from schemas.models import UNNUMBERED, RolloutEvent, RolloutEventType
+from schemas.models import SPANS_UNKNOWN, UNNUMBERED, RolloutEvent, RolloutEventType
 
 Key = tuple[str, str]  # (rollout_id, attempt_id)
 NUMBERED_BY = "rolloutbus.sequence_by"  # attribute of a span numbered here: "stream"
@@ -96,8 +96,9 @@ class Attempt:
         return (self.rollout_id, self.attempt_id)
 
     def all_in(self) -> bool:
-        """FINISHED arrived and every sequence id up to its span_count is in."""
-        if self.finished is None:
+        """FINISHED arrived and every sequence id up to its span_count is in (never when its sender
+        could not know the spans: then the finish grace decides)."""
+        if self.finished is None or self.finished.metadata.get(SPANS_UNKNOWN):
             return False
         return all(q in self.seqs for q in range(1, self.finished.span_count + 1))
 
@@ -160,6 +161,12 @@ class PartitionState:
         if self.finished_offset(key) is not None:
             return None  # a replay of a completed attempt
         att = self._attempt(key, offset, now)
+        if ev.event == RolloutEventType.FINISHED and not ev.task_id and att.task_id:
+            # A FINISHED from a sender that knows only the ids (an attempt ended through Agent
+            # Lightning's store API): the task, mode, attempt number and version are the STARTED's.
+            ev = ev.model_copy(update={"task_id": att.task_id, "mode": att.mode, "attempt": att.attempt,
+                                       "resource_version": ev.resource_version if ev.resource_version is not None
+                                       else att.resource_version})
         att.task_id, att.mode, att.attempt, att.resource_version = ev.task_id, ev.mode, ev.attempt, ev.resource_version
         att.seen = now
         if ev.event == RolloutEventType.STARTED:

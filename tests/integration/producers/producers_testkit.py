@@ -1,11 +1,16 @@
-"""Reading a topic back from the real broker, for the producer tests."""
+"""Reading a topic back from the real broker, and starting gateway processes, for the producer tests."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+import requests
 from confluent_kafka import Consumer
 
 from schemas.codec import decode_raw
@@ -39,3 +44,34 @@ def consume_all(conf: dict[str, Any], topic: str, expect: int, timeout: float = 
     finally:
         c.close()
     return out
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gateway(env: dict[str, str], data_dir: Path, token: str | None = None) -> tuple[str, subprocess.Popen[str]]:
+    """A ``rolloutbus gateway`` process with its own data dir (its spool), as one replica; → (base URL,
+    process). Raises RuntimeError with its output when it does not come up."""
+    port = free_port()
+    genv = {**env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_DATA_DIR": str(data_dir)}
+    genv.pop("ROLLOUTBUS_GATEWAY_TOKEN", None)
+    if token is not None:
+        genv["ROLLOUTBUS_GATEWAY_TOKEN"] = token
+    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=genv,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return base, proc
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"gateway did not start: {proc.stderr.read() if proc.stderr else ''}")

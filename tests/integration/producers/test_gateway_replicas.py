@@ -5,8 +5,6 @@ FINISHED ``span_count`` — numbering is the span stage's, so replicas need no c
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ from confluent_kafka import Consumer
 
 from schemas import codec
 from schemas.models import RolloutEvent
-from test_gateway_otlp import REPO, _free_port
+from producers_testkit import start_gateway
 from tests.integration.streams.helpers import batches, produce, query, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -28,29 +26,10 @@ TOKEN = "s3cret"
 RID, AID = "ro-two-gw", "at-two-gw"
 
 
-def _start_gateway(env: dict[str, str], data_dir: Path) -> tuple[str, subprocess.Popen[str]]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "producers.gateway_cli", "--port", str(port)],
-        env={**env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_DATA_DIR": str(data_dir)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return base, proc
-        except requests.ConnectionError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"gateway did not start: {proc.stderr.read() if proc.stderr else ''}")
-
-
 @pytest.fixture
 def two_gateways(test_env: dict[str, str], tmp_path: Path) -> Iterator[list[str]]:
     """Two gateway processes on one broker, each with its own spool (as two replicas have)."""
-    started = [_start_gateway(test_env, tmp_path / f"gw-{n}") for n in ("a", "b")]
+    started = [start_gateway(test_env, tmp_path / f"gw-{n}", TOKEN) for n in ("a", "b")]
     yield [base for base, _ in started]
     for _, proc in started:
         proc.terminate()
@@ -116,6 +95,10 @@ def test_one_attempt_through_two_gateways_is_numbered_once_in_order_and_complete
                     on_topic += 1
     finally:
         watch.close()
+
+    # Agent Lightning's store API on a gateway with a token wants it too.
+    assert requests.post(f"{two_gateways[0]}/v1/agl/spans/next", json={"rollout_id": RID, "attempt_id": AID},
+                         timeout=5).status_code == 401
 
     # The runner's FINISHED: no reward of its own (the reward event is the reward), six spans.
     finished = RolloutEvent(rollout_id=RID, attempt_id=AID, event="FINISHED", time_ns=time.time_ns(), task_id="two-gw",

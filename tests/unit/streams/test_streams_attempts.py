@@ -179,3 +179,25 @@ def test_a_replay_gives_every_unnumbered_span_the_number_it_had() -> None:
     second = PartitionState(0, sunk_below=commit[0])
     after = numbered(second, [r for r in records if r[0] >= commit[1]])
     assert after == before == {"x1": 1, "x2": 1, "x3": 2, "x4": 2, "x5": 3}
+
+
+# --------------------------------------------------------------------------- a FINISHED that knows only the ids
+
+
+def test_a_finished_without_task_takes_the_started_and_waits_its_grace() -> None:
+    st = PartitionState(0)
+    started = RolloutEvent(rollout_id="r1", attempt_id="a1", event="STARTED", time_ns=1, task_id="t7", mode="val",
+                           attempt=2, resource_version=4)
+    api_finished = finished(task="", span_count=0, metadata={"rolloutbus.spans_unknown": "1"})
+    assert st.on_event(started, 0, 0.0) is None
+    assert st.on_span(view(span(0, span_id="s1")), 1, 0.0)[2] is None
+    assert st.on_event(api_finished, 2, 1.0) is None, "not complete at once: spans may still be on their way"
+    assert st.on_span(view(span(0, span_id="s2")), 3, 2.0)[2] is None
+    graced, _ = st.due(now=5.0, grace_s=10.0, timeout_s=60.0)
+    assert graced == []
+    [att] = st.due(now=11.0, grace_s=10.0, timeout_s=60.0)[0]
+    assert att.finished is not None and len(att.spans) == 2
+    ev = att.finished
+    assert (ev.task_id, ev.mode, ev.attempt, ev.resource_version, ev.status) == ("t7", "val", 2, 4, "succeeded")
+    res = finish_attempt(list(att.spans.values()), ev, Settings())
+    assert (res.task_id, res.mode, res.missing_sequence_ids) == ("t7", "val", [])

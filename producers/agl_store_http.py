@@ -1,0 +1,193 @@
+"""The routes of Agent Lightning 0.3's LightningStore API that the gateway serves (``/v1/agl/...``).
+
+The attempt-level calls its runner makes — health, spans, sequence ids, attempt updates, resources,
+worker heartbeats — mapped by :mod:`producers.agl_store`. Its OTLP endpoint (``/v1/traces``) is the
+gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``), rollout and span queries and the
+other calls answer 501 naming the call: they need claims that hold across gateway replicas, not built yet.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from foundation.errors import EncodeError
+from producers.agl_store import (
+    PREFIX,
+    attempt_reply,
+    check_attempt_update,
+    finished_from_update,
+    resources_update,
+    span_from_agl,
+    worker_reply,
+)
+from producers.mapping import MappingError
+from producers.spool import FRAME_OVERHEAD
+from producers.transport import SPAN, SpanTransport
+from schemas.codec import encode, encode_raw
+from schemas.models import UNNUMBERED, ResourceVersion
+
+log = logging.getLogger(__name__)
+
+Resources = Callable[[], "dict[str, ResourceVersion] | None"]  # None: rb.resources not read to its end yet
+
+
+class LightningStoreRoutes:
+    """Adds the ``/v1/agl`` routes to the gateway's application."""
+
+    def __init__(self, transport: SpanTransport, resources: Resources, *, token: str | None = None,
+                 retry_after_s: int = 5, max_body_bytes: int = 16 << 20) -> None:
+        self.transport = transport
+        self.resources = resources
+        self.token = token
+        self.retry_after_s = retry_after_s
+        self.max_body_bytes = max_body_bytes
+
+    def add_to(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get(f"{PREFIX}/health", self.health)
+        r.add_post(f"{PREFIX}/spans/next", self.next_sequence_id)
+        r.add_post(f"{PREFIX}/spans", self.add_span)
+        r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}", self.update_attempt)
+        r.add_get(f"{PREFIX}/resources/latest", self.latest_resources)
+        r.add_get(f"{PREFIX}/resources/{{resources_id}}", self.resources_by_id)
+        r.add_post(f"{PREFIX}/workers/{{worker_id}}", self.update_worker)
+        r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+        # Agent Lightning's server answers errors as FastAPI does: {"detail": ...}.
+        return web.json_response({"detail": detail}, status=status, headers=headers)
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        return None
+
+    async def _json(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise MappingError(f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
+        body = await request.read()
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise MappingError(f"body is not JSON: {exc}") from exc
+
+    def _send(self, key: str, value: bytes) -> web.Response | None:
+        """Hand a record to the transport; a 503 answer when it cannot keep it."""
+        if not self.transport.accepting(len(key.encode()) + len(value) + FRAME_OVERHEAD):
+            return self._error(503, "Kafka is unreachable and the local spool is full; retry later",
+                               {"Retry-After": str(self.retry_after_s)})
+        if not self.transport.emit_encoded(key.encode(), value):
+            return self._error(503, "the local queue is full; retry later", {"Retry-After": str(self.retry_after_s)})
+        return None
+
+    # ------------------------------------------------------------------ routes
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def next_sequence_id(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        # Not a counter (replicas would repeat each other's): the span stage numbers spans sent with 0.
+        return web.json_response({"sequence_id": UNNUMBERED})
+
+    async def add_span(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        try:
+            body = await self._json(request)
+            span = span_from_agl(body, now_ns=time.time_ns())
+            value = encode_raw(SPAN, span)
+        except (MappingError, EncodeError) as exc:
+            return self._error(400, f"not an Agent Lightning span: {exc}")
+        if (busy := self._send(span["rollout_id"], value)) is not None:
+            return busy
+        return web.json_response(body, status=201)
+
+    async def update_attempt(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
+        try:
+            body = check_attempt_update(await self._json(request))
+        except MappingError as exc:
+            return self._error(400, f"not an attempt update: {exc}")
+        event = finished_from_update(rollout_id, attempt_id, body, now_ns=time.time_ns())
+        if event is not None:
+            if (busy := self._send(rollout_id, encode(event))) is not None:
+                return busy
+            log.info("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
+        return web.json_response(attempt_reply(rollout_id, attempt_id, body, now=time.time()))
+
+    async def latest_resources(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        current = self.resources()
+        if current is None:
+            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+        return web.json_response(resources_update(current))
+
+    async def resources_by_id(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        current = self.resources()
+        if current is None:
+            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+        update = resources_update(current)
+        # Only the newest set is kept here (older versions are in ClickHouse's resource_versions):
+        # another id answers null, as Agent Lightning's store answers an id it does not hold.
+        wanted = request.match_info["resources_id"]
+        return web.json_response(update if update is not None and update["resources_id"] == wanted else None)
+
+    async def update_worker(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        try:
+            body = await self._json(request)
+            reply = worker_reply(request.match_info["worker_id"], body, now=time.time())
+        except MappingError as exc:
+            return self._error(400, f"not a worker update: {exc}")
+        return web.json_response(reply)
+
+    async def not_on_the_bus(self, request: web.Request) -> web.Response:
+        call = f"{request.method} {PREFIX}/{request.match_info['call']}"
+        return self._error(501, f"{call} is not served by rolloutbus yet: the gateway serves the calls of an attempt "
+                                "(health, spans, spans/next, rollouts/{id}/attempts/{id}, resources, workers/{id}) "
+                                "and OTLP /v1/traces; tasks come from rb.tasks (`rolloutbus run-agent`)")
+
+
+class FollowedResources:
+    """The newest versions on ``rb.resources``, read by a follower started on the first call (a gateway
+    no Agent Lightning runner talks to never reads the topic). None until it was read to its end."""
+
+    def __init__(self, kafka_conf: dict[str, Any], topic: str) -> None:
+        self.kafka_conf, self.topic = kafka_conf, topic
+        self._follower: Any = None
+
+    def __call__(self) -> dict[str, ResourceVersion] | None:
+        if self._follower is None:
+            from producers.runner import ResourceFollower
+
+            self._follower = ResourceFollower(self.kafka_conf, self.topic).start()
+        return self._follower.current() if self._follower.ready.is_set() else None
+
+    def close(self) -> None:
+        if self._follower is not None:
+            self._follower.stop()
+
+
+__all__ = ["LightningStoreRoutes", "FollowedResources"]
