@@ -181,7 +181,16 @@ class Gateway:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
         self.agl_store.add_to(app)
+        app.router.add_route("*", "/api/{call:.*}", self.agl1_not_on_the_bus)  # after the events route: it wins
         return app
+
+    async def agl1_not_on_the_bus(self, request: web.Request) -> web.Response:
+        """Agent Lightning 1.x's server calls other than events: its rollout lifecycle and model registry
+        need a rollout table shared by the gateway replicas, not built yet."""
+        call = f"{request.method} /api/{request.match_info['call']}"
+        self.m_requests.labels("501").inc()
+        return web.json_response({"detail": f"{call} is not served by rolloutbus yet: of Agent Lightning 1.x's server "
+                                            f"API the gateway serves the events route, POST {EVENT_PATH}"}, status=501)
 
     def _reply(self, status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
         self.m_requests.labels(str(status)).inc()
