@@ -137,9 +137,6 @@ class CommonSettings(BaseSettings):
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     kafka_ssl_ca_location: str | None = None
-    schema_registry_url: str | None = Field(
-        default=None, description="Confluent schema registry; set → Confluent wire format instead of single-object."
-    )
     clickhouse_dsn: str | None = Field(
         default=None,
         description="ClickHouse DSN. Default http://<store_host>:<store_port>, the store `rolloutbus up` starts; "
@@ -191,13 +188,6 @@ class CommonSettings(BaseSettings):
     def _ca_exists(cls, v: str | None) -> str | None:
         if v is not None and v != "probe" and not Path(v).exists():
             raise ValueError("must be an existing CA file or directory (or 'probe')")
-        return v
-
-    @field_validator("schema_registry_url")
-    @classmethod
-    def _registry_url(cls, v: str | None) -> str | None:
-        if v is not None:
-            check_http_url(v)
         return v
 
     @field_validator("clickhouse_dsn")

@@ -6,8 +6,10 @@ Two wire formats:
   fingerprint of the writer schema's parsing canonical form + the Avro binary body. The fingerprint
   names the writer schema, so one topic can carry several record types (rb.spans carries Span and
   RolloutEvent) and older writer versions stay readable.
-* **Confluent wire format** (when a schema registry is configured): ``00`` + the 4-byte big-endian
-  schema id + the body. The id → schema lookup is the caller's (see ``rolloutbus.registry``).
+* **Confluent wire format** (:func:`encode_confluent` / :func:`decode_confluent`, for a caller that
+  keeps a schema registry): ``00`` + the 4-byte big-endian schema id + the body. The id → schema
+  lookup is the caller's. No rolloutbus process reads or writes it: a record in it reaching
+  :func:`decode_raw` is a DecodeError (to the DLQ) that says so.
 
 Every failure is a :class:`~foundation.errors.DecodeError` (bytes are not ours) or a
 :class:`~foundation.errors.ValidationError` (bytes are ours but the values cannot be right), each with
@@ -302,7 +304,7 @@ def decode_raw(data: bytes, expect: str | tuple[str, ...] | None = None) -> tupl
         raise DecodeError(f"{len(data)} bytes is too short for an Avro single-object record (header is 10 bytes)")
     if data[:2] != MAGIC_SINGLE_OBJECT:
         if data[:1] == MAGIC_CONFLUENT:
-            raise DecodeError("record is in Confluent wire format (magic 0x00) but no schema registry is configured")
+            raise DecodeError("record is in Confluent wire format (magic 0x00); rolloutbus reads Avro single-object encoding (C3 01)")
         raise DecodeError(f"bad marker {data[:2].hex()}: not Avro single-object encoding (expected c301)")
     fp = data[2:10]
     ss = schema_set()

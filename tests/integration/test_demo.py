@@ -38,13 +38,12 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert (out / "reward_curve.png").stat().st_size > 10_000
 
     def query(sql: str) -> str:
-        # The demo stopped the store it started; the embedded engine opens the same data in this process.
-        q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", sql], env={**env, "ROLLOUTBUS_CLICKHOUSE_DSN": "chdb://"},
-                           capture_output=True, text=True, timeout=120)
+        # The demo leaves its store up: the command it suggests (the default DSN) works right away.
+        q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", sql], env=env, capture_output=True, text=True, timeout=120)
         assert q.returncode == 0, q.stderr
         return q.stdout
 
-    # `rolloutbus query` works after the demo stopped (the store process is gone, the data dir is free).
+    assert "rolloutbus down stops it" in proc.stdout
     for table in TABLES:
         rows = int(query(f"SELECT count() AS n FROM {table} FINAL").splitlines()[2])
         assert rows > 0, f"no rows in {table}"
@@ -59,9 +58,11 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert answered > 0
     # analyst SQL cannot modify data
     bad = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "DROP TABLE spans"],
-                         env={**env, "ROLLOUTBUS_CLICKHOUSE_DSN": "chdb://"}, capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "readonly" in bad.stderr.lower()
-    # With the store stopped, the default DSN (the store's HTTP endpoint) fails in one line that says what to do.
+    # `rolloutbus down` stops the store; then the default DSN fails in one line that says what to do.
+    down = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "down"], env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0 and "store    stopped" in down.stdout, down.stdout + down.stderr
     gone = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "SELECT 1"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert gone.returncode != 0 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr

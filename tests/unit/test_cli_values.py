@@ -68,7 +68,6 @@ COMMON_ENV: list[tuple[str, str]] = [
     ("ROLLOUTBUS_CLICKHOUSE_DSN", f"mysql://default:{SECRET}@db:3306/x"),
     ("ROLLOUTBUS_CLICKHOUSE_DSN", f"http://default:{SECRET}@db:notaport/x"),
     ("ROLLOUTBUS_CLICKHOUSE_DATABASE", "1-bad"),
-    ("ROLLOUTBUS_SCHEMA_REGISTRY_URL", "registry:8081"),
     ("ROLLOUTBUS_TOPIC_PREFIX", "rb/"),
     ("ROLLOUTBUS_DATA_DIR", str(ROOT / "pyproject.toml")),
 ]
