@@ -22,6 +22,7 @@ sampled); ``stop`` strings are ignored.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import json
 import logging
@@ -64,8 +65,10 @@ class BadRequest(RolloutbusError):
 class PolicyServer:
     """Holds the current policy, batches generation, swaps weights between batches."""
 
-    def __init__(self, policy: Policy | None, model_name: str = "policy", max_batch: int = 16, default_max_tokens: int = 64) -> None:
+    def __init__(self, policy: Policy | None, model_name: str = "policy", max_batch: int = 16, default_max_tokens: int = 64,
+                 token: str | None = None) -> None:
         self.policy = policy
+        self.token = token  # with one, every route but /healthz needs ``Authorization: Bearer <token>``
         self.model_name = model_name
         self.max_batch = max_batch
         self.default_max_tokens = default_max_tokens
@@ -181,7 +184,7 @@ class PolicyServer:
     # ------------------------------------------------------------------ HTTP
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._auth])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -189,6 +192,15 @@ class PolicyServer:
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.token is not None and request.path != "/healthz":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
+                return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
+                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="rolloutbus serve"'})
+        return await handler(request)
 
     def _version(self) -> int | None:
         return None if self.policy is None else self.policy.version
@@ -210,6 +222,8 @@ class PolicyServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request body is not JSON: {exc}") from exc
+        except RecursionError as exc:  # '[' * 100000: not a ValueError
+            raise BadRequest("request body is not JSON: nested too deeply") from exc
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         return body

@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resource-name", help="resource to follow on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
     p.add_argument("--no-follow", action="store_true", help="do not hot-reload from rb.resources (env ROLLOUTBUS_SERVE_FOLLOW=false)")
     p.add_argument("--max-batch", type=int, help="requests in flight at once, one forward pass per decode step for all (env ROLLOUTBUS_SERVE_MAX_BATCH, default 16)")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
 
 
@@ -28,11 +30,15 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         args.serve_follow = False  # --no-follow sets serve_follow: false
     return settings_from_args(ServeSettings, args, {
         "model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
-        "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow"})
+        "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow",
+        "insecure": "insecure"})
 
 
 def run(args: argparse.Namespace) -> int:
+    from foundation.exposure import check_listen
+
     s = settings_from_args(args)  # before torch: a bad value is one line, at once
+    check_listen(s.serve_host, s.serve_token is not None, s.insecure, "ROLLOUTBUS_SERVE_TOKEN", "rolloutbus serve")
 
     import torch
     from aiohttp import web
@@ -44,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if s.torch_threads:
         torch.set_num_threads(s.torch_threads)
     server = PolicyServer(initial_policy(s.serve_model), model_name=s.resource_name, max_batch=s.serve_max_batch,
-                          default_max_tokens=s.serve_max_tokens)
+                          default_max_tokens=s.serve_max_tokens,
+                          token=s.serve_token.get_secret_value() if s.serve_token else None)
     follower = None
     if s.serve_follow:
         follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,

@@ -84,6 +84,9 @@ class ServeSettings(CommonSettings):
     serve_model: str | None = Field(default=None, description="Model dir or 'tiny'; unset: wait for the first version on rb.resources.")
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8000, **PORT)
+    serve_token: SecretStr | None = Field(default=None, description="Bearer token every route but /healthz needs; unset: no auth "
+                                          "(refused on a non-loopback address unless --insecure).")
+    insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
     resource_name: str = "policy"
     serve_follow: bool = Field(default=True, description="Hot-reload new versions from rb.resources.")
     serve_max_batch: int = Field(default=16, ge=1)

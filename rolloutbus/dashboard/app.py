@@ -217,7 +217,7 @@ class Dashboard:
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if self.token is not None and request.path.startswith("/api/"):
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                          headers={"WWW-Authenticate": 'Bearer realm="rolloutbus dashboard"'})
         return await handler(request)

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD); unset: the DSN's user with readonly=1")
     parser.add_argument("--scrape", default=None, help="comma-separated Prometheus /metrics URLs of gateways and producers "
                         "to show (env ROLLOUTBUS_DASHBOARD_SCRAPE)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="listen on a non-loopback address without ROLLOUTBUS_DASHBOARD_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
     parser.add_argument("--no-kafka-lag", action="store_true",
                         help="do not ask Kafka for consumer-group lag (env ROLLOUTBUS_DASHBOARD_KAFKA_LAG=false)")
 
@@ -28,15 +30,18 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from foundation.config import load_settings
+    from foundation.exposure import check_listen
     from rolloutbus.dashboard.app import Dashboard, assets_missing
 
     flags = {"dashboard_host": "--host", "dashboard_port": "--port", "dashboard_refresh_s": "--refresh",
-             "dashboard_analyst_user": "--analyst-user", "dashboard_scrape": "--scrape"}
+             "dashboard_analyst_user": "--analyst-user", "dashboard_scrape": "--scrape", "insecure": "--insecure"}
     values = {"data_dir": getattr(args, "data_dir", None), "dashboard_host": args.host, "dashboard_port": args.port,
               "dashboard_refresh_s": args.refresh, "dashboard_analyst_user": args.analyst_user,
-              "dashboard_kafka_lag": False if args.no_kafka_lag else None, "dashboard_scrape": args.scrape}
+              "dashboard_kafka_lag": False if args.no_kafka_lag else None, "dashboard_scrape": args.scrape,
+              "insecure": getattr(args, "insecure", None)}
     s = load_settings(DashboardSettings, {k: v for k, v in values.items() if v is not None}, flags)
     log = logging.getLogger("rolloutbus.dashboard")
+    check_listen(s.dashboard_host, s.dashboard_token is not None, s.insecure, "ROLLOUTBUS_DASHBOARD_TOKEN", "rolloutbus dashboard")
     dash = Dashboard.from_settings(s)
     missing = assets_missing()
     if missing:

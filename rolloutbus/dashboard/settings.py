@@ -13,6 +13,7 @@ class DashboardSettings(CommonSettings):
     dashboard_host: str = Field(default="127.0.0.1", description="Address the dashboard serves on.")
     dashboard_port: int = Field(default=8050, **PORT, description="Port of the dashboard.")
     dashboard_token: SecretStr | None = Field(default=None, description="Bearer token the page and API need; unset: no auth.")
+    insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
     dashboard_refresh_s: float = Field(default=5.0, ge=1, le=3600, description="Seconds between the page's refreshes.")
     dashboard_analyst_user: str | None = Field(
         default=None, description="Store user the SQL box runs as (an analyst); unset: the DSN's user, with readonly=1.")

@@ -13,6 +13,8 @@ log = logging.getLogger("rolloutbus.store")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="address to serve on (env ROLLOUTBUS_STORE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (env ROLLOUTBUS_STORE_PORT, default 8123)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="listen on a non-loopback address with users that have no password (env ROLLOUTBUS_INSECURE; logged loudly)")
     parser.add_argument("--path", default=None, help="the engine's data directory (default <data dir>/clickhouse)")
 
 
@@ -22,13 +24,16 @@ def run(args: argparse.Namespace) -> int:
     from foundation.config import load_settings
     from foundation.errors import StoreError
     from foundation.chdb_lock import lock_store
+    from foundation.exposure import check_listen
     from rolloutbus.store.server import Engine, StoreServer, serve
     from rolloutbus.store.settings import StoreSettings
 
     overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None), "store_host": args.host,
-                                   "store_port": args.port}.items() if v is not None}
-    s = load_settings(StoreSettings, overrides, {"store_host": "--host", "store_port": "--port"})
+                                   "store_port": args.port, "insecure": getattr(args, "insecure", None)}.items() if v is not None}
+    s = load_settings(StoreSettings, overrides, {"store_host": "--host", "store_port": "--port", "insecure": "--insecure"})
     users, limits = s.users(), s.limits()
+    check_listen(s.store_host, s.has_credentials(), s.insecure, "ROLLOUTBUS_STORE_USERS (name:role:password, every user with a password)",
+                 "rolloutbus store")
     path = Path(args.path).resolve() if args.path else s.store_path
     lock_store(path, f"rolloutbus store on {s.store_host}:{s.store_port}")
     engine = Engine(path)
