@@ -222,6 +222,8 @@ class PolicyServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request body is not JSON: {exc}") from exc
+        except web.RequestPayloadError as exc:  # a body its Content-Encoding cannot decode, cut short, ...
+            raise BadRequest(f"cannot read the request body: {exc}") from exc
         except RecursionError as exc:  # '[' * 100000: not a ValueError
             raise BadRequest("request body is not JSON: nested too deeply") from exc
         if not isinstance(body, dict):
@@ -251,8 +253,8 @@ class PolicyServer:
         try:
             body = await self._body(request)
             messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("messages must be a non-empty list")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise BadRequest("messages must be a non-empty list of objects")
             max_tokens, temperature, n = self._params(body)
             policy = self.policy or self._next
             if policy is None:

@@ -319,7 +319,7 @@ class Dashboard:
         try:
             payload = await request.json()
             sql = str(payload["sql"]).strip()
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError, web.RequestPayloadError):  # not JSON, nested too deep, unreadable
             return web.json_response({"error": 'send JSON {"sql": "SELECT ..."}'}, status=400)
         if not sql:
             return web.json_response({"error": "no SQL given"}, status=400)

@@ -156,6 +156,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self._reply(200, b"", {"Content-Type": "text/html; charset=UTF-8"})
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # The stdlib answers a method with no do_X with 501; it is the client's method that is wrong: 405.
+        if code == 501:
+            code, explain = 405, "the store serves GET, POST, HEAD and OPTIONS"
+        super().send_error(code, message, explain)
+
     def do_OPTIONS(self) -> None:  # noqa: N802
         self._reply(204, b"", {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
                                "Access-Control-Allow-Headers": "origin, x-requested-with, x-clickhouse-format, x-clickhouse-user, x-clickhouse-key, Authorization"})
@@ -188,9 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _error(self, code: int, name: str, message: str, query_id: str) -> None:
+    def _error(self, code: int, name: str, message: str, query_id: str, status: int | None = None) -> None:
         body = protocol.error_body(code, name, message, self.server.engine.version)
-        self._reply(protocol.http_status(code), body, {
+        self._reply(status or protocol.http_status(code), body, {
             "Content-Type": "text/plain; charset=UTF-8",
             "X-ClickHouse-Server-Display-Name": self.server.display_name,
             "X-ClickHouse-Exception-Code": str(code),
@@ -212,7 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if url.path not in ("/", "/query"):
-            self._error(1, "UNSUPPORTED_METHOD", f"There is no handle {url.path}. Use / or /ping", query_id)
+            self._error(1, "UNSUPPORTED_METHOD", f"There is no handle {url.path}. Use / or /ping", query_id, status=404)
             return
         params = dict(parse_qsl(url.query, keep_blank_values=True))
         query_id = params.get("query_id") or query_id or str(uuid.uuid4())
