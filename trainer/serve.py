@@ -235,10 +235,10 @@ class PolicyServer:
             max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens)
             temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
             n = int(body.get("n") or 1)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(Infinity)
             raise BadRequest(f"bad sampling parameter: {exc}") from exc
-        if max_tokens < 1 or n < 1 or n > 64 or temperature < 0:
-            raise BadRequest("need max_tokens >= 1, 1 <= n <= 64, temperature >= 0")
+        if max_tokens < 1 or n < 1 or n > 64 or not 0 <= temperature < float("inf"):
+            raise BadRequest("need max_tokens >= 1, 1 <= n <= 64, 0 <= temperature (finite)")
         return max_tokens, temperature, n
 
     def _respond(self, payload: dict[str, Any], version: int) -> web.Response:
@@ -261,8 +261,8 @@ class PolicyServer:
                 raise BadRequest("no model loaded yet")
             try:
                 prompt = policy.tok.apply_chat_template(messages)
-            except RolloutbusError as exc:
-                raise BadRequest(str(exc)) from exc
+            except Exception as exc:  # noqa: BLE001 - the client's messages: a HF chat template raises anything
+                raise BadRequest(f"messages cannot be rendered by the chat template: {exc}") from exc
             results = await self.sample(prompt, max_tokens, temperature, n)
         except (BadRequest, ContextTooLong) as exc:
             return self._error(400, str(exc))

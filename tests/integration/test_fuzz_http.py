@@ -26,7 +26,7 @@ pytest.importorskip("chdb")
 torch = pytest.importorskip("torch")
 
 TOKEN = "fuzz-token-0123"
-EXAMPLES = 400
+EXAMPLES = 300
 TRIED: dict[str, int] = {}
 FOUND: list[str] = []  # every failure, one line each (hypothesis' own report of a 100 kB body is unreadable)
 
@@ -258,7 +258,10 @@ NASTY = [b"[" * 100_000, b'{"messages":' * 50_000, b'{"sql":' + b"[" * 100_000, 
          json.dumps({"sql": None, "messages": [{"role": "user"}], "prompt": [10**30]}).encode(),
          json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": "x", "max_tokens": -1}).encode(),
          json.dumps({"prompt": [-1, 2**40], "max_tokens": 2}).encode(), json.dumps({"prompt": "", "max_tokens": 2}).encode(),
-         json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}).encode()]
+         json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}).encode(),
+         b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": Infinity}', b'{"prompt": "x", "n": 1e400}',
+         b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": NaN}',
+         b'{"prompt": [1, 2], "max_tokens": -Infinity, "temperature": Infinity}']
 CTYPES = ["application/json", "application/x-www-form-urlencoded"]
 
 
