@@ -9,6 +9,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_GATEWAY_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_GATEWAY_PORT, default 4318)")
     parser.add_argument("--max-body-bytes", type=int, default=None, help="413 above this (env ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="listen on a non-loopback address without ROLLOUTBUS_GATEWAY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,9 +23,11 @@ def run(args: argparse.Namespace) -> int:
     from producers.settings import GatewaySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
+    from foundation.exposure import check_listen
 
     s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
-                                                   "max_body_bytes": "gateway_max_body_bytes"})
+                                                   "max_body_bytes": "gateway_max_body_bytes", "insecure": "insecure"})
+    check_listen(s.gateway_host, s.gateway_token is not None, s.insecure, "ROLLOUTBUS_GATEWAY_TOKEN", "rolloutbus gateway")
     transport = SpanTransport.from_settings(s, spool_name="gateway")
     resources = FollowedResources(s.kafka_conf(), s.topics.resources)
     gw = Gateway(

@@ -9,6 +9,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1 (env ROLLOUTBUS_PROXY_UPSTREAM)")
     parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_PROXY_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_PROXY_PORT, default 8788)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="listen on a non-loopback address without ROLLOUTBUS_PROXY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,9 +22,12 @@ def run(args: argparse.Namespace) -> int:
     from producers.settings import ProxySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
+    from foundation.exposure import check_listen
     from foundation.errors import ConfigError
 
-    s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port"})
+    s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port",
+                                                 "insecure": "insecure"})
+    check_listen(s.proxy_host, s.proxy_token is not None, s.insecure, "ROLLOUTBUS_PROXY_TOKEN", "rolloutbus proxy")
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
     transport = SpanTransport.from_settings(s, spool_name="proxy")

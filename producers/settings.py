@@ -31,6 +31,7 @@ class GatewaySettings(AgentSettings):
     gateway_max_body_bytes: int = Field(default=16 << 20, ge=1, description="Larger (decompressed) bodies get 413.")
     gateway_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
     gateway_retry_after_s: int = Field(default=5, ge=0)
+    insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
 
 
 class ProxySettings(AgentSettings):
@@ -42,6 +43,7 @@ class ProxySettings(AgentSettings):
     proxy_upstream_api_key: SecretStr | None = None
     proxy_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
     proxy_timeout_s: float = Field(default=600.0, gt=0)
+    insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
 
     @field_validator("proxy_upstream")
     @classmethod

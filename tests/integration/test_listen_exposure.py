@@ -22,6 +22,8 @@ COMMANDS = {
     "store": ("ROLLOUTBUS_STORE_USERS", {"ROLLOUTBUS_STORE_USERS": "w:writer:s3cret-pw"}, [], "/ping"),
     "serve": ("ROLLOUTBUS_SERVE_TOKEN", {"ROLLOUTBUS_SERVE_TOKEN": "s3cret-tok"}, ["--model", "tiny", "--no-follow"], "/healthz"),
     "dashboard": ("ROLLOUTBUS_DASHBOARD_TOKEN", {"ROLLOUTBUS_DASHBOARD_TOKEN": "s3cret-tok"}, ["--no-kafka-lag"], "/healthz"),
+    "gateway": ("ROLLOUTBUS_GATEWAY_TOKEN", {"ROLLOUTBUS_GATEWAY_TOKEN": "s3cret-tok"}, [], "/healthz"),
+    "proxy": ("ROLLOUTBUS_PROXY_TOKEN", {"ROLLOUTBUS_PROXY_TOKEN": "s3cret-tok"}, ["--upstream", "http://127.0.0.1:9/v1"], "/healthz"),
 }
 
 
