@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -63,12 +64,20 @@ def proxy_url(base: str) -> str:
     return f"{base.rstrip('/')}/rollout/{ctx.rollout_id}/attempt/{ctx.attempt_id}/v1"
 
 
+def proxy_token() -> str | None:
+    """The proxy's bearer token for agents (``ROLLOUTBUS_LLM_PROXY_TOKEN``; the proxy's ``ROLLOUTBUS_PROXY_TOKEN``)."""
+    return os.environ.get("ROLLOUTBUS_LLM_PROXY_TOKEN") or None
+
+
 def proxy_headers() -> dict[str, str]:
-    """Headers that give the next LLM call the current attempt's next sequence id."""
+    """Headers that give the next LLM call the current attempt's next sequence id (and the proxy's token)."""
     ctx = current_rollout()
+    token = proxy_token()
     if ctx is None:
-        return {}
+        return {"Authorization": f"Bearer {token}"} if token else {}
     headers = {SEQUENCE_HEADER: str(ctx.next_sequence_id())}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     if ctx.agent_name:
         # The proxy records the LLM span; the agent's name makes it selectable (agent_match).
         headers[AGENT_HEADER] = ctx.agent_name
@@ -280,4 +289,4 @@ class LLMProxy:
             self.transport.emit(meta["rollout_id"], SPAN, span)
 
 
-__all__ = ["LLMProxy", "proxy_url", "proxy_headers", "SEQUENCE_HEADER", "VERSION_HEADER"]
+__all__ = ["LLMProxy", "proxy_url", "proxy_headers", "proxy_token", "SEQUENCE_HEADER", "VERSION_HEADER"]

@@ -604,6 +604,29 @@ def check_proxy_url(c: Container, ns: argparse.Namespace, proxies: dict[str, set
     return problems
 
 
+# command: (its listen-host field, its credential field, the variable to set) — the process refuses to
+# listen on a non-loopback address without that credential unless --insecure (foundation/exposure.py).
+EXPOSED = {
+    "gateway": ("gateway_host", "gateway_token", "ROLLOUTBUS_GATEWAY_TOKEN"),
+    "proxy": ("proxy_host", "proxy_token", "ROLLOUTBUS_PROXY_TOKEN"),
+    "serve": ("serve_host", "serve_token", "ROLLOUTBUS_SERVE_TOKEN"),
+    "dashboard": ("dashboard_host", "dashboard_token", "ROLLOUTBUS_DASHBOARD_TOKEN"),
+    "store": ("store_host", "store_users", "ROLLOUTBUS_STORE_USERS"),
+}
+
+
+def check_exposure(c: Container, ns: argparse.Namespace, s: Any) -> list[str]:
+    """A server on a non-loopback address has its credential (or says --insecure): else it would not start."""
+    if ns.command not in EXPOSED:
+        return []
+    host_field, credential, variable = EXPOSED[ns.command]
+    host = str(getattr(s, host_field, "127.0.0.1"))
+    if _loopback(host) or getattr(s, credential, None) or getattr(s, "insecure", False):
+        return []
+    return [f"{c.where}: `{ns.command}` listens on {host} without {variable}: it refuses to start "
+            "(set the variable from a Secret, or pass --insecure on purpose)"]
+
+
 def check_k8s(objs: list[dict[str, Any]], name: str) -> list[str]:
     """Every rule for one rendered kustomization."""
     problems: list[str] = []
@@ -619,6 +642,7 @@ def check_k8s(objs: list[dict[str, Any]], name: str) -> list[str]:
         s = settings_for(ns.command, ns, c.env)
         parsed.append((c, ns, s))
         problems += check_kafka_user(c, ns, s, objs)
+        problems += check_exposure(c, ns, s)
         if c.kind != "RayJob":
             problems += check_probes(c, ns, s)
             if ns.command in SPOOLERS:
@@ -657,6 +681,7 @@ def check_compose(path: Path, base: dict[str, Any] | None = None) -> list[str]:
     proxies = {c.where.rsplit(" ", 1)[1]: {listener("proxy", s)[1]} for c, ns, s in parsed  # type: ignore[index]
                if ns.command == "proxy" and listener("proxy", s)}
     for c, ns, s in parsed:
+        problems += check_exposure(c, ns, s)
         if ns.command in SPOOLERS:
             problems += check_compose_spool(c, ns, doc)
         problems += check_upstream(c, ns, s, {k: set() for k in doc.get("services") or {}}, "compose service")

@@ -21,7 +21,7 @@ from typing import Any
 from producers import emit_span, emit_tool_call
 from producers.context import RolloutContext
 from producers.litagent import LitAgent
-from producers.proxy import proxy_headers, proxy_url
+from producers.proxy import proxy_headers, proxy_token, proxy_url
 from rolloutbus.demo import sql
 from schemas import ResourceVersion
 
@@ -44,7 +44,7 @@ class SQLAgent(LitAgent):
         from openai import OpenAI
 
         question = sql.Question.from_json(task)
-        client = OpenAI(base_url=proxy_url(self.proxy), api_key="not-needed", max_retries=0, timeout=300)
+        client = OpenAI(base_url=proxy_url(self.proxy), api_key=proxy_token() or "not-needed", max_retries=0, timeout=300)
         db = sql.connect()
         prompt = resources.get(self.prompt_resource)
         if prompt is not None and prompt.kind == "prompt_template":

@@ -171,3 +171,18 @@ def test_the_proxy_needs_its_policy_server_and_runners_its_url(rendered: dict[st
     assert "the proxy forwards to http://rolloutbus-policy:8000/v1, but there is no Service 'rolloutbus-policy'" in problems
     assert "OPENAI_BASE_URL=http://rolloutbus-proxy:8080/v1 points at the LLM proxy" in problems
     assert "container runner: sets no ROLLOUTBUS_LLM_PROXY_URL" in problems
+
+
+def test_a_server_on_an_open_address_needs_its_token(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The policy server, gateway and proxy listen on 0.0.0.0: without their tokens they refuse to start."""
+    objs = copy.deepcopy(rendered["base"])
+    assert "refuses to start" not in _problems(objs)
+    for kind, name, variable in [("Deployment", "rolloutbus-policy", "ROLLOUTBUS_SERVE_TOKEN"),
+                                 ("StatefulSet", "rolloutbus-gateway", "ROLLOUTBUS_GATEWAY_TOKEN")]:
+        c = _container(objs, kind, name)
+        c["env"] = [e for e in c["env"] if e["name"] != variable]
+    problems = _problems(objs)
+    assert "`serve` listens on 0.0.0.0 without ROLLOUTBUS_SERVE_TOKEN" in problems
+    assert "`gateway` listens on 0.0.0.0 without ROLLOUTBUS_GATEWAY_TOKEN" in problems
+    _container(objs, "Deployment", "rolloutbus-policy")["args"].append("--insecure")
+    assert "ROLLOUTBUS_SERVE_TOKEN" not in _problems(objs)
