@@ -7,8 +7,8 @@
     python deploy/containers/stack.py down [-v]       # -v also removes the volumes (Kafka logs, the store)
 
 The files: deploy/docker-compose.yml + deploy/compose.local.yml (+ any ``-f FILE``). CONTAINERS_CONF is
-deploy/containers/containers.conf. CLICKHOUSE_PASSWORD, when unset, is generated once per project and kept
-in ~/.cache/rolloutbus/containers/<project>.env (the store takes it as its user's password).
+deploy/containers/containers.conf. The secrets the compose file requires (CLICKHOUSE_PASSWORD, POLICY_TOKEN,
+PROXY_TOKEN, GATEWAY_TOKEN), when unset, are generated once per project and kept in ~/.cache/rolloutbus/containers/<project>.env.
 """
 
 from __future__ import annotations
@@ -28,17 +28,20 @@ from images import build_all  # noqa: E402
 if TYPE_CHECKING:
     from compose import Stack
 
+# The secrets docker-compose.yml requires; generated once per project unless the environment sets them.
+SECRETS = ("CLICKHOUSE_PASSWORD", "POLICY_TOKEN", "PROXY_TOKEN", "GATEWAY_TOKEN")
 COMPOSE_FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
 
 
 def _project_env(project: str) -> dict[str, str]:
-    """Per-project values kept between runs (the store password), created on first use."""
+    """Per-project secrets kept between runs, created on first use."""
     path = cache_dir() / f"{project}.env"
     values = {}
     if path.is_file():
         values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    if "CLICKHOUSE_PASSWORD" not in values:
-        values["CLICKHOUSE_PASSWORD"] = secrets.token_urlsafe(18)
+    missing = [k for k in SECRETS if k not in values]
+    if missing:
+        values.update({k: secrets.token_urlsafe(18) for k in missing})
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
         path.chmod(0o600)

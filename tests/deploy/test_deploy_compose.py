@@ -47,6 +47,7 @@ PROJECT = "rbdeploytest"
 GROUP_SIZE = 4  # the stream workers' default group size: one train task = one GRPO group
 TEST_COMPOSE = Path(__file__).resolve().parent / "compose.test.yml"
 TIMINGS: dict[str, Any] = {}
+OUTAGE_S = 40  # how long the killed broker and stream worker stay down
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -98,8 +99,10 @@ class Deployment:
     bootstrap: str
     ch_port: int
     gateway_ports: list[int]
-    password: str
+    proxy_ports: list[int]
+    secrets: dict[str, str]
     published: list[str] = field(default_factory=list)
+    _producer: Any = None
 
     # -------------------------------------------------------------- clients
 
@@ -107,7 +110,7 @@ class Deployment:
         import clickhouse_connect
 
         return clickhouse_connect.get_client(host="127.0.0.1", port=self.ch_port, username="rolloutbus",
-                                             password=self.password, database="rolloutbus")
+                                             password=self.secrets["CLICKHOUSE_PASSWORD"], database="rolloutbus")
 
     def query(self, sql: str) -> list[tuple]:
         client = self.ch()
@@ -124,7 +127,9 @@ class Deployment:
         from schemas import Task, encode
 
         problems = calc.problems(200, seed=25)
-        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "log_level": 0})
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "log_level": 0})
+        producer = self._producer
         ids = []
         for _ in range(n):
             i = len(self.published)
@@ -212,6 +217,14 @@ class Deployment:
         return {"spans": len(spans), "span_records_on_kafka": sum(spans.values()), "span_rows_before_final": int(raw),
                 "attempts": len(attempts), "finished_attempts": len(finished)}
 
+    def replica_stats(self, ports: list[int]) -> list[dict[str, Any]]:
+        """Each replica's /healthz (its span transport's counters), through its published port."""
+        out = []
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+                out.append(json.loads(resp.read()))
+        return out
+
     def max_version(self) -> int:
         rows = self.query("SELECT max(version) FROM resource_versions FINAL WHERE name = 'policy'")
         return int(rows[0][0] or 0)
@@ -259,8 +272,8 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
            "GATEWAY_REPLICAS": "2", "PROXY_REPLICAS": "2"}
     stack = local_stack(PROJECT, [TEST_COMPOSE], env=env, build=False, say=say)
     stack.down(volumes=True)  # what an interrupted earlier run left
-    dep = Deployment(stack, f"localhost:{k1},localhost:{k2},localhost:{k3}", ch, gw,
-                     _project_env(PROJECT)["CLICKHOUSE_PASSWORD"])
+    dep = Deployment(stack, f"localhost:{k1},localhost:{k2},localhost:{k3}", ch, gw, px,
+                     _project_env(PROJECT))
     failed_before = request.session.testsfailed
     try:
         t0 = time.monotonic()
@@ -301,37 +314,77 @@ def test_tasks_run_through_the_topology_and_train(deployment: Deployment) -> Non
     say(f"phase 1: {counts}, policy version {dep.max_version()}")
     per_task = dep.query("SELECT task_id, uniqExact(rollout_id) FROM rollouts FINAL GROUP BY 1")
     assert {t: n for t, n in per_task} == {t: GROUP_SIZE for t in dep.published}
+    proxies = dep.replica_stats(dep.proxy_ports)
+    TIMINGS["proxy_replicas"] = [{k: v for k, v in p.items() if isinstance(v, (int, float))} for p in proxies]
+    say(f"proxy replicas: {TIMINGS['proxy_replicas']}")
 
 
 def test_broker_and_stream_worker_killed_mid_run(deployment: Deployment) -> None:
+    """Tasks keep arriving (one a second) while the broker leading the most rb.spans partitions and a
+    stream worker are SIGKILLed; the rest carry on, the two come back, nothing is lost or doubled."""
+    import threading
+
     from confluent_kafka.admin import AdminClient
 
     dep = deployment
     t0 = time.monotonic()
-    batch = dep.publish_tasks(16)
-    wait_for("the batch under way", lambda: dep.rollouts_done(batch) >= 8, 240, every=1.0)
-    admin = AdminClient({"bootstrap.servers": dep.bootstrap, "log_level": 0})
-    leaders = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
-    node, led = leaders.most_common(1)[0]
-    broker = dep.broker_container(node)
-    worker = dep.stack.project.container("stream-worker", 2)
-    done_at_kill = dep.rollouts_done(batch)
-    dep.stack.kill(broker)
-    dep.stack.kill(worker)
-    say(f"killed {broker} (leader of {led} of {sum(leaders.values())} rb.spans partitions) and {worker} "
-        f"with {done_at_kill}/{len(batch) * GROUP_SIZE} rollouts of the batch stored")
-    time.sleep(20)
-    moved = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
-    assert node not in moved, f"broker {node} still leads rb.spans partitions after its kill: {dict(moved)}"
-    done_while_down = dep.rollouts_done(batch)
-    dep.stack.start(broker)
-    dep.stack.start(worker)
-    dep.wait_tasks(batch, 300)
+    stop = threading.Event()
+    batch: list[str] = []
+    errors: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            while not stop.is_set():
+                batch.extend(dep.publish_tasks(1))
+                stop.wait(1.0)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        wait_for("the first rollouts of the batch", lambda: len(batch) >= 6 and dep.rollouts_done(list(batch)) >= 8, 120, every=1.0)
+        admin = AdminClient({"bootstrap.servers": dep.bootstrap, "log_level": 0})
+        leaders = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
+        node, led = leaders.most_common(1)[0]
+        broker = dep.broker_container(node)
+        worker = dep.stack.project.container("stream-worker", 2)
+        published_at_kill = len(batch) * GROUP_SIZE
+        stored_at_kill = dep.rollouts_done(list(batch))
+        dep.stack.kill(broker)
+        dep.stack.kill(worker)
+        t_kill = time.monotonic()
+        say(f"killed {broker} (leader of {led} of {sum(leaders.values())} rb.spans partitions) and {worker} "
+            f"with {stored_at_kill}/{published_at_kill} rollouts stored")
+        series = []
+        while time.monotonic() - t_kill < OUTAGE_S:
+            series.append((round(time.monotonic() - t_kill, 1), len(batch) * GROUP_SIZE, dep.rollouts_done(list(batch))))
+            time.sleep(2)
+        moved = collections.Counter(p.leader for p in admin.list_topics("rb.spans", timeout=30).topics["rb.spans"].partitions.values())
+        assert node not in moved, f"broker {node} still leads rb.spans partitions after its kill: {dict(moved)}"
+        caught_up = next((t for t, _, stored in series if stored >= published_at_kill), None)
+        # The longest time nothing new was stored while rollouts were waiting: failover and rebalance.
+        stall, since = 0.0, 0.0
+        for (t_prev, _, s_prev), (t, pub, stored) in zip(series, series[1:]):
+            since = since + (t - t_prev) if stored == s_prev and stored < pub else 0.0
+            stall = max(stall, since)
+        assert caught_up is not None and series[-1][2] > published_at_kill, (
+            f"with {broker} and {worker} down, the rest did not carry on (seconds, rollouts published, stored): {series}")
+        dep.stack.start(broker)
+        dep.stack.start(worker)
+        time.sleep(6)  # tasks keep arriving while the two rejoin
+    finally:
+        stop.set()
+        feeder.join(60)
+    assert not errors, f"publishing tasks failed: {errors[0]!r}"
+    dep.wait_tasks(list(batch), 300)
     TIMINGS["faults_batch_s"] = round(time.monotonic() - t0, 1)
     counts = dep.check_exactly_once()
-    TIMINGS["phase2"] = {**counts, "killed_broker_led_partitions": led, "rollouts_at_kill": done_at_kill,
-                         "rollouts_while_down": done_while_down}
-    say(f"phase 2: {counts}; {done_while_down - done_at_kill} rollouts stored while {broker} and {worker} were down")
+    TIMINGS["phase2"] = {**counts, "killed_broker_led_partitions": led, "tasks": len(batch),
+                         "rollouts_published_at_kill": published_at_kill, "rollouts_stored_at_kill": stored_at_kill,
+                         "caught_up_after_kill_s": caught_up, "longest_stall_s": round(stall, 1), "outage_series": series}
+    say(f"phase 2: {counts}; with {broker} and {worker} down the rest caught up on the rollouts published before "
+        f"the kill after {caught_up}s (longest stall {stall:.0f}s) and kept pace: {series}")
 
 
 def test_one_attempt_through_both_gateway_replicas(deployment: Deployment) -> None:
@@ -347,7 +400,8 @@ def test_one_attempt_through_both_gateway_replicas(deployment: Deployment) -> No
                                                       {"key": "rolloutbus.attempt_id", "value": {"stringValue": attempt_id}}]}]}]}]}
         port = dep.gateway_ports[i % 2]
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
+                                     headers={"content-type": "application/json",
+                                              "authorization": f"Bearer {dep.secrets['GATEWAY_TOKEN']}"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200
     rows = wait_for(f"{n} spans of {rollout_id} in ClickHouse", lambda: (
