@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps kafka-jars dashboard-assets browser-deps demo test test-unit test-integration test-faults bench validate-deploy up down status clean
+.PHONY: setup system-deps kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench validate-deploy up down status clean
 
 setup: system-deps $(STAMP) kafka-jars dashboard-assets
 
@@ -50,12 +50,18 @@ browser-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "the browser tests need: sudo apt-get install -y chromium chromium-driver" >&2; exit 1; fi; }
 
+# Prometheus and promtool (Debian's prometheus 2.42) for the monitoring tests; apt-get when missing.
+prometheus-tools:
+	@bash deploy/prometheus/install-tools.sh
+
 demo: setup
 	$(BIN)/rolloutbus demo $(DEMO_ARGS)
 
 # Unit tests, then integration and fault tests against the real broker (started by the test session
-# in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB).
-test: setup browser-deps validate-deploy
+# in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB), the
+# monitoring tests against a real Prometheus, and the deploy/ topology in containers (tests/deploy:
+# podman, images built here and cached by content hash; `make test-deploy` runs it alone).
+test: setup browser-deps prometheus-tools containers-host validate-deploy
 	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
 test-unit: setup
@@ -83,3 +89,6 @@ status:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Containers on this host: podman, images, the compose topology (deploy/containers/containers.mk).
+include deploy/containers/containers.mk
