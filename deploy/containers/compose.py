@@ -78,35 +78,60 @@ def _override(loader: yaml.SafeLoader, node: yaml.Node) -> Override:
 _Loader.add_constructor("!reset", _reset)
 _Loader.add_constructor("!override", _override)
 
-_VAR = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
 _BRACED = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?$", re.S)
+
+
+def _braced(inner: str, env: dict[str, str], where: str) -> str:
+    """One ``${...}``: NAME, NAME:-default, NAME-default, NAME:?error, NAME?error, NAME:+alt, NAME+alt."""
+    b = _BRACED.match(inner)
+    if not b:
+        raise ComposeError(f"{where}: invalid interpolation ${{{inner}}}")
+    name, op, arg = b.group("name"), b.group("op"), b.group("arg") or ""
+    val = env.get(name)
+    unset_or_empty = val is None or (op is not None and op.startswith(":") and val == "")
+    if op in ("-", ":-"):
+        return interpolate(arg, env, where) if unset_or_empty else val  # type: ignore[return-value]
+    if op in ("?", ":?"):
+        if unset_or_empty:
+            raise ComposeError(f"{where}: {interpolate(arg, env, where) or f'{name} is not set'}")
+        return val  # type: ignore[return-value]
+    if op in ("+", ":+"):
+        return "" if unset_or_empty else interpolate(arg, env, where)
+    return val or ""
 
 
 def interpolate(value: Any, env: dict[str, str], where: str = "") -> Any:
     """Compose's variable substitution, on every string inside ``value``."""
     if isinstance(value, str):
-        def sub(m: re.Match) -> str:
-            if m.group(0) == "$$":
-                return "$"
-            if m.group("plain"):
-                return env.get(m.group("plain"), "")
-            b = _BRACED.match(m.group("braced"))
-            if not b:
-                raise ComposeError(f"{where}: invalid interpolation {m.group(0)!r}")
-            name, op, arg = b.group("name"), b.group("op"), b.group("arg") or ""
-            val = env.get(name)
-            unset_or_empty = val is None or (op is not None and op.startswith(":") and val == "")
-            if op in ("-", ":-"):
-                return interpolate(arg, env, where) if unset_or_empty else val  # type: ignore[return-value]
-            if op in ("?", ":?"):
-                if unset_or_empty:
-                    raise ComposeError(f"{where}: {interpolate(arg, env, where) or f'{name} is not set'}")
-                return val  # type: ignore[return-value]
-            if op in ("+", ":+"):
-                return "" if unset_or_empty else interpolate(arg, env, where)
-            return val or ""
-
-        return _VAR.sub(sub, value)
+        out, i = [], 0
+        while i < len(value):
+            c = value[i]
+            if c != "$" or i + 1 == len(value):
+                out.append(c)
+                i += 1
+                continue
+            nxt = value[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+            elif nxt == "{":
+                depth, j = 1, i + 2
+                while j < len(value) and depth:
+                    depth += {"{": 1, "}": -1}.get(value[j], 0)
+                    j += 1
+                if depth:
+                    raise ComposeError(f"{where}: unclosed interpolation in {value!r}")
+                out.append(_braced(value[i + 2:j - 1], env, where))
+                i = j
+            else:
+                m = re.match(r"[A-Za-z_][A-Za-z0-9_]*", value[i + 1:])
+                if m:
+                    out.append(env.get(m.group(0), ""))
+                    i += 1 + m.end()
+                else:
+                    out.append(c)
+                    i += 1
+        return "".join(out)
     if isinstance(value, Override):
         return Override(interpolate(value.value, env, where))
     if isinstance(value, dict):
