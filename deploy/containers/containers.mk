@@ -5,13 +5,14 @@
 #   make containers-images  every image, built from Debian packages and cached by content hash
 #   make deploy-up          deploy/docker-compose.yml + deploy/compose.local.yml, waiting on depends_on
 #   make deploy-ps | deploy-down | deploy-clean (down, volumes too)
-#   make test-deploy        the end-to-end container test (tests/deploy): ~8 minutes with images cached
+#   make test-deploy        the end-to-end container test (tests/deploy): ~4 minutes with images cached
 CONTAINERS := deploy/containers
 
 .PHONY: containers-host containers-images deploy-up deploy-ps deploy-down deploy-clean test-deploy
 
+# Never fails `make test`: where containers cannot run, it says why and tests/deploy skips with that reason.
 containers-host:
-	@python3 $(CONTAINERS)/stack.py host
+	@python3 $(CONTAINERS)/stack.py host || echo "containers cannot run on this host (above): tests/deploy will skip" >&2
 
 containers-images: setup containers-host
 	$(BIN)/python $(CONTAINERS)/stack.py images
