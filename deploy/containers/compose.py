@@ -593,18 +593,48 @@ class Stack:
 
     # -------------------------------------------------------------- down and friends
 
-    def down(self, volumes: bool = False, timeout: int | None = None) -> None:
+    def down(self, volumes: bool = False, timeout: int | None = None) -> dict[str, float]:
+        """Stop (SIGTERM, then SIGKILL after the service's stop_grace_period) and remove every container.
+
+        Returns the seconds each container took to stop; those over 10 s are named (a process that ignores
+        SIGTERM until its grace period ends)."""
         names = list(self.state())
+        took: dict[str, float] = {}
+        # As docker compose does: dependents first (runners ... workers, trainer), what they depend on last
+        # (init, the store, the brokers), so every process stops with Kafka and ClickHouse still there.
+        level: dict[str, int] = {}
+
+        def depth(svc: str) -> int:
+            if svc not in level:
+                level[svc] = 0
+                level[svc] = 1 + max((depth(d) for d in self.project.services[svc].depends_on), default=-1)
+            return level[svc]
+
+        by_service = {}
+        for n in names:
+            svc = next((s for s in self.project.services if n.startswith(f"{self.project.name}-{s}-")
+                        and n[len(f"{self.project.name}-{s}-"):].isdigit()), None)
+            by_service[n] = depth(svc) if svc else 0
+
+        def stop(n: str) -> None:
+            t0 = time.monotonic()
+            podman("stop", *(["-t", str(timeout)] if timeout is not None else []), n, check=False, timeout=200)
+            took[n] = round(time.monotonic() - t0, 1)
+
         if names:
-            with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda n: podman("stop", *(["-t", str(timeout)] if timeout is not None else []), n,
-                                               check=False, timeout=200), names))
+            for lvl in sorted(set(by_service.values()), reverse=True):
+                with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                    list(pool.map(stop, [n for n in names if by_service[n] == lvl]))
             podman("rm", "-f", "-v", *names, check=False)
+            slow = {n: t for n, t in sorted(took.items(), key=lambda kv: -kv[1]) if t > 10}
+            if slow:
+                self.say(f"slow to stop on SIGTERM: {slow}")
         podman("network", "rm", "-f", self.project.network, check=False)
         if volumes:
             for v in self.project.volumes:
                 podman("volume", "rm", "-f", self.project.volume(v), check=False)
         self.say(f"down: {len(names)} containers removed" + (", volumes removed" if volumes else ""))
+        return took
 
     def kill(self, container: str, signal: str = "KILL") -> None:
         podman("kill", "--signal", signal, container)

@@ -144,8 +144,8 @@ class Deployment:
 
     # -------------------------------------------------------------- what Kafka holds
 
-    def kafka_truth(self) -> tuple[collections.Counter, dict[tuple[str, str], dict[str, Any]]]:
-        """Every span record on rb.spans (key (rollout, attempt, span) -> copies) and every attempt's events."""
+    def read_topic(self, topic: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every record on ``topic`` now, decoded: (record name, fields)."""
         from confluent_kafka import Consumer, TopicPartition
 
         from schemas import decode_raw
@@ -153,31 +153,36 @@ class Deployment:
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"deploy-truth-{uuid.uuid4().hex[:8]}",
                       "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
         try:
-            md = c.list_topics("rb.spans", timeout=30)
-            parts = sorted(md.topics["rb.spans"].partitions)
-            ends = {p: c.get_watermark_offsets(TopicPartition("rb.spans", p), timeout=30)[1] for p in parts}
-            c.assign([TopicPartition("rb.spans", p, 0) for p in parts if ends[p] > 0])
-            left = {p for p in parts if ends[p] > 0}
-            spans: collections.Counter = collections.Counter()
-            attempts: dict[tuple[str, str], dict[str, Any]] = {}
+            parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+            ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in parts}
+            c.assign([TopicPartition(topic, p, lo) for p, (lo, hi) in ends.items() if hi > lo])
+            left = {p for p, (lo, hi) in ends.items() if hi > lo}
+            out = []
             deadline = time.monotonic() + 120
             while left and time.monotonic() < deadline:
                 m = c.poll(2)
                 if m is None or m.error():
                     continue
-                name, d = decode_raw(m.value())
-                if name == "rolloutbus.Span":
-                    spans[(d["rollout_id"], d["attempt_id"], d["span_id"])] += 1
-                else:
-                    a = attempts.setdefault((d["rollout_id"], d["attempt_id"]), {"events": set()})
-                    a["events"].add(str(d["event"]).rsplit(".", 1)[-1])
-                    a["task_id"] = d["task_id"]
-                if m.offset() + 1 >= ends[m.partition()]:
+                out.append(decode_raw(m.value()))
+                if m.offset() + 1 >= ends[m.partition()][1]:
                     left.discard(m.partition())
-            assert not left, f"rb.spans partitions {sorted(left)} could not be read to their end"
-            return spans, attempts
+            assert not left, f"{topic} partitions {sorted(left)} could not be read to their end"
+            return out
         finally:
             c.close()
+
+    def kafka_truth(self) -> tuple[collections.Counter, dict[tuple[str, str], dict[str, Any]]]:
+        """Every span record on rb.spans (key (rollout, attempt, span) -> copies) and every attempt's events."""
+        spans: collections.Counter = collections.Counter()
+        attempts: dict[tuple[str, str], dict[str, Any]] = {}
+        for name, d in self.read_topic("rb.spans"):
+            if name == "rolloutbus.Span":
+                spans[(d["rollout_id"], d["attempt_id"], d["span_id"])] += 1
+            else:
+                a = attempts.setdefault((d["rollout_id"], d["attempt_id"]), {"events": set()})
+                a["events"].add(str(d["event"]).rsplit(".", 1)[-1])
+                a["task_id"] = d["task_id"]
+        return spans, attempts
 
     # -------------------------------------------------------------- waiting and checking
 
@@ -214,6 +219,15 @@ class Deployment:
         bad = {k: v for k, v in by_key.items() if k in finished and (v[0] != 1 or v[2] != v[3] or v[4])}
         assert not bad, f"attempts with duplicate rows, unseen spans or missing sequence ids: {dict(list(bad.items())[:3])}"
         raw = self.query("SELECT count() FROM spans")[0][0]
+        # What the sink stores from the other topics: policy versions, train steps, GRPO groups.
+        for topic, table, key in (("rb.resources", "resource_versions", ("name", "version")),
+                                  ("rb.metrics", "train_steps", ("run_id", "step")),
+                                  ("rb.batches", "groups", ("group_id",))):
+            on_kafka = {tuple(d[k] for k in key) for _, d in self.read_topic(topic)}
+            stored = {tuple(r) for r in self.query(f"SELECT {', '.join(key)} FROM {table} FINAL")}
+            assert not on_kafka - stored, f"{table} FINAL lacks records of {topic}: {sorted(on_kafka - stored)[:5]}"
+            if topic != "rb.resources":  # compacted: Kafka may drop old versions the table keeps
+                assert not stored - on_kafka, f"{table} FINAL has records not on {topic}: {sorted(stored - on_kafka)[:5]}"
         return {"spans": len(spans), "span_records_on_kafka": sum(spans.values()), "span_rows_before_final": int(raw),
                 "attempts": len(attempts), "finished_attempts": len(finished)}
 
@@ -416,9 +430,11 @@ def test_down_then_up_continues_from_the_volumes(deployment: Deployment) -> None
     before_rows = dep.query("SELECT count() FROM rollouts FINAL")[0][0]
     before_version = dep.max_version()
     before_tasks = list(dep.published)
+    dep.dump_logs(host.cache_dir() / "logs" / "deploy-test" / "before-down")  # what `down` removes
     t0 = time.monotonic()
-    dep.stack.down()
+    took = dep.stack.down()
     TIMINGS["down_s"] = round(time.monotonic() - t0, 1)
+    TIMINGS["stop_s"] = took
     t0 = time.monotonic()
     dep.stack.up(timeout=600)
     TIMINGS["up_again_s"] = round(time.monotonic() - t0, 1)
