@@ -76,8 +76,16 @@ def connect(
                 client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
             client.database = database
         if readonly:
-            # 1 forbids writes and setting changes for this client's session (analyst SQL).
-            client.set_client_setting("readonly", "1")
+            # 1 forbids writes and setting changes for this client's session (analyst SQL). A user the
+            # server already holds read-only (the store's analyst, at readonly=2) cannot change it: the
+            # client refuses the setting, and the server's own read-only mode stands.
+            from clickhouse_connect.driver.exceptions import ProgrammingError
+
+            try:
+                client.set_client_setting("readonly", "1")
+            except ProgrammingError as exc:
+                if "readonly" not in str(exc):
+                    raise
     except OperationalError as exc:
         raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_reason(exc, password)}") from exc
     except CCError as exc:
