@@ -139,7 +139,8 @@ def test_prometheus_scrapes_the_stack_and_a_stopped_worker_fires_the_lag_alert(
     group = lag[0]["metric"]["consumergroup"]
     assert prom.query('rolloutbus_gateway_requests_total{code="400"}'), "the gateway's requests are scraped"
     assert prom.query("rolloutbus_trainer_policy_version"), "the trainer's metrics are scraped"
-    assert prom.query("rolloutbus_streams_last_progress_timestamp_seconds > 0"), "the worker reports progress"
+    # Reported at the worker's next health tick and seen at Prometheus's next scrape: waited for, not assumed.
+    wait_for("the worker reports progress", lambda: prom.query("rolloutbus_streams_last_progress_timestamp_seconds > 0"), 60, procs)
     assert not prom.firing("RolloutbusConsumerLagGrowing")
     # Every panel of the dashboard is a query Prometheus accepts.
     dash = json.loads((PROM / "grafana" / "rolloutbus-dashboard.json").read_text())
