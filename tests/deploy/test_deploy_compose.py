@@ -196,8 +196,20 @@ class Deployment:
         wait_for(f"{want} rollouts of {len(task_ids)} tasks in ClickHouse",
                  lambda: self.rollouts_done(task_ids) >= want, timeout)
 
-    def check_exactly_once(self) -> dict[str, int]:
-        """ClickHouse (FINAL) holds exactly what Kafka holds: every span once, every attempt one row."""
+    def check_exactly_once(self, settle_s: float = 45.0) -> dict[str, int]:
+        """ClickHouse (FINAL) holds exactly what Kafka holds: every span once, every attempt one row, every
+        policy version, train step and group. The pipeline may still be storing the last records (a train
+        step published a moment ago): compared again until it agrees or ``settle_s`` has passed."""
+        end = time.monotonic() + settle_s
+        while True:
+            try:
+                return self._compare()
+            except AssertionError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(3)
+
+    def _compare(self) -> dict[str, int]:
         spans, attempts = self.kafka_truth()
         ch_spans = self.query("SELECT rollout_id, attempt_id, span_id, count() FROM spans FINAL GROUP BY 1, 2, 3")
         in_ch = {(r, a, s) for r, a, s, _ in ch_spans}
