@@ -284,6 +284,7 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     # under the first (and both would measure a machine twice as busy).
     import fcntl
 
+    host.cache_dir().mkdir(parents=True, exist_ok=True)
     lock = (host.cache_dir() / "deploy-test.lock").open("w")
     t0 = time.monotonic()
     while True:
