@@ -1,13 +1,19 @@
 """OpenAI-compatible LLM proxy that records token ids: one LLM span per call, per rollout and attempt.
 
 Routes: ``/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions`` and ``.../v1/completions``.
-The request goes to the upstream (vLLM in production) with ``return_token_ids`` and ``logprobs`` turned
-on; the response — JSON or SSE stream — is passed back as it comes, and the token ids, logprobs, model
-and serving resource version (``x-rolloutbus-resource-version`` upstream header) are recorded. The
-sequence id is the agent's (``x-rolloutbus-sequence-id`` request header); without one the span goes
-on unnumbered and the span stage numbers it in arrival order (a counter here would give two proxy
-replicas' calls of one attempt the same ids). Upstream errors are passed back faithfully and
+The request goes to the upstream; a ``vllm`` or ``rolloutbus-serve`` upstream is asked for
+``return_token_ids`` and ``logprobs``, an ``openai`` one gets the request as the client wrote it (its
+spans keep the text and say ``rolloutbus.token_ids_missing``). The response — JSON or SSE stream, at
+most ``max_response_bytes`` — is passed back as it comes, hop-by-hop headers dropped, and the token ids,
+logprobs, model and serving resource version (``x-rolloutbus-resource-version`` upstream header) are
+recorded. The sequence id is the agent's (``x-rolloutbus-sequence-id`` request header); without one the
+span goes on unnumbered and the span stage numbers it in arrival order (a counter here would give two
+proxy replicas' calls of one attempt the same ids). Upstream errors are passed back faithfully and
 recorded with status ERROR.
+
+Credentials: the client's ``Authorization`` is for the proxy and never goes upstream; the upstream gets
+the configured API key (``Bearer``), else the upstream URL's ``user:password`` (``Basic``), else none.
+Neither ever shows in a log line, an error or ``/healthz`` (which answers with counters only).
 """
 
 from __future__ import annotations
@@ -16,10 +22,17 @@ import hmac
 import json
 import logging
 import os
+import math
+import re
 import time
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import BasicAuth, ClientError, ClientResponse, ClientSession, ClientTimeout, web
+from multidict import CIMultiDict
+
+from foundation.redact import redact_url, url_secrets
 
 from producers.context import current_rollout, new_span_id, new_trace_id
 from producers.emit import llm_record
@@ -31,7 +44,16 @@ log = logging.getLogger(__name__)
 SEQUENCE_HEADER = "x-rolloutbus-sequence-id"
 AGENT_HEADER = "x-rolloutbus-agent-name"
 VERSION_HEADER = "x-rolloutbus-resource-version"
-_HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+# RFC 9110 7.6.1: meaningful for one connection only, never passed on (nor any header Connection names).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade"})
+_REFRAMED = frozenset({"content-length", "content-encoding"})  # the body is decoded and re-framed here
+UPSTREAM_KINDS = ("vllm", "rolloutbus-serve", "openai")
+TOKEN_ID_KINDS = frozenset({"vllm", "rolloutbus-serve"})  # accept return_token_ids / logprobs
+MAX_RESPONSE_BYTES = 16 << 20
+MISSING_IDS = "rolloutbus.token_ids_missing"  # span attribute: "prompt", "response" or "prompt,response"
+_INT = re.compile(r"[0-9]{1,18}")  # ASCII digits that fit an Avro long
+_MIN_SCRUBBED = 4  # shorter secrets are not searched for in upstream text (it would garble every match)
 PROMPT_TEXT_CHARS = 8000  # the prompt's text kept on the span (its end: the latest turns); the ids are kept whole
 
 
@@ -52,6 +74,43 @@ def prompt_text(body: dict[str, Any], chat: bool, limit: int = PROMPT_TEXT_CHARS
         prompt = body.get("prompt")
         text = prompt if isinstance(prompt, str) else json.dumps(prompt)
     return text if len(text) <= limit else "…" + text[-(limit - 1):]
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_request(raw: bytes, chat: bool) -> dict[str, Any]:
+    """The client's body as a JSON object fit to forward; ValueError with a one-line reason otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"request body must be UTF-8 JSON (byte {exc.start} is not UTF-8)") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of message objects")
+    elif not isinstance(body.get("prompt", ""), (str, list)):
+        raise ValueError("prompt must be a string or a list")
+    if not isinstance(body.get("model", ""), str):
+        raise ValueError("model must be a string")
+    return body
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], drop: Iterable[str] = ()) -> CIMultiDict[str]:
+    """``headers`` (name, value pairs) less the hop-by-hop ones, those the Connection header names, and ``drop``."""
+    pairs = list(headers)
+    named = {t.strip().lower() for k, v in pairs if k.lower() == "connection" for t in v.split(",")}
+    gone = HOP_BY_HOP | named | {d.lower() for d in drop}
+    return CIMultiDict((k, v) for k, v in pairs if k.lower() not in gone)
 
 
 def proxy_url(base: str) -> str:
@@ -84,8 +143,24 @@ def proxy_headers() -> dict[str, str]:
     return headers
 
 
+def _ids(value: Any) -> list[int]:
+    """Token ids as the upstream gave them, or [] when they are not a list of uint32."""
+    if isinstance(value, list) and all(type(x) is int and 0 <= x < 1 << 32 for x in value):
+        return value
+    return []
+
+
+def _logprob(value: Any) -> float:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 class _Call:
-    """What one upstream call produced, accumulated from a JSON body or SSE chunks."""
+    """What one upstream call produced, accumulated from a JSON body or SSE chunks (fields of the wrong
+    type are left out, so that a strange upstream gives a span without them, not an unencodable one)."""
 
     def __init__(self) -> None:
         self.prompt_ids: list[int] = []
@@ -96,37 +171,71 @@ class _Call:
     def choice(self, i: int) -> dict[str, Any]:
         return self.choices.setdefault(i, {"ids": [], "logprobs": [], "text": [], "finish": None})
 
-    def absorb(self, body: dict[str, Any], chat: bool) -> None:
-        self.model = body.get("model") or self.model
-        self.request_id = body.get("id") or self.request_id
-        if body.get("prompt_token_ids"):
-            self.prompt_ids = list(body["prompt_token_ids"])
-        for ch in body.get("choices") or []:
-            c = self.choice(int(ch.get("index", 0)))
-            if ch.get("prompt_token_ids"):
-                self.prompt_ids = list(ch["prompt_token_ids"])
-            c["ids"].extend(ch.get("token_ids") or [])
-            lp = ch.get("logprobs") or {}
+    def absorb(self, body: Any, chat: bool) -> None:
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
+        self.model = _text(body.get("model")) or self.model
+        self.request_id = _text(body.get("id")) or self.request_id
+        self.prompt_ids = _ids(body.get("prompt_token_ids")) or self.prompt_ids
+        choices = body.get("choices")
+        for ch in choices if isinstance(choices, list) else []:
+            index = ch.get("index", 0) if isinstance(ch, dict) else None
+            if type(index) is not int or index < 0:
+                continue
+            c = self.choice(index)
+            self.prompt_ids = _ids(ch.get("prompt_token_ids")) or self.prompt_ids
+            c["ids"].extend(_ids(ch.get("token_ids")))
+            lp = ch.get("logprobs") if isinstance(ch.get("logprobs"), dict) else {}
             if chat:
-                c["logprobs"].extend(x.get("logprob", 0.0) for x in (lp.get("content") or []))
-                msg = ch.get("message") or ch.get("delta") or {}
-                if msg.get("content"):
-                    c["text"].append(msg["content"])
+                content = lp.get("content")
+                c["logprobs"].extend(_logprob(x.get("logprob") if isinstance(x, dict) else None)
+                                     for x in (content if isinstance(content, list) else []))
+                msg = ch.get("message") or ch.get("delta")
+                text = _text(msg.get("content")) if isinstance(msg, dict) else None
             else:
-                c["logprobs"].extend(x if x is not None else 0.0 for x in (lp.get("token_logprobs") or []))
-                if ch.get("text"):
-                    c["text"].append(ch["text"])
-            if ch.get("finish_reason"):
-                c["finish"] = ch["finish_reason"]
+                token_logprobs = lp.get("token_logprobs")
+                c["logprobs"].extend(_logprob(x) for x in (token_logprobs if isinstance(token_logprobs, list) else []))
+                text = _text(ch.get("text"))
+            if text:
+                c["text"].append(text)
+            c["finish"] = _text(ch.get("finish_reason")) or c["finish"]
+
+
+class _TooLarge(Exception):
+    """The upstream's answer passed the proxy's bound."""
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+
+
+def _sse_error(message: str) -> bytes:
+    return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
 
 
 class LLMProxy:
     def __init__(self, upstream: str, transport: SpanTransport, *, api_key: str | None = None, timeout_s: float = 600.0,
-                 token: str | None = None) -> None:
-        self.upstream = upstream.rstrip("/")
-        self.token = token  # set: clients must send ``Authorization: Bearer <token>`` (not forwarded upstream)
+                 token: str | None = None, kind: str = "vllm", max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+        if kind not in UPSTREAM_KINDS:
+            raise ValueError(f"upstream kind must be one of {', '.join(UPSTREAM_KINDS)}, got {kind!r}")
+        self.shown = redact_url(upstream.rstrip("/"))  # what logs and errors say
+        parts = urlsplit(upstream.rstrip("/"))
+        url_auth = None
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            user, _, password = userinfo.partition(":")
+            url_auth = BasicAuth(unquote(user), unquote(password)).encode()
+            parts = parts._replace(netloc=hostport)
+            if api_key:
+                log.warning("proxy: the upstream URL's credentials are not sent, the upstream API key is (%s)", self.shown)
+        self.upstream = urlunsplit(parts)
+        self.token = token  # set: clients must send ``Authorization: Bearer <token>`` (never forwarded upstream)
         self.transport = transport
-        self.api_key = api_key
+        self.kind = kind
+        self.max_response_bytes = max_response_bytes
+        self._upstream_auth = f"Bearer {api_key}" if api_key else url_auth
+        secrets = [api_key or "", *url_secrets(upstream)]
+        self._secrets = sorted({x for x in secrets if len(x) >= _MIN_SCRUBBED}, key=len, reverse=True)
         self.timeout = ClientTimeout(total=timeout_s)
         self._session: ClientSession | None = None
 
@@ -143,13 +252,34 @@ class LLMProxy:
             await self._session.close()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "upstream": self.upstream, **self.transport.stats()})
+        # Liveness and the spool's counters; no configuration (the upstream's address stays private).
+        return web.json_response({"status": "ok", **self.transport.stats()})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat/completions", chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "completions", chat=False)
+
+    def _scrub(self, text: str) -> str:
+        """``text`` (an upstream's message, an exception's) with the upstream credentials masked."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _too_large(self) -> str:
+        return (f"rolloutbus proxy: the upstream's answer is larger than the bound of {self.max_response_bytes} bytes "
+                "(--max-response-bytes, ROLLOUTBUS_PROXY_MAX_RESPONSE_BYTES)")
+
+    async def _read_bounded(self, up: ClientResponse) -> bytes:
+        if up.content_length is not None and up.content_length > self.max_response_bytes:
+            raise _TooLarge
+        buf = bytearray()
+        async for chunk in up.content.iter_any():
+            buf += chunk
+            if len(buf) > self.max_response_bytes:
+                raise _TooLarge
+        return bytes(buf)
 
     async def _handle(self, request: web.Request, path: str, chat: bool) -> web.StreamResponse:
         if self.token is not None:
@@ -160,73 +290,95 @@ class LLMProxy:
         rollout_id = request.match_info["rollout_id"]
         attempt_id = request.match_info["attempt_id"]
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            return web.json_response({"error": {"message": "request body must be a JSON object", "type": "invalid_request_error"}}, status=400)
+            body = parse_request(await request.read(), chat)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
         agent_name = request.headers.get(AGENT_HEADER) or None
         given = (request.headers.get(SEQUENCE_HEADER) or "").strip()
-        if given and not given.isdigit():
-            return web.json_response({"error": {"message": f"{SEQUENCE_HEADER} must be a non-negative integer",
-                                                "type": "invalid_request_error"}}, status=400)
+        if given and not _INT.fullmatch(given):
+            return _error(400, f"{SEQUENCE_HEADER} must be a non-negative integer below 10^18", "invalid_request_error")
         seq = int(given) if given else UNNUMBERED
-        # Ask for what the trainer needs (vLLM's API).
-        body["return_token_ids"] = True
-        if chat:
-            body["logprobs"] = True
-        else:
-            body["logprobs"] = body.get("logprobs") or 1
+        if self.kind in TOKEN_ID_KINDS:
+            # Ask for what the trainer needs (vLLM's API; rolloutbus serve speaks it too).
+            body["return_token_ids"] = True
+            body["logprobs"] = True if chat else (body.get("logprobs") or 1)
+        try:
+            data = json.dumps(body).encode()
+            prompt = prompt_text(body, chat)
+        except RecursionError:
+            return _error(400, "request body is nested too deeply", "invalid_request_error")
         stream = bool(body.get("stream"))
+        # The client's own Authorization (ours, or one it meant for the upstream) never goes on.
         headers = {"Content-Type": "application/json"}
-        # With our own token configured, the client's Authorization is for us, never for the upstream.
-        client_auth = request.headers.get("Authorization") if self.token is None else None
-        auth = client_auth or (f"Bearer {self.api_key}" if self.api_key else None)
-        if auth:
-            headers["Authorization"] = auth
+        if self._upstream_auth:
+            headers["Authorization"] = self._upstream_auth
         if self._session is None:
             self._session = ClientSession(timeout=self.timeout)
         start = time.time_ns()
         call = _Call()
         meta = {"rollout_id": rollout_id, "attempt_id": attempt_id, "seq": seq, "start": start, "chat": chat,
-                "request_model": body.get("model"), "path": path, "agent_name": agent_name, "prompt": prompt_text(body, chat)}
+                "request_model": body.get("model"), "path": path, "agent_name": agent_name, "prompt": prompt}
         try:
-            async with self._session.post(f"{self.upstream}/{path}", json=body, headers=headers) as up:
+            async with self._session.post(f"{self.upstream}/{path}", data=data, headers=headers) as up:
                 version = up.headers.get(VERSION_HEADER)
-                meta["version"] = int(version) if version and version.lstrip("-").isdigit() else None
-                out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP}
+                meta["version"] = int(version) if version and _INT.fullmatch(version.removeprefix("-")) else None
+                out_headers = end_to_end(up.headers.items(), drop=_REFRAMED)
+                if stream and up.status < 400 and up.content_type == "text/event-stream":
+                    return await self._relay_sse(request, up, out_headers, call, meta)
+                raw = await self._read_bounded(up)
                 if up.status >= 400:
-                    raw = await up.read()
-                    self._record(call, meta, error=f"upstream HTTP {up.status}: {raw[:500].decode(errors='replace')}")
-                    return web.Response(status=up.status, body=raw, headers=out_headers)
-                if stream and up.content_type == "text/event-stream":
-                    resp = web.StreamResponse(status=up.status, headers=out_headers)
-                    await resp.prepare(request)
-                    buf = b""
-                    async for chunk in up.content.iter_any():
-                        await resp.write(chunk)
-                        buf += chunk
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            self._sse_line(line, call, chat)
-                    if buf:
-                        self._sse_line(buf, call, chat)
-                    await resp.write_eof()
-                    self._record(call, meta)
-                    return resp
-                raw = await up.read()
+                    text = self._scrub(raw.decode(errors="replace"))
+                    self._record(call, meta, error=f"upstream HTTP {up.status}: {text[:500]}")
+                    body_out = text.encode() if self._secrets and any(x.encode() in raw for x in self._secrets) else raw
+                    return web.Response(status=up.status, body=body_out, headers=out_headers)
                 try:
                     call.absorb(json.loads(raw), chat)
                     self._record(call, meta)
-                except (ValueError, AttributeError, TypeError) as exc:
+                except (ValueError, RecursionError) as exc:
                     self._record(call, meta, error=f"upstream answered with a body that is not a completion: {exc}")
                 return web.Response(status=up.status, body=raw, headers=out_headers)
+        except _TooLarge:
+            self._record(call, meta, error=self._too_large())
+            return _error(502, self._too_large(), "upstream_error")
         except (ClientError, TimeoutError) as exc:
-            self._record(call, meta, error=f"upstream unreachable: {type(exc).__name__}: {exc}")
-            return web.json_response(
-                {"error": {"message": f"rolloutbus proxy: upstream {self.upstream} unreachable: {exc}", "type": "upstream_error"}},
-                status=502,
-            )
+            reason = self._scrub(f"{type(exc).__name__}: {exc}")
+            self._record(call, meta, error=f"upstream unreachable: {reason}")
+            return _error(502, f"rolloutbus proxy: upstream {self.shown} unreachable: {reason}", "upstream_error")
+
+    async def _relay_sse(self, request: web.Request, up: ClientResponse, headers: CIMultiDict[str], call: _Call,
+                         meta: dict[str, Any]) -> web.StreamResponse:
+        """Pass the upstream's event stream on as it comes, reading it into ``call``; past the bound, or
+        when the upstream breaks off, the stream ends with an error event and the span says why."""
+        resp = web.StreamResponse(status=up.status, headers=headers)
+        await resp.prepare(request)
+        buf = bytearray()
+        total = 0
+        error: str | None = None
+        try:
+            try:
+                async for chunk in up.content.iter_any():
+                    total += len(chunk)
+                    if total > self.max_response_bytes:
+                        error = self._too_large()
+                        break
+                    await resp.write(chunk)
+                    buf += chunk
+                    while (nl := buf.find(b"\n")) >= 0:
+                        self._sse_line(bytes(buf[:nl]), call, meta["chat"])
+                        del buf[: nl + 1]
+            except ConnectionResetError:
+                raise
+            except (ClientError, TimeoutError) as exc:
+                error = f"upstream stream broke off: {self._scrub(f'{type(exc).__name__}: {exc}')}"
+            if error is None:
+                self._sse_line(bytes(buf), call, meta["chat"])
+            else:
+                await resp.write(_sse_error(error))
+            await resp.write_eof()
+        except ConnectionResetError:
+            error = error or "the client went away before the end of the stream"
+        self._record(call, meta, error=error)
+        return resp
 
     @staticmethod
     def _sse_line(line: bytes, call: _Call, chat: bool) -> None:
@@ -238,7 +390,7 @@ class LLMProxy:
             return
         try:
             call.absorb(json.loads(data), chat)
-        except (ValueError, AttributeError, TypeError):
+        except (ValueError, RecursionError):
             log.debug("unparsable SSE chunk %r", data[:200])
 
     def _record(self, call: _Call, meta: dict[str, Any], error: str | None = None) -> None:
@@ -258,6 +410,10 @@ class LLMProxy:
                 attrs["gen_ai.request.model"] = str(meta["request_model"])
             if i:
                 attrs["gen_ai.choice.index"] = str(i)
+            missing = [what for what, ids in (("prompt", call.prompt_ids), ("response", c["ids"])) if not ids]
+            if missing and not error:
+                # Text only (an openai upstream, or one that ignored the ask): not trainable as token ids.
+                attrs[MISSING_IDS] = ",".join(missing)
             logprobs = c["logprobs"] if len(c["logprobs"]) == len(c["ids"]) else []
             span = {
                 "span_id": new_span_id(),
@@ -289,4 +445,5 @@ class LLMProxy:
             self.transport.emit(meta["rollout_id"], SPAN, span)
 
 
-__all__ = ["LLMProxy", "proxy_url", "proxy_headers", "proxy_token", "SEQUENCE_HEADER", "VERSION_HEADER"]
+__all__ = ["LLMProxy", "proxy_url", "proxy_headers", "proxy_token", "parse_request", "end_to_end", "SEQUENCE_HEADER",
+           "VERSION_HEADER", "UPSTREAM_KINDS", "MAX_RESPONSE_BYTES", "MISSING_IDS"]

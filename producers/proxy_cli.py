@@ -9,6 +9,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1 (env ROLLOUTBUS_PROXY_UPSTREAM)")
     parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_PROXY_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_PROXY_PORT, default 8788)")
+    parser.add_argument("--upstream-kind", choices=["vllm", "rolloutbus-serve", "openai"], default=None,
+                        help="what the upstream accepts (env ROLLOUTBUS_PROXY_UPSTREAM_KIND, default vllm): vllm and "
+                             "rolloutbus-serve are asked for token ids and logprobs; openai gets the request unchanged "
+                             "and its spans carry text only")
+    parser.add_argument("--max-response-bytes", type=int, default=None,
+                        help="502 for a larger upstream answer (env ROLLOUTBUS_PROXY_MAX_RESPONSE_BYTES, default 16 MiB)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="listen on a non-loopback address without ROLLOUTBUS_PROXY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
 
@@ -26,17 +32,20 @@ def run(args: argparse.Namespace) -> int:
     from foundation.errors import ConfigError
 
     s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port",
-                                                 "insecure": "insecure"})
+                                                 "upstream_kind": "proxy_upstream_kind",
+                                                 "max_response_bytes": "proxy_max_response_bytes", "insecure": "insecure"})
     check_listen(s.proxy_host, s.proxy_token is not None, s.insecure, "ROLLOUTBUS_PROXY_TOKEN", "rolloutbus proxy")
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
     transport = SpanTransport.from_settings(s, spool_name="proxy")
     proxy = LLMProxy(
-        s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s,
+        s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s, kind=s.proxy_upstream_kind,
+        max_response_bytes=s.proxy_max_response_bytes,
         token=s.proxy_token.get_secret_value() if s.proxy_token else None,
         api_key=s.proxy_upstream_api_key.get_secret_value() if s.proxy_upstream_api_key else None,
     )
-    logging.getLogger(__name__).info("proxy on http://%s:%d → %s", s.proxy_host, s.proxy_port, s.proxy_upstream)
+    logging.getLogger(__name__).info("proxy on http://%s:%d → %s (%s)", s.proxy_host, s.proxy_port, proxy.shown,
+                                     s.proxy_upstream_kind)
     try:
         web.run_app(proxy.app(), host=s.proxy_host, port=s.proxy_port, print=None, access_log=None)
     finally:

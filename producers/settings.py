@@ -43,6 +43,10 @@ class ProxySettings(AgentSettings):
     proxy_upstream_api_key: SecretStr | None = None
     proxy_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
     proxy_timeout_s: float = Field(default=600.0, gt=0)
+    proxy_upstream_kind: Literal["vllm", "rolloutbus-serve", "openai"] = Field(
+        default="vllm", description="What the upstream accepts: vllm and rolloutbus-serve are asked for token ids and "
+        "logprobs; openai is sent the request as the client wrote it (its spans carry text, flagged without token ids).")
+    proxy_max_response_bytes: int = Field(default=16 << 20, ge=1, description="Upstream answers larger than this get 502.")
     insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
 
     @field_validator("proxy_upstream")
