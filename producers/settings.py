@@ -31,6 +31,11 @@ class GatewaySettings(AgentSettings):
     gateway_max_body_bytes: int = Field(default=16 << 20, ge=1, description="Larger (decompressed) bodies get 413.")
     gateway_token: SecretStr | None = Field(default=None, description="Bearer token clients must send; unset: no auth.")
     gateway_retry_after_s: int = Field(default=5, ge=0)
+    gateway_agl_claim_timeout_s: float = Field(
+        default=600.0, gt=0, description="Agent Lightning's queue (/v1/agl): a dequeued rollout with no terminal "
+        "update_attempt within this time is ended as timeout and offered again (longer than an attempt runs, plus "
+        "the stream worker's finish grace).")
+    gateway_agl_max_attempts: int = Field(default=2, ge=1, description="Attempts per dequeued rollout (1 = no retry).")
     insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
 
 
