@@ -234,7 +234,7 @@ class LLMProxy:
         self.kind = kind
         self.max_response_bytes = max_response_bytes
         self._upstream_auth = f"Bearer {api_key}" if api_key else url_auth
-        secrets = [api_key or "", *url_secrets(upstream)]
+        secrets = [api_key or "", *url_secrets(upstream), (self._upstream_auth or "").partition(" ")[2]]
         self._secrets = sorted({x for x in secrets if len(x) >= _MIN_SCRUBBED}, key=len, reverse=True)
         self.timeout = ClientTimeout(total=timeout_s)
         self._session: ClientSession | None = None
