@@ -50,8 +50,15 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
 
+TOO_DEEP = "body is nested too deeply: JSON arrays and objects may nest a few hundred levels at most"
+
+
 class BadRequest(ValueError):
     """The body is not an OTLP trace export request."""
+
+
+def _one_line(exc: BaseException, limit: int = 500) -> str:
+    return " ".join(str(exc).split())[:limit]
 
 
 def any_value(v: AnyValue) -> Any:
@@ -95,10 +102,14 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
             data = json.loads(body)
         except ValueError as exc:
             raise BadRequest(f"body is not JSON: {exc}") from exc
+        except RecursionError:
+            raise BadRequest(TOO_DEEP) from None
         try:
             json_format.ParseDict(_hex_ids_to_base64(data), req, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise BadRequest(f"JSON is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+        except (json_format.ParseError, ValueError, TypeError) as exc:
+            raise BadRequest(f"JSON is not an OTLP ExportTraceServiceRequest: {_one_line(exc)}") from exc
+        except RecursionError:  # ids are rewritten and messages parsed recursively
+            raise BadRequest(TOO_DEEP) from None
         return req
     if content_type and not content_type.startswith(PROTOBUF):
         raise BadRequest(f"unsupported Content-Type {content_type!r}: use {PROTOBUF} or {JSON}")
@@ -175,7 +186,7 @@ class Gateway:
 
     def app(self) -> web.Application:
         # The body limit is checked by hand (after gzip too); aiohttp's own limit sits just above it.
-        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[self._too_deep])
         app.router.add_post("/v1/traces", self.traces)
         app.router.add_post(EVENT_PATH, self.agl_event)
         app.router.add_get("/healthz", self.healthz)
@@ -183,6 +194,18 @@ class Gateway:
         self.agl_store.add_to(app)
         app.router.add_route("*", "/api/{call:.*}", self.agl1_not_on_the_bus)  # after the events route: it wins
         return app
+
+    @web.middleware
+    async def _too_deep(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A body nested beyond Python's recursion limit, on any route (``/v1/agl`` decodes its own JSON),
+        is the client's error: 400 with the reason, in the route's error shape, never a 500."""
+        try:
+            return await handler(request)
+        except RecursionError:
+            self.m_requests.labels("400").inc()
+            if request.path.startswith(("/v1/agl/", "/api/")):
+                return web.json_response({"detail": TOO_DEEP}, status=400)
+            return web.Response(status=400, text=TOO_DEEP)
 
     async def agl1_not_on_the_bus(self, request: web.Request) -> web.Response:
         """Agent Lightning 1.x's server calls other than events: its rollout lifecycle and model registry
@@ -278,6 +301,8 @@ class Gateway:
             event = json.loads(body)
         except ValueError as exc:
             return self._reply(400, f"body is not JSON: {exc}")
+        except RecursionError:
+            return self._reply(400, TOO_DEEP)
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
         now = time.time_ns()
         try:
