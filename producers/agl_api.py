@@ -35,7 +35,6 @@ DEFAULT_ATTEMPT_ID = "0"  # what its controllers hand every agent (agentlightnin
 STATES = ("queuing", "running", "succeeded", "failed")
 TERMINAL = ("succeeded", "failed")
 MAX_DEPTH = 64  # JSON nesting a body may have; deeper is refused (400) before anything reads it
-DATA_ID_ATTR = "agentlightning.data_id"
 PATCH_FIELDS = ("state", "k8s_job_name", "last_attempt_id", "error_message")  # its RolloutStatusPatch (extra: forbid)
 
 
@@ -131,12 +130,10 @@ def task_id_of(task_input: Any) -> str:
 def started_from_create(rollout: Mapping[str, Any], *, resource_version: int | None, now_ns: int) -> RolloutEvent:
     """The STARTED event of a created rollout's attempt ``"0"``: the stream worker knows its task and mode
     from it (a FINISHED from a patch names only the ids). ``resource_version``: the policy's newest."""
-    metadata = {DATA_ID_ATTR: task_id_of(rollout["input"])}
-    for key, value in rollout["metadata"].items():
-        if value is not None:
-            metadata[f"agentlightning.metadata.{key}"] = attr_str(value)
+    metadata = {f"agentlightning.metadata.{key}": attr_str(value) for key, value in rollout["metadata"].items()
+                if value is not None}
     return RolloutEvent(rollout_id=rollout["rollout_id"], attempt_id=DEFAULT_ATTEMPT_ID, event="STARTED", time_ns=now_ns,
-                        task_id=metadata[DATA_ID_ATTR], mode="train" if rollout["is_train"] else "val", attempt=1,
+                        task_id=task_id_of(rollout["input"]), mode="train" if rollout["is_train"] else "val", attempt=1,
                         resource_version=resource_version, metadata=metadata)
 
 
