@@ -68,6 +68,12 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}dlq"
 
+    @property
+    def agl_dequeue_group(self) -> str:
+        """The consumer group of the gateway replicas on rb.tasks (Agent Lightning's queue, /v1/agl):
+        each task partition has one owner, which hands its tasks out."""
+        return f"{self.prefix}agl-dequeue"
+
     def all(self) -> list[str]:
         return [self.spans, self.tasks, self.batches, self.resources, self.metrics, self.dlq]
 

@@ -2,22 +2,25 @@
 
 The attempt-level calls its runner makes — health, spans, sequence ids, attempt updates, resources,
 worker heartbeats — mapped by :mod:`producers.agl_store`. Its OTLP endpoint (``/v1/traces``) is the
-gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``), rollout and span queries and the
-other calls answer 501 naming the call: they need claims that hold across gateway replicas, not built yet.
+gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``) is rb.tasks, claimed through
+:mod:`producers.agl_queue`; ``start_rollout`` starts an attempt the caller runs at once (no task). The
+other calls answer 501 naming the call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from foundation.errors import EncodeError
+from foundation.errors import EncodeError, KafkaUnavailable
+from producers.agl_claims import EnqueueError, enqueue_requests, new_attempt_id, new_rollout_id
 from producers.agl_store import (
     PREFIX,
     attempt_reply,
@@ -31,7 +34,10 @@ from producers.mapping import MappingError
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode, encode_raw
-from schemas.models import UNNUMBERED, ResourceVersion
+from schemas.models import UNNUMBERED, ResourceVersion, RolloutEvent
+
+if TYPE_CHECKING:
+    from producers.agl_queue import TaskQueue
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +48,10 @@ class LightningStoreRoutes:
     """Adds the ``/v1/agl`` routes to the gateway's application."""
 
     def __init__(self, transport: SpanTransport, resources: Resources, *, token: str | None = None,
-                 retry_after_s: int = 5, max_body_bytes: int = 16 << 20) -> None:
+                 retry_after_s: int = 5, max_body_bytes: int = 16 << 20, queue: TaskQueue | None = None) -> None:
         self.transport = transport
         self.resources = resources
+        self.queue = queue  # None: the queue calls answer 501 (a gateway built without Kafka consumer settings)
         self.token = token
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
@@ -52,6 +59,9 @@ class LightningStoreRoutes:
     def add_to(self, app: web.Application) -> None:
         r = app.router
         r.add_get(f"{PREFIX}/health", self.health)
+        r.add_post(f"{PREFIX}/queues/rollouts/enqueue", self.enqueue)
+        r.add_post(f"{PREFIX}/queues/rollouts/dequeue", self.dequeue)
+        r.add_post(f"{PREFIX}/rollouts", self.start_rollout)
         r.add_post(f"{PREFIX}/spans/next", self.next_sequence_id)
         r.add_post(f"{PREFIX}/spans", self.add_span)
         r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}", self.update_attempt)
@@ -131,7 +141,76 @@ class LightningStoreRoutes:
             if (busy := self._send(rollout_id, encode(event))) is not None:
                 return busy
             log.info("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
+            if self.queue is not None:
+                self.queue.finished(attempt_id, event.status or "succeeded")
         return web.json_response(attempt_reply(rollout_id, attempt_id, body, now=time.time()))
+
+    def _resources_id(self) -> str | None:
+        current = self.resources()
+        update = resources_update(current) if current is not None else None
+        return update["resources_id"] if update is not None else None
+
+    async def enqueue(self, request: web.Request) -> web.Response:
+        """``enqueue_rollout(s)``: each rollout a task on rb.tasks; answers its ``Rollout``s (queuing)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.queue is None:
+            return await self.not_on_the_bus(request)
+        try:
+            reqs = enqueue_requests(await self._json(request))
+        except (MappingError, EnqueueError) as exc:
+            return self._error(422, f"not an enqueue request: {exc}")
+        if not reqs:
+            return web.json_response([], status=201)
+        try:
+            replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
+        except KafkaUnavailable as exc:
+            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+        return web.json_response(replies, status=201)
+
+    async def dequeue(self, request: web.Request) -> web.Response:
+        """``dequeue_rollout(s)``: rollouts of the tasks this replica owns, each claimed by the caller; []
+        when it has none (the client's None)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.queue is None:
+            return await self.not_on_the_bus(request)
+        try:
+            body = await self._json(request) or {}
+        except MappingError as exc:
+            return self._error(422, str(exc))
+        limit, worker_id = body.get("limit", 1), body.get("worker_id")
+        if isinstance(limit, bool) or not isinstance(limit, int) or (worker_id is not None and not isinstance(worker_id, str)):
+            return self._error(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
+        if limit <= 0:
+            return web.json_response([])
+        got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
+        return web.json_response(got)
+
+    async def start_rollout(self, request: web.Request) -> web.Response:
+        """``start_rollout``: a rollout its caller runs now: no task on rb.tasks, its attempt STARTED on
+        rb.spans (task id = rollout id); answers the ``AttemptedRollout``."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        try:
+            body = await self._json(request)
+            [req] = enqueue_requests(body)
+        except (MappingError, EnqueueError, ValueError) as exc:
+            return self._error(422, f"not a rollout request: {exc}")
+        from producers.agl_claims import rollout_reply, task_from_request
+
+        rid, aid, now = new_rollout_id(), new_attempt_id(), time.time()
+        task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or self._resources_id(),
+                                 now_ns=int(now * 1e9))
+        worker = req.get("worker_id") if isinstance(req.get("worker_id"), str) else None
+        started = RolloutEvent(rollout_id=rid, attempt_id=aid, event="STARTED", time_ns=int(now * 1e9), task_id=rid,
+                               mode=task.mode, metadata={"agentlightning.worker_id": worker} if worker else {})
+        if (busy := self._send(rid, encode(started))) is not None:
+            return busy
+        reply = rollout_reply(task, rid, status="preparing")
+        reply["attempt"] = {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now, "end_time": None,
+                            "status": "preparing", "worker_id": worker, "last_heartbeat_time": None, "metadata": None}
+        return web.json_response(reply, status=201)
 
     async def latest_resources(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
@@ -164,10 +243,11 @@ class LightningStoreRoutes:
         return web.json_response(reply)
 
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
-        call = f"{request.method} {PREFIX}/{request.match_info['call']}"
-        return self._error(501, f"{call} is not served by rolloutbus yet: the gateway serves the calls of an attempt "
-                                "(health, spans, spans/next, rollouts/{id}/attempts/{id}, resources, workers/{id}) "
-                                "and OTLP /v1/traces; tasks come from rb.tasks (`rolloutbus run-agent`)")
+        call = f"{request.method} {request.path}"
+        return self._error(501, f"{call} is not served by rolloutbus: the gateway serves the queue (queues/rollouts/enqueue, "
+                                "dequeue; rb.tasks), start_rollout, the calls of an attempt (spans, spans/next, "
+                                "rollouts/{id}/attempts/{id}, resources, workers/{id}), the reads of rollouts, attempts "
+                                "and spans (ClickHouse) and OTLP /v1/traces")
 
 
 class FollowedResources:

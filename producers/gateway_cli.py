@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
+    from producers.agl_queue import ClickHouseReader, TaskQueue, clickhouse_ended
     from producers.agl_store_http import FollowedResources
     from producers.gateway import Gateway
     from producers.settings import GatewaySettings
@@ -37,12 +39,25 @@ def run(args: argparse.Namespace) -> int:
         retry_after_s=s.gateway_retry_after_s,
         resources=resources,
     )
+    # Agent Lightning's queue on rb.tasks: joins the replicas' consumer group on the first dequeue; reads
+    # ClickHouse read-only (connected on first use) to learn of attempts that ended through another replica.
+    def readonly_clickhouse() -> Any:
+        from foundation.clickhouse import connect
+
+        return connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, readonly=True,
+                       create_database=False)
+
+    clickhouse = ClickHouseReader(readonly_clickhouse)
+    queue = TaskQueue(s.kafka_conf(), s.topics, transport, claim_timeout_s=s.gateway_agl_claim_timeout_s,
+                      max_attempts=s.gateway_agl_max_attempts, ended=clickhouse_ended(clickhouse), resources=resources)
+    gw.agl_store.queue = queue
     logging.getLogger(__name__).info(
         "gateway on http://%s:%d/v1/traces → %s at %s", s.gateway_host, s.gateway_port, s.topics.spans, s.bootstrap
     )
     try:
         web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None)
     finally:
+        queue.close()
         resources.close()
         transport.close(30)
     return 0

@@ -1,0 +1,295 @@
+"""Agent Lightning's rollout queue on rb.tasks: the claim bookkeeping of one gateway replica, and the
+records and replies of enqueue and dequeue. Pure (the consumer and its commits are
+:mod:`producers.agl_queue`).
+
+The replicas are one consumer group on rb.tasks, so each task partition has one owner. The owner hands
+its partitions' tasks out (a *claim*: one attempt of one rollout, with a deadline), and commits a
+partition only up to its lowest task not yet done. Each commit carries, as its metadata, how far the
+partition's tasks have been handed out and until when those claims live (:func:`claim_mark`), so a
+replica that takes the partition over (a rebalance, a crash) holds the re-delivered, already handed-out
+tasks until then instead of handing them out a second time: at most one live claim per task.
+
+A claim ends when its attempt ends (``update_attempt`` on this replica, or the attempt's row in
+ClickHouse for an update that reached another one). One that reaches its deadline first, or ends
+``failed``/``timeout``, is offered again with the next attempt number, up to ``max_attempts`` attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.models import Task
+
+# Task metadata keys of a rollout enqueued through the store API: what its dequeue gives back.
+ROLLOUT_ID = "agl.rollout_id"
+RESOURCES_ID = "agl.resources_id"
+CONFIG = "agl.config"
+METADATA = "agl.metadata"
+DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
+MODES = ("train", "val", "test")
+
+
+class EnqueueError(ValueError):
+    """An enqueue request that is not Agent Lightning's ``EnqueueManyRolloutsRequest``."""
+
+
+def new_rollout_id() -> str:
+    """A rollout id as Agent Lightning's store makes them (``ro-`` + 12 characters)."""
+    return "ro-" + uuid.uuid4().hex[:12]
+
+
+def new_attempt_id() -> str:
+    return "at-" + uuid.uuid4().hex[:8]
+
+
+def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
+    """The ``rollouts`` of an ``EnqueueManyRolloutsRequest`` (also a bare ``RolloutRequest``), checked."""
+    if not isinstance(body, Mapping):
+        raise EnqueueError("the request is a JSON object with a list 'rollouts'")
+    items = body["rollouts"] if "rollouts" in body else [body]
+    if not isinstance(items, list):
+        raise EnqueueError("'rollouts' must be a list")
+    for n, item in enumerate(items):
+        if not isinstance(item, Mapping) or "input" not in item:
+            raise EnqueueError(f"rollouts[{n}] is not an object with an 'input'")
+        if item.get("mode") is not None and item["mode"] not in MODES:
+            raise EnqueueError(f"rollouts[{n}].mode {item['mode']!r} is not one of {list(MODES)}")
+        for key in ("config", "metadata"):
+            if item.get(key) is not None and not isinstance(item[key], Mapping):
+                raise EnqueueError(f"rollouts[{n}].{key} must be an object")
+    return items
+
+
+def task_from_request(req: Mapping[str, Any], *, rollout_id: str, resources_id: str | None, now_ns: int) -> Task:
+    """One enqueued rollout → the task record on rb.tasks (keyed by its ``task_id``, the rollout id)."""
+    config = {**DEFAULT_CONFIG, **(req.get("config") or {})}
+    metadata = {ROLLOUT_ID: rollout_id, CONFIG: json.dumps(config), METADATA: json.dumps(req.get("metadata") or {})}
+    if resources_id is not None:
+        metadata[RESOURCES_ID] = resources_id
+    return Task(task_id=rollout_id, input=json.dumps(req["input"]), mode=req.get("mode") or "train", group_size=1,
+                created_ns=now_ns, metadata=metadata)
+
+
+def rollout_reply(task: Task, rollout_id: str, *, status: str = "queuing") -> dict[str, Any]:
+    """Agent Lightning's ``Rollout`` for a task (as its in-memory store answers an enqueue)."""
+    meta = task.metadata
+    try:
+        payload: Any = json.loads(task.input)
+    except ValueError:
+        payload = task.input  # plain text input
+    try:
+        config = {**DEFAULT_CONFIG, **json.loads(meta.get(CONFIG, "{}"))}
+        metadata = json.loads(meta[METADATA]) if METADATA in meta else {k: v for k, v in meta.items()}
+    except (ValueError, TypeError):
+        config, metadata = dict(DEFAULT_CONFIG), {}
+    return {"rollout_id": rollout_id, "input": payload, "start_time": task.created_ns / 1e9 or time.time(),
+            "end_time": None, "mode": task.mode if task.mode in MODES else None, "resources_id": meta.get(RESOURCES_ID),
+            "status": status, "config": config, "metadata": metadata}
+
+
+def rollout_count(task: Task) -> int:
+    """Rollouts a task makes: a train task ``group_size`` (one GRPO group), any other one."""
+    return max(1, task.group_size) if task.mode == "train" else 1
+
+
+def rollout_id_of(task: Task, partition: int, offset: int, index: int) -> str:
+    """A rollout's id, the same whichever replica hands it out: an enqueued rollout's own; for a task
+    published otherwise, made of its place on rb.tasks."""
+    if ROLLOUT_ID in task.metadata and rollout_count(task) == 1:
+        return task.metadata[ROLLOUT_ID]
+    return f"ro-{task.task_id}-p{partition}o{offset}-{index}"
+
+
+def claim_mark(claimed_to: int, until: float) -> str:
+    """The commit metadata of a partition: tasks up to offset ``claimed_to`` were handed out, and their
+    claims live until ``until`` (seconds since the epoch) at the latest."""
+    return json.dumps({"claimed_to": claimed_to, "until": round(until, 3)})
+
+
+def read_mark(metadata: str | None) -> tuple[int, float]:
+    """(claimed_to, until) of a commit's metadata; (-1, 0) when there is none."""
+    try:
+        mark = json.loads(metadata or "")
+        return int(mark["claimed_to"]), float(mark["until"])
+    except (ValueError, TypeError, KeyError):
+        return -1, 0.0
+
+
+@dataclass
+class Slot:
+    """One rollout of a task at (partition, offset)."""
+
+    partition: int
+    offset: int
+    index: int
+    task: Task
+    rollout_id: str
+    attempts: int = 0  # attempts handed out so far (held ones count as one)
+    done: bool = False
+
+
+@dataclass
+class Claim:
+    slot: Slot
+    attempt_id: str
+    attempt: int
+    worker_id: str | None
+    started: float
+    deadline: float
+    held: bool = False  # handed out by an earlier owner: its attempt id is not known here
+
+
+@dataclass
+class ClaimBook:
+    """The tasks of the partitions this replica owns: offered, claimed, done."""
+
+    claim_timeout_s: float
+    max_attempts: int = 2
+    _offers: deque[Slot] = field(default_factory=deque)
+    _slots: dict[tuple[int, int], list[Slot]] = field(default_factory=dict)
+    _claims: dict[str, Claim] = field(default_factory=dict)  # by attempt id
+    _held: list[Claim] = field(default_factory=list)
+    _marks: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition → (claimed_to, until)
+    _highest: dict[int, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ partitions
+
+    def assign(self, partition: int, mark: tuple[int, float]) -> None:
+        """A partition became ours; ``mark`` is its last commit's (:func:`read_mark`)."""
+        self._marks[partition] = mark
+
+    def revoke(self, partition: int) -> None:
+        """A partition is no longer ours: forget its tasks (the next owner gets them re-delivered)."""
+        self._offers = deque(s for s in self._offers if s.partition != partition)
+        for key in [k for k in self._slots if k[0] == partition]:
+            del self._slots[key]
+        for aid in [a for a, c in self._claims.items() if c.slot.partition == partition]:
+            del self._claims[aid]
+        self._held = [c for c in self._held if c.slot.partition != partition]
+        self._marks.pop(partition, None)
+        self._highest.pop(partition, None)
+
+    def add(self, partition: int, offset: int, task: Task, *, now: float) -> None:
+        """A task delivered from an owned partition. One an earlier owner handed out (at or below its
+        mark, whose claims may still live) is held until the mark's time, then checked and re-offered."""
+        if (partition, offset) in self._slots:
+            return
+        self._highest[partition] = max(self._highest.get(partition, -1), offset)
+        slots = [Slot(partition, offset, i, task, rollout_id_of(task, partition, offset, i)) for i in range(rollout_count(task))]
+        self._slots[(partition, offset)] = slots
+        claimed_to, until = self._marks.get(partition, (-1, 0.0))
+        for s in slots:
+            if offset <= claimed_to:
+                # Checked (ClickHouse) before it is offered again, even when its claims are past their time.
+                s.attempts = 1
+                self._held.append(Claim(s, attempt_id="", attempt=1, worker_id=None, started=now,
+                                        deadline=max(until, now), held=True))
+            else:
+                self._offers.append(s)
+
+    def add_unreadable(self, partition: int, offset: int) -> None:
+        """A record that is no task (the runners' group sends it to rb.dlq): done, nothing to offer."""
+        self._highest[partition] = max(self._highest.get(partition, -1), offset)
+        self._slots.setdefault((partition, offset), [])
+
+    def offered(self) -> int:
+        return len(self._offers)
+
+    # ------------------------------------------------------------------ claims
+
+    def take(self, worker_id: str | None, *, now: float) -> Claim | None:
+        """Hand the next offered rollout to ``worker_id``: a new attempt with a deadline; None: nothing offered."""
+        while self._offers:
+            slot = self._offers.popleft()
+            if slot.done or (slot.partition, slot.offset) not in self._slots:
+                continue
+            slot.attempts += 1
+            claim = Claim(slot, new_attempt_id(), slot.attempts, worker_id, now, now + self.claim_timeout_s)
+            self._claims[claim.attempt_id] = claim
+            return claim
+        return None
+
+    def untake(self, claim: Claim) -> None:
+        """A claim that could not be handed out after all (its commit failed): offered again, first."""
+        if self._claims.pop(claim.attempt_id, None) is not None and (claim.slot.partition, claim.slot.offset) in self._slots:
+            claim.slot.attempts -= 1
+            self._offers.appendleft(claim.slot)
+
+    def claims(self) -> list[Claim]:
+        """Live claims, held ones included."""
+        return [*self._claims.values(), *self._held]
+
+    def end(self, claim: Claim, status: str) -> bool:
+        """The claim's attempt ended with ``status``. A ``succeeded`` one finishes its rollout; another
+        (failed, timeout) is offered again while attempts are left. True when it was offered again."""
+        if claim.held:
+            if not any(c is claim for c in self._held):
+                return False  # ended already
+            self._held = [c for c in self._held if c is not claim]
+        elif self._claims.pop(claim.attempt_id, None) is not claim:
+            return False
+        slot = claim.slot
+        if (slot.partition, slot.offset) not in self._slots or slot.done:
+            return False
+        if status != "succeeded" and slot.attempts < self.max_attempts:
+            self._offers.append(slot)
+            return True
+        slot.done = True
+        return False
+
+    def claim_of(self, attempt_id: str) -> Claim | None:
+        return self._claims.get(attempt_id)
+
+    def expired(self, now: float) -> list[Claim]:
+        return [c for c in self.claims() if c.deadline <= now]
+
+    # ------------------------------------------------------------------ commits
+
+    def committable(self, partition: int) -> int | None:
+        """The offset to commit: the lowest task of the partition not yet done (None: nothing read)."""
+        if partition not in self._highest:
+            return None
+        open_offsets = [off for (p, off), slots in self._slots.items() if p == partition and not all(s.done for s in slots)]
+        return min(open_offsets) if open_offsets else self._highest[partition] + 1
+
+    def forget_done(self, partition: int, below: int) -> None:
+        """Drop the partition's tasks below a committed offset (all done)."""
+        for key in [k for k in self._slots if k[0] == partition and k[1] < below]:
+            del self._slots[key]
+
+    def mark(self, partition: int) -> tuple[int, float]:
+        """(claimed_to, until) to commit with the partition: the highest offset handed out (by us or an
+        earlier owner) and the latest deadline of its live claims."""
+        claimed_to, until = self._marks.get(partition, (-1, 0.0))
+        for c in self.claims():
+            if c.slot.partition == partition:
+                claimed_to, until = max(claimed_to, c.slot.offset), max(until, c.deadline)
+        for (p, off), slots in self._slots.items():
+            if p == partition and any(s.attempts for s in slots):
+                claimed_to = max(claimed_to, off)
+        self._marks[partition] = (claimed_to, until)
+        return claimed_to, until
+
+    def partitions(self) -> list[int]:
+        return sorted(self._marks)
+
+
+def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
+    """Agent Lightning's ``AttemptedRollout`` for a claim: what its store's dequeue answers."""
+    slot = claim.slot
+    reply = rollout_reply(slot.task, slot.rollout_id, status="preparing")
+    reply["attempt"] = {"rollout_id": slot.rollout_id, "attempt_id": claim.attempt_id, "sequence_id": claim.attempt,
+                        "start_time": now, "end_time": None, "status": "preparing", "worker_id": claim.worker_id,
+                        "last_heartbeat_time": None, "metadata": None}
+    return reply
+
+
+__all__ = ["ClaimBook", "Claim", "Slot", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
+           "attempted_rollout", "rollout_count", "rollout_id_of", "claim_mark", "read_mark", "new_rollout_id",
+           "new_attempt_id", "DEFAULT_CONFIG"]
