@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from producers.agl_events import EVENT_PATH, event_to_span
+from producers.agl_api_http import AgentLightning1Routes
 from producers.agl_store_http import LightningStoreRoutes, Resources
 from producers.context import new_span_id
 from producers.mapping import Attribution, MappingError, otel_to_span
@@ -169,8 +170,12 @@ class Gateway:
         resources: Resources | None = None,
     ) -> None:
         self.transport = transport
-        # Agent Lightning 0.3's store API: the calls of an attempt (producers/agl_store_http.py)
-        self.agl_store = LightningStoreRoutes(transport, resources or dict, token=token, retry_after_s=retry_after_s,
+        # Agent Lightning's own APIs, one rb.resources reader for both: 0.3's store (producers/agl_store_http.py)
+        # and 1.x's server (producers/agl_api_http.py)
+        resources = resources or dict
+        self.agl_store = LightningStoreRoutes(transport, resources, token=token, retry_after_s=retry_after_s,
+                                              max_body_bytes=max_body_bytes)
+        self.agl1_api = AgentLightning1Routes(transport, resources, token=token, retry_after_s=retry_after_s,
                                               max_body_bytes=max_body_bytes)
         self.max_body_bytes = max_body_bytes
         self.token = token
@@ -192,7 +197,7 @@ class Gateway:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
         self.agl_store.add_to(app)
-        app.router.add_route("*", "/api/{call:.*}", self.agl1_not_on_the_bus)  # after the events route: it wins
+        self.agl1_api.add_to(app)  # after the events route: its /api catch-all answers 501 naming the call
         return app
 
     @web.middleware
@@ -206,14 +211,6 @@ class Gateway:
             if request.path.startswith(("/v1/agl/", "/api/")):
                 return web.json_response({"detail": TOO_DEEP}, status=400)
             return web.Response(status=400, text=TOO_DEEP)
-
-    async def agl1_not_on_the_bus(self, request: web.Request) -> web.Response:
-        """Agent Lightning 1.x's server calls other than events: its rollout lifecycle and model registry
-        need a rollout table shared by the gateway replicas, not built yet."""
-        call = f"{request.method} /api/{request.match_info['call']}"
-        self.m_requests.labels("501").inc()
-        return web.json_response({"detail": f"{call} is not served by rolloutbus yet: of Agent Lightning 1.x's server "
-                                            f"API the gateway serves the events route, POST {EVENT_PATH}"}, status=501)
 
     def _reply(self, status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
         self.m_requests.labels(str(status)).inc()

@@ -25,37 +25,13 @@ import pytest
 import requests
 
 from al_venv import ENV, ALInstallError, ensure_venv_1x
-from producers_testkit import REPO, consume_all, free_port
+from producers_testkit import REPO, consume_all, free_port, start_gateway
 from schemas import codec
 from schemas.models import ResourceVersion
 from tests.integration.streams.helpers import batches, produce, query, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 TOKEN = "s3cret"
-
-# The gateway as `rolloutbus gateway` builds it, with the 1.x routes added to its application.
-GATEWAY = """
-import sys
-from aiohttp import web
-from producers.agl_api_http import AgentLightning1Routes
-from producers.agl_store_http import FollowedResources
-from producers.gateway import Gateway
-from producers.settings import GatewaySettings
-from producers.transport import SpanTransport
-
-s = GatewaySettings()
-transport = SpanTransport.from_settings(s, spool_name="gateway")
-resources = FollowedResources(s.kafka_conf(), s.topics.resources)
-token = s.gateway_token.get_secret_value() if s.gateway_token else None
-gw = Gateway(transport, token=token, resources=resources, max_body_bytes=s.gateway_max_body_bytes)
-app = gw.app()
-AgentLightning1Routes(transport, resources, token=token, max_body_bytes=s.gateway_max_body_bytes).add_to(app)
-try:
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-finally:
-    resources.close()
-    transport.close(30)
-"""
 
 DRIVER = """
 import asyncio, json, sys
@@ -121,23 +97,7 @@ def al1_python() -> Path:
 
 @pytest.fixture
 def gateway_url(test_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**test_env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw"),
-           "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": "200000"}
-    proc = subprocess.Popen([sys.executable, "-c", GATEWAY, str(port)], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            pytest.fail(f"gateway did not start: {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.2)
+    base, proc = start_gateway({**test_env, "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": "200000"}, tmp_path / "gw", token=TOKEN)
     yield base
     proc.terminate()
     proc.wait(30)

@@ -92,10 +92,9 @@ def test_agent_lightning_1x_client_posts_events_to_the_gateway(
     assert reward["kind"] == "reward" and reward["reward"]["value"] == 1.0
     assert reward["attributes"]["agentlightning.reward.reason"] == "exact_match"
 
-    # Its server's other calls are not on the bus yet: they say so, naming the call.
-    resp = requests.patch(f"{base}/api/rollouts/{rollout_id}", json={"status": {"state": "succeeded"}},
-                          headers={"Authorization": "Bearer s3cret"}, timeout=5)
-    assert resp.status_code == 501 and f"PATCH /api/rollouts/{rollout_id}" in resp.json()["detail"]
+    # Its server's calls with no meaning on the bus say so, naming the call.
+    resp = requests.get(f"{base}/api/rollouts", headers={"Authorization": "Bearer s3cret"}, timeout=5)
+    assert resp.status_code == 501 and "GET /api/rollouts" in resp.json()["detail"]
 
     # The attempt ends (our runner's FINISHED) and the stream worker makes the call a step.
     finished = RolloutEvent(rollout_id=rollout_id, attempt_id=attempt_id, event="FINISHED", time_ns=time.time_ns(),
