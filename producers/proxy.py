@@ -154,6 +154,12 @@ def _logprob(value: Any) -> float:
     return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
 
 
+def _utf8(text: Any) -> Any:
+    """``text`` encodable as UTF-8: lone surrogates (JSON ``\\ud800`` escapes, undecodable header or path
+    bytes) become ``?``, so that the span fits its schema."""
+    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -209,6 +215,13 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
+def _events_end(data: bytearray, start: int = 0) -> int:
+    """Where the last complete server-sent event in ``data`` ends (0: none is complete yet); the
+    search begins at ``start`` (what was searched before need not be again)."""
+    start = max(start, 0)
+    return max((i + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := data.rfind(sep, start)) >= 0), default=0)
+
+
 def _sse_error(message: str) -> bytes:
     return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
 
@@ -240,7 +253,8 @@ class LLMProxy:
         self._session: ClientSession | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        # Request bodies are read as sent: a compressed one is refused (415), not inflated here.
+        app = web.Application(client_max_size=64 << 20, handler_args={"auto_decompress": False})
         app.router.add_post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions", self.chat)
         app.router.add_post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/completions", self.completions)
         app.router.add_get("/healthz", self.healthz)
@@ -287,13 +301,15 @@ class LLMProxy:
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
                                          status=401, headers={"WWW-Authenticate": "Bearer"})
-        rollout_id = request.match_info["rollout_id"]
-        attempt_id = request.match_info["attempt_id"]
+        rollout_id = _utf8(request.match_info["rollout_id"])
+        attempt_id = _utf8(request.match_info["attempt_id"])
+        if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+            return _error(415, "send the request body uncompressed (no Content-Encoding)", "invalid_request_error")
         try:
             body = parse_request(await request.read(), chat)
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
-        agent_name = request.headers.get(AGENT_HEADER) or None
+        agent_name = _utf8(request.headers.get(AGENT_HEADER)) or None
         given = (request.headers.get(SEQUENCE_HEADER) or "").strip()
         if given and not _INT.fullmatch(given):
             return _error(400, f"{SEQUENCE_HEADER} must be a non-negative integer below 10^18", "invalid_request_error")
@@ -351,7 +367,7 @@ class LLMProxy:
         when the upstream breaks off, the stream ends with an error event and the span says why."""
         resp = web.StreamResponse(status=up.status, headers=headers)
         await resp.prepare(request)
-        buf = bytearray()
+        pending = bytearray()  # received, not passed on yet: its last event is not complete
         total = 0
         error: str | None = None
         try:
@@ -361,24 +377,29 @@ class LLMProxy:
                     if total > self.max_response_bytes:
                         error = self._too_large()
                         break
-                    await resp.write(chunk)
-                    buf += chunk
-                    while (nl := buf.find(b"\n")) >= 0:
-                        self._sse_line(bytes(buf[:nl]), call, meta["chat"])
-                        del buf[: nl + 1]
+                    pending += chunk
+                    if cut := _events_end(pending, len(pending) - len(chunk) - 3):
+                        await self._pass_on(resp, bytes(pending[:cut]), call, meta["chat"])
+                        del pending[:cut]
             except ConnectionResetError:
                 raise
             except (ClientError, TimeoutError) as exc:
                 error = f"upstream stream broke off: {self._scrub(f'{type(exc).__name__}: {exc}')}"
             if error is None:
-                self._sse_line(bytes(buf), call, meta["chat"])
-            else:
+                await self._pass_on(resp, bytes(pending), call, meta["chat"])
+            else:  # the client gets whole events, then one that says why the stream ends here
                 await resp.write(_sse_error(error))
             await resp.write_eof()
         except ConnectionResetError:
             error = error or "the client went away before the end of the stream"
         self._record(call, meta, error=error)
         return resp
+
+    async def _pass_on(self, resp: web.StreamResponse, events: bytes, call: _Call, chat: bool) -> None:
+        if events:
+            await resp.write(events)
+            for line in events.splitlines():
+                self._sse_line(line, call, chat)
 
     @staticmethod
     def _sse_line(line: bytes, call: _Call, chat: bool) -> None:
@@ -403,11 +424,11 @@ class LLMProxy:
             attrs = {
                 "gen_ai.operation.name": "chat" if meta["chat"] else "text_completion",
                 "http.route": meta["path"],
-                "gen_ai.prompt": meta["prompt"],
-                "gen_ai.completion": "".join(c["text"]),
+                "gen_ai.prompt": _utf8(meta["prompt"]),
+                "gen_ai.completion": _utf8("".join(c["text"])),
             }
             if meta.get("request_model"):
-                attrs["gen_ai.request.model"] = str(meta["request_model"])
+                attrs["gen_ai.request.model"] = _utf8(meta["request_model"])
             if i:
                 attrs["gen_ai.choice.index"] = str(i)
             missing = [what for what, ids in (("prompt", call.prompt_ids), ("response", c["ids"])) if not ids]
@@ -429,14 +450,14 @@ class LLMProxy:
                 "start_time_ns": meta["start"],
                 "end_time_ns": end,
                 "status_code": "ERROR" if error else "OK",
-                "status_message": error,
+                "status_message": _utf8(error) if error else None,
                 "attributes": attrs,
                 "events": [],
                 "resource": {"service.name": "rolloutbus-proxy"},
                 "llm": llm_record(
                     call.prompt_ids, c["ids"], [min(0.0, float(x)) for x in logprobs],
-                    model=call.model or meta.get("request_model"), resource_version=meta.get("version"),
-                    request_id=call.request_id, finish_reason=c["finish"],
+                    model=_utf8(call.model or meta.get("request_model")), resource_version=meta.get("version"),
+                    request_id=_utf8(call.request_id), finish_reason=_utf8(c["finish"]),
                 ),
                 "reward": None,
                 "tool": None,

@@ -154,7 +154,9 @@ def start_proxy(test_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[.
 
 
 def _spans(kafka_conf: dict[str, Any], topics: Any, expect: int) -> list[dict[str, Any]]:
-    return [rec for _k, _name, rec, _p in consume_all(kafka_conf, topics.spans, expect=expect, timeout=30)]
+    """The spans recorded, in the order of the calls."""
+    spans = [rec for _k, _name, rec, _p in consume_all(kafka_conf, topics.spans, expect=expect, timeout=30)]
+    return sorted(spans, key=lambda s: s["start_time_ns"])
 
 
 def test_credentials_in_the_upstream_url_are_used_but_never_shown(
