@@ -34,6 +34,7 @@ from fastavro.schema import fingerprint as fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from foundation.errors import DecodeError, EncodeError, ValidationError
+from schemas import span_avro
 from schemas.models import RECORD_TYPES, Record
 
 SCHEMA_DIR = Path(__file__).parent / "avro"
@@ -252,19 +253,35 @@ def from_avro(name: str, d: dict[str, Any]) -> Record:
 # --------------------------------------------------------------------------- bodies
 
 
+_SPAN = "rolloutbus.Span"
+
+
 def encode_body(name: str, avro_dict: Mapping[str, Any]) -> bytes:
-    """Avro binary body of ``avro_dict`` with the current schema ``name`` (no header)."""
+    """Avro binary body of ``avro_dict`` with the current schema ``name`` (no header).
+
+    A Span is written by :mod:`schemas.span_avro` (fastavro's bytes, generated for its schema);
+    fastavro writes every other record and any span that code finds unusual."""
+    if name == _SPAN:
+        try:
+            return span_avro.write_span(avro_dict)  # type: ignore[arg-type]
+        except span_avro.Unusual:
+            pass
     buf = io.BytesIO()
     try:
         fastavro.schemaless_writer(buf, schema_set().write_parsed[name], avro_dict)
     except KeyError as exc:
         raise EncodeError(f"unknown record type {name!r}; known: {sorted(SCHEMA_FILES)}") from exc
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise EncodeError(f"{name} does not fit its schema: {exc}") from exc
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # an int over 64 bits: OverflowError
+        raise EncodeError(f"{name} does not fit its schema: {type(exc).__name__}: {exc}") from exc
     return buf.getvalue()
 
 
 def _read_body(data: bytes, offset: int, writer: Any, reader: Any | None, name: str) -> dict[str, Any]:
+    if reader is None and name == _SPAN and writer is schema_set().parsed[_SPAN]:
+        try:
+            return span_avro.read_span(data, offset)  # fastavro's dict, generated for the current schema
+        except span_avro.Unusual:
+            pass  # fastavro reads it, or says what is wrong with it
     buf = io.BytesIO(data)
     buf.seek(offset)
     try:
@@ -287,7 +304,13 @@ def _read_body(data: bytes, offset: int, writer: Any, reader: Any | None, name: 
 
 def encode_raw(name: str, avro_dict: Mapping[str, Any]) -> bytes:
     """Single-object encoding of an Avro dict (the hot path: no pydantic)."""
-    return MAGIC_SINGLE_OBJECT + schema_set().fingerprints[name] + encode_body(name, avro_dict)
+    header = _HEADERS.get(name)
+    if header is None:
+        header = _HEADERS[name] = MAGIC_SINGLE_OBJECT + schema_set().fingerprints[name]
+    return header + encode_body(name, avro_dict)
+
+
+_HEADERS: dict[str, bytes] = {}
 
 
 def encode(record: Record) -> bytes:

@@ -1,0 +1,158 @@
+"""The generated Span codec against fastavro, its reference: same bytes, same dicts, same errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import fastavro
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from foundation.errors import DecodeError, EncodeError
+from schemas import codec, span_avro
+
+SPAN = "rolloutbus.Span"
+PARSED = codec.schema_set().parsed[SPAN]
+HEADER = codec.MAGIC_SINGLE_OBJECT + codec.schema_set().fingerprints[SPAN]
+
+
+def ref_write(d: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, PARSED, d)
+    return buf.getvalue()
+
+
+def ref_read(body: bytes) -> dict:
+    buf = io.BytesIO(body)
+    out = fastavro.schemaless_reader(buf, PARSED, None)
+    if buf.tell() != len(body):
+        raise ValueError("trailing bytes")
+    return out
+
+
+text = st.text(max_size=80) | st.text(min_size=60, max_size=300)  # lengths across the 1-byte varint boundary
+longs = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+maps = st.dictionaries(text, text, max_size=5)
+floats = st.floats(allow_nan=False)
+llm = st.fixed_dictionaries({
+    "model": st.none() | text, "prompt_token_ids": st.binary(max_size=9000), "response_token_ids": st.binary(max_size=64),
+    "response_logprobs": st.binary(max_size=64), "response_mask": st.binary(max_size=16),
+    "resource_version": st.none() | longs, "request_id": st.none() | text, "finish_reason": st.none() | text,
+})
+spans = st.fixed_dictionaries({
+    "span_id": text, "trace_id": text, "parent_id": st.none() | text, "rollout_id": text, "attempt_id": text,
+    "sequence_id": longs, "name": text, "kind": text, "start_time_ns": longs, "end_time_ns": longs,
+    "status_code": text, "status_message": st.none() | text, "attributes": maps,
+    "events": st.lists(st.fixed_dictionaries({"name": text, "time_ns": longs, "attributes": maps}), max_size=3),
+    "resource": maps, "llm": st.none() | llm,
+    "reward": st.none() | st.fixed_dictionaries({"value": floats, "primary": text,
+                                                 "dimensions": st.dictionaries(text, floats, max_size=3)}),
+    "tool": st.none() | st.fixed_dictionaries({"name": text, "arguments": text, "result": st.none() | text,
+                                               "ok": st.booleans(), "error": st.none() | text}),
+    "agent_name": st.none() | text,
+})
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, NaN equal to NaN (a hostile body can carry one)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(spans)
+def test_random_spans_same_bytes_and_dicts(d: dict) -> None:
+    body = span_avro.write_span(d)
+    assert body == ref_write(d)
+    assert same(span_avro.read_span(body, 0), ref_read(body))
+    assert codec.decode_raw(codec.encode_raw(SPAN, d)) == (SPAN, ref_read(body))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(spans, st.data())
+def test_hostile_bytes_read_as_fastavro_reads_them(d: dict, data: st.DataObject) -> None:
+    """Flipped, cut and inserted bytes: the codec returns fastavro's dict, or fails where it fails."""
+    body = bytearray(ref_write(d))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        i = data.draw(st.integers(0, max(len(body) - 1, 0)))
+        if op == "flip" and body:
+            body[i] = data.draw(st.integers(0, 255))
+        elif op == "cut":
+            del body[i:]
+        else:
+            body[i:i] = data.draw(st.binary(min_size=1, max_size=10))
+    try:
+        expected = ref_read(bytes(body))
+    except Exception:  # noqa: BLE001 - any fastavro failure is a DecodeError for us
+        expected = None
+    if expected is None or not isinstance(expected, dict):
+        with pytest.raises(DecodeError):
+            codec.decode_raw(HEADER + bytes(body))
+    else:
+        assert same(codec.decode_raw(HEADER + bytes(body))[1], expected)
+    try:
+        fast = span_avro.read_span(bytes(body), 0)
+    except span_avro.Unusual:
+        return
+    assert expected is not None and same(fast, expected), "the fast reader accepted what fastavro reads otherwise"
+
+
+@pytest.mark.parametrize("change", [
+    {"sequence_id": True}, {"sequence_id": 1.0}, {"sequence_id": 1 << 63}, {"name": b"x"}, {"name": None},
+    {"attributes": {"k": 1}}, {"attributes": [("k", "v")]}, {"parent_id": 5}, {"events": [{"name": "e"}]},
+    {"reward": {"value": 1, "primary": "reward", "dimensions": {}}}, {"tool": {"name": "t"}}, {"name": "\ud800"},
+    {"llm": {"model": None, "prompt_token_ids": bytearray(b"ab")}},
+])
+def test_unusual_values_are_written_or_refused_as_fastavro_does(change: dict) -> None:
+    d = {**json.loads(json.dumps(BASE)), **change}
+    try:
+        expected = ref_write(d)
+    except Exception:  # noqa: BLE001
+        with pytest.raises(EncodeError):
+            codec.encode_raw(SPAN, d)
+        return
+    assert codec.encode_raw(SPAN, d) == HEADER + expected
+
+
+def test_missing_field_with_a_nullable_type_is_written_as_fastavro_does() -> None:
+    d = {k: v for k, v in BASE.items() if k != "agent_name"}
+    assert codec.encode_body(SPAN, d) == ref_write(d)
+
+
+def test_varint_forms_fastavro_decides() -> None:
+    """A length padded with a zero byte, a negative block count: left to fastavro, same answer."""
+    body = bytearray(ref_write(BASE))
+    padded = bytes([body[0] | 0x80, 0]) + bytes(body[1:])  # span_id's length, in two bytes
+    with pytest.raises(span_avro.Unusual):
+        span_avro.read_span(padded, 0)
+    try:
+        expected = ref_read(padded)
+    except Exception:  # noqa: BLE001
+        with pytest.raises(DecodeError):
+            codec.decode_raw(HEADER + padded)
+    else:
+        assert codec.decode_raw(HEADER + padded)[1] == expected
+
+
+def test_generated_source_follows_the_schema() -> None:
+    src = span_avro.generated_source(json.loads(span_avro.SPAN_SCHEMA.read_text()))
+    assert src.startswith("def read_span(data, pos):") and "def write_span(rec):" in src
+    with pytest.raises(RuntimeError, match="cannot generate"):
+        span_avro.generated_source({"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]})
+
+
+BASE = {
+    "span_id": "s1", "trace_id": "t" * 32, "parent_id": None, "rollout_id": "ro-1", "attempt_id": "at-1",
+    "sequence_id": 3, "name": "tool.search", "kind": "tool", "start_time_ns": 1, "end_time_ns": 2,
+    "status_code": "OK", "status_message": None, "attributes": {"a": "b"}, "events": [], "resource": {},
+    "llm": None, "reward": None, "tool": None, "agent_name": "agent",
+}
