@@ -98,9 +98,9 @@ def parse_request(raw: bytes, chat: bool) -> dict[str, Any]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages must be a list of message objects")
-    elif not isinstance(body.get("prompt", ""), (str, list)):
+    elif not isinstance(body.get("prompt"), (str, list, type(None))):
         raise ValueError("prompt must be a string or a list")
-    if not isinstance(body.get("model", ""), str):
+    if not isinstance(body.get("model"), (str, type(None))):
         raise ValueError("model must be a string")
     return body
 
@@ -298,7 +298,7 @@ class LLMProxy:
     async def _handle(self, request: web.Request, path: str, chat: bool) -> web.StreamResponse:
         if self.token is not None:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
                 return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
                                          status=401, headers={"WWW-Authenticate": "Bearer"})
         rollout_id = _utf8(request.match_info["rollout_id"])
