@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from aiohttp import BasicAuth, ClientError, ClientResponse, ClientSession, ClientTimeout, web
 from multidict import CIMultiDict
 
+from foundation.errors import ConfigError, RolloutContextError
 from foundation.redact import redact_url, url_secrets
 
 from producers.context import current_rollout, new_span_id, new_trace_id
@@ -117,8 +118,6 @@ def proxy_url(base: str) -> str:
     """The OpenAI base URL (``.../v1``) of the proxy at ``base`` for the current rollout attempt."""
     ctx = current_rollout()
     if ctx is None:
-        from foundation.errors import RolloutContextError
-
         raise RolloutContextError("proxy_url() needs an open rollout: call it inside `with rollout(...)`")
     return f"{base.rstrip('/')}/rollout/{ctx.rollout_id}/attempt/{ctx.attempt_id}/v1"
 
@@ -230,7 +229,7 @@ class LLMProxy:
     def __init__(self, upstream: str, transport: SpanTransport, *, api_key: str | None = None, timeout_s: float = 600.0,
                  token: str | None = None, kind: str = "vllm", max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         if kind not in UPSTREAM_KINDS:
-            raise ValueError(f"upstream kind must be one of {', '.join(UPSTREAM_KINDS)}, got {kind!r}")
+            raise ConfigError(f"upstream kind must be one of {', '.join(UPSTREAM_KINDS)}, got {kind!r}")
         self.shown = redact_url(upstream.rstrip("/"))  # what logs and errors say
         parts = urlsplit(upstream.rstrip("/"))
         url_auth = None
@@ -335,14 +334,15 @@ class LLMProxy:
         meta = {"rollout_id": rollout_id, "attempt_id": attempt_id, "seq": seq, "start": start, "chat": chat,
                 "request_model": body.get("model"), "path": path, "agent_name": agent_name, "prompt": prompt}
         try:
-            async with self._session.post(f"{self.upstream}/{path}", data=data, headers=headers) as up:
+            # Redirects are not followed: the upstream's credential goes to the upstream only.
+            async with self._session.post(f"{self.upstream}/{path}", data=data, headers=headers, allow_redirects=False) as up:
                 version = up.headers.get(VERSION_HEADER)
                 meta["version"] = int(version) if version and _INT.fullmatch(version.removeprefix("-")) else None
                 out_headers = end_to_end(up.headers.items(), drop=_REFRAMED)
-                if stream and up.status < 400 and up.content_type == "text/event-stream":
+                if stream and up.status < 300 and up.content_type == "text/event-stream":
                     return await self._relay_sse(request, up, out_headers, call, meta)
                 raw = await self._read_bounded(up)
-                if up.status >= 400:
+                if up.status >= 300:
                     text = self._scrub(raw.decode(errors="replace"))
                     self._record(call, meta, error=f"upstream HTTP {up.status}: {text[:500]}")
                     body_out = text.encode() if self._secrets and any(x.encode() in raw for x in self._secrets) else raw
