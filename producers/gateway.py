@@ -127,14 +127,21 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
     A span without a sequence id goes on unnumbered (0): the span stage numbers it in the order the
     attempt's spans arrive on their partition, which stays right with any number of gateway replicas
     (a counter here would give two replicas' spans of one attempt the same ids)."""
+    from producers.mapping import attr_str
+
     spans: list[dict[str, Any]] = []
     errors: list[str] = []
     for rs in req.resource_spans:
         resource = _attrs(rs.resource.attributes)
+        # Once per resource, not per span: otel_to_span only reads these.
+        att = Attribution(resource={k: str(v) for k, v in resource.items()}, sequence_id=UNNUMBERED)
+        resource_strs = {k: attr_str(v) for k, v in resource.items()}
         for ss in rs.scope_spans:
             for s in ss.spans:
-                attrs = _attrs(s.attributes)
-                att = Attribution(resource={k: str(v) for k, v in resource.items()}, sequence_id=UNNUMBERED)
+                attrs = {}
+                for kv in s.attributes:  # _attrs, with the common string value read without a second look-up
+                    v = kv.value
+                    attrs[kv.key] = v.string_value if v.WhichOneof("value") == "string_value" else any_value(v)
                 try:
                     spans.append(
                         otel_to_span(
@@ -147,9 +154,10 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
                             status_code=s.status.code,
                             status_message=s.status.message or None,
                             attributes=attrs,
-                            events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events],
+                            events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events] if s.events else (),
                             resource=resource,
                             attribution=att,
+                            resource_strs=resource_strs,
                         )
                     )
                 except MappingError as exc:

@@ -57,6 +57,11 @@ class Attribution:
 
 
 def attr_str(value: Any) -> str:
+    t = type(value)
+    if t is str:
+        return value  # type: ignore[no-any-return]
+    if t is int:
+        return str(value)  # what json.dumps writes for an int, at a tenth of its cost
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray)):
@@ -222,11 +227,22 @@ def otel_to_span(
     events: Sequence[tuple[str, int, Mapping[str, Any]]] = (),
     resource: Mapping[str, Any] | None = None,
     attribution: Attribution | None = None,
+    resource_strs: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One OTel span → our Avro ``Span`` dict. Raises :class:`MappingError` when it cannot be ours."""
-    att = attribution or Attribution()
+    """One OTel span → our Avro ``Span`` dict. Raises :class:`MappingError` when it cannot be ours.
+
+    ``resource_strs``: ``resource`` (or, without one, the attribution's) with its values through
+    :func:`attr_str`, from a caller that maps many spans of one resource; each span gets a copy."""
+    att = attribution or _NO_ATTRIBUTION
     attrs = attributes
     res_attrs = resource if resource is not None else att.resource
+    if _PLAIN.isdisjoint(attrs) and not name.startswith(_LLM_NAMES):
+        # The common span (ids and plain attributes, no GenAI, reward, tool, agent or message keys):
+        # what the general path below would give, without its key-by-key look-ups.
+        plain = _plain_span(name, span_id, trace_id, parent_id, start_ns, end_ns, status_code, status_message,
+                            attrs, events, resource, att, resource_strs)
+        if plain is not None:
+            return plain
     rollout_id, attempt_id, seq_raw = span_ids(attrs, res_attrs)
     rollout_id = rollout_id or att.rollout_id
     attempt_id = attempt_id or att.attempt_id
@@ -254,7 +270,7 @@ def otel_to_span(
     prompt = _first(attrs, PROMPT_IDS_KEYS)
     response = _first(attrs, RESPONSE_IDS_KEYS)
     model = _first(attrs, ("gen_ai.response.model", "gen_ai.request.model", "agentlightning.operation.output.model"))
-    if prompt is not None or response is not None or name.startswith(("openai.chat", "chat ", "text_completion")) or (
+    if prompt is not None or response is not None or name.startswith(_LLM_NAMES) or (
         model is not None and "gen_ai.tool.name" not in attrs
     ):
         logprobs = attrs.get("response_logprobs")
@@ -310,7 +326,7 @@ def otel_to_span(
         else:
             kind = "span"
     agent = _first(attrs, AGENT_KEYS) or agent_name_of(name, attrs) or att.agent_name
-    res = {k: attr_str(v) for k, v in (resource or att.resource).items()}
+    res = dict(resource_strs) if resource_strs is not None else {k: attr_str(v) for k, v in (resource or att.resource).items()}
     return {
         "span_id": span_id,
         "trace_id": trace_id,
@@ -331,6 +347,70 @@ def otel_to_span(
         "reward": reward,
         "tool": tool,
         "agent_name": None if agent is None else str(agent),
+    }
+
+
+_NO_ATTRIBUTION = Attribution()
+_LLM_NAMES = ("openai.chat", "chat ", "text_completion")
+# Every attribute key (other than the rollout ids) that can change a span's mapping beyond copying
+# it; prefixes are handled by _plain_span. A span with none of them takes the plain path.
+_PLAIN = frozenset(
+    tuple(_TOKEN_KEYS) + RESPONSE_ID_KEYS + AGENT_KEYS + AGENTOPS_OUTPUT_KEYS + (
+        "gen_ai.response.model", "gen_ai.request.model", "agentlightning.operation.output.model",
+        "gen_ai.response.finish_reasons", "rolloutbus.resource_version",
+        "rolloutbus.reward", "agentlightning.reward", "reward", "rolloutbus.reward.primary",
+        "gen_ai.tool.name", "tool.name", "gen_ai.tool.call.arguments", "tool.arguments", "gen_ai.tool.call.result",
+        "tool.result", "exception.type", "rolloutbus.kind", "agentlightning.message.body", "message.body",
+        # agent_name_of's keys
+        "agent.name", "operation.name", "agentops.span.kind", "recipient_agent_type", "langchain.chain.type",
+        "executor.id", "agentlightning.operation.input.name", "type", "lc_name",
+    )
+)
+
+
+def _plain_span(
+    name: str, span_id: str, trace_id: str, parent_id: str | None, start_ns: int, end_ns: int, status_code: Any,
+    status_message: str | None, attrs: Mapping[str, Any], events: Sequence[tuple[str, int, Mapping[str, Any]]],
+    resource: Mapping[str, Any] | None, att: Attribution, resource_strs: Mapping[str, str] | None,
+) -> dict[str, Any] | None:
+    """:func:`otel_to_span` of a span none of whose keys is in ``_PLAIN``; None: take the general path
+    (an ``agentlightning.reward.*`` or ``agentlightning.object.*`` key, or anything it does not expect)."""
+    out_attrs: dict[str, str] = {}
+    for k, v in attrs.items():
+        if k.startswith("agentlightning.") and k.startswith(("agentlightning.reward.", "agentlightning.object.")):
+            return None
+        out_attrs[k] = v if type(v) is str else attr_str(v)
+    get = attrs.get
+    rollout_id = get("agentlightning.rollout_id")
+    if rollout_id is None or rollout_id == "":
+        rollout_id = get("rolloutbus.rollout_id")
+    attempt_id = get("agentlightning.attempt_id")
+    if attempt_id is None or attempt_id == "":
+        attempt_id = get("rolloutbus.attempt_id")
+    seq_raw = get("agentlightning.span_sequence_id")
+    if seq_raw is None or seq_raw == "":
+        seq_raw = get("rolloutbus.sequence_id")
+    if not rollout_id or not attempt_id or seq_raw is None or seq_raw == "":
+        return None  # an id from the resource or the attribution, or an odd one: the general path
+    if type(seq_raw) is not int or seq_raw < 0 or type(start_ns) is not int or type(end_ns) is not int:
+        return None
+    status = _STATUS.get(status_code, str(status_code).upper() if status_code else "UNSET")
+    if events:
+        out_events = [{"name": en, "time_ns": int(et), "attributes": {k: attr_str(v) for k, v in ea.items()}}
+                      for en, et, ea in events]
+        kind = "exception" if any(e[0] == "exception" for e in events) else "span"
+    else:
+        out_events, kind = [], "span"
+    if resource_strs is not None:
+        res = dict(resource_strs)
+    else:
+        res = {k: v if type(v) is str else attr_str(v) for k, v in (resource or att.resource).items()}
+    return {
+        "span_id": span_id, "trace_id": trace_id, "parent_id": parent_id or None, "rollout_id": str(rollout_id),
+        "attempt_id": str(attempt_id), "sequence_id": seq_raw, "name": name, "kind": kind, "start_time_ns": start_ns,
+        "end_time_ns": end_ns, "status_code": status, "status_message": status_message or None,
+        "attributes": out_attrs, "events": out_events, "resource": res, "llm": None, "reward": None, "tool": None,
+        "agent_name": None if att.agent_name is None else str(att.agent_name),
     }
 
 
