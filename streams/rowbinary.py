@@ -49,8 +49,8 @@ TRANSITIONS_COLUMNS = [
 
 def varint(n: int) -> bytes:
     """LEB128, as RowBinary writes lengths."""
-    if n < 0x80:
-        return bytes((n,))
+    if n < _SHORT:
+        return _LEB[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -59,23 +59,40 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+# LEB128 of every length below 16384 (one or two bytes), precomputed: most strings and maps are short.
+_SHORT = 16384
+_LEB = [bytes((n,)) if n < 0x80 else bytes(((n & 0x7F) | 0x80, n >> 7)) for n in range(_SHORT)]
+
+
 def _str(s: str) -> bytes:
     b = s.encode()
-    return varint(len(b)) + b
+    n = len(b)
+    return (_LEB[n] if n < _SHORT else varint(n)) + b
 
 
 def _nstr(s: str | None) -> bytes:
-    return _NULL if s is None else _SOME + _str(s)
+    if s is None:
+        return _NULL
+    b = s.encode()
+    n = len(b)
+    return _SOME + (_LEB[n] if n < _SHORT else varint(n)) + b
 
 
 def _map_ss(m: Mapping[str, str]) -> bytes:
     if not m:
         return _EMPTY
-    parts = [varint(len(m))]
+    n = len(m)
+    out = bytearray(_LEB[n] if n < _SHORT else varint(n))
     for k, v in m.items():
-        parts.append(_str(k))
-        parts.append(_str(v))
-    return b"".join(parts)
+        b = k.encode()
+        n = len(b)
+        out += _LEB[n] if n < _SHORT else varint(n)
+        out += b
+        b = v.encode()
+        n = len(b)
+        out += _LEB[n] if n < _SHORT else varint(n)
+        out += b
+    return bytes(out)
 
 
 def _map_sf(m: Mapping[str, float]) -> bytes:
@@ -107,8 +124,15 @@ def span(s: Any, partition: int, offset: int, late: bool, ingested_ns: int) -> b
     else:
         tool_cols = b"".join((_SOME, _str(tool.name), _SOME, _TRUE if tool.ok else _FALSE, _SOME, _str(tool.arguments),
                               _nstr(tool.result), _nstr(tool.error)))
+    # The leading strings inline (a call each costs as much as the encoding).
+    out = bytearray()
+    for v in (s.rollout_id, s.attempt_id, s.span_id):
+        b = v.encode()
+        n = len(b)
+        out += _LEB[n] if n < _SHORT else varint(n)
+        out += b
     return b"".join((
-        _str(s.rollout_id), _str(s.attempt_id), _str(s.span_id), _U64(s.sequence_id), _str(s.trace_id),
+        out, _U64(s.sequence_id), _str(s.trace_id),
         _nstr(s.parent_id), _str(s.name), _str(s.kind), _nstr(s.agent_name), _I64_2(s.start_time_ns, s.end_time_ns),
         _str(s.status_code), _nstr(s.status_message), _map_ss(s.attributes), events, _map_ss(s.resource), llm_cols,
         _NO_REWARD if reward is None else _SOME + _F64(reward.value) + _map_sf(reward.dimensions),
