@@ -21,25 +21,35 @@ from producers.spans import base_span, exception_span, to_attr
 log = logging.getLogger(__name__)
 
 
+def _attr(value: Any) -> str:
+    """:func:`to_attr` with the common values first: a string as is, an int as JSON writes it."""
+    t = type(value)
+    if t is str:
+        return value  # type: ignore[no-any-return]
+    if t is int:
+        return str(value)
+    return to_attr(value)
+
+
 def emit_state(state: Any, name: str = "state") -> None:
     """Record an observation/state of the environment."""
     ctx = require_rollout()
     if ctx is not None:
-        ctx.send_span(base_span(ctx, "state", name, {"state": to_attr(state)}))
+        ctx.send_span(base_span(ctx, "state", name, {"state": _attr(state)}))
 
 
 def emit_action(action: Any, name: str = "action") -> None:
     """Record an action the agent took."""
     ctx = require_rollout()
     if ctx is not None:
-        ctx.send_span(base_span(ctx, "action", name, {"action": to_attr(action)}))
+        ctx.send_span(base_span(ctx, "action", name, {"action": _attr(action)}))
 
 
 def emit_message(message: str, role: str | None = None, name: str = "message") -> None:
     """Record a message (text the agent or the environment produced)."""
     ctx = require_rollout()
     if ctx is not None:
-        attrs = {"message.body": to_attr(message)}
+        attrs = {"message.body": _attr(message)}
         if role:
             attrs["message.role"] = role
         ctx.send_span(base_span(ctx, "message", name, attrs))
@@ -103,8 +113,8 @@ def emit_tool_call(
     )
     span["tool"] = {
         "name": name,
-        "arguments": to_attr(arguments),
-        "result": None if result is None else to_attr(result),
+        "arguments": _attr(arguments),
+        "result": None if result is None else _attr(result),
         "ok": bool(ok),
         "error": error,
     }
@@ -132,7 +142,7 @@ def emit_llm_call(
     if ctx is None:
         return
     span = base_span(
-        ctx, "llm", name, {k: to_attr(v) for k, v in (attributes or {}).items()},
+        ctx, "llm", name, {k: _attr(v) for k, v in (attributes or {}).items()},
         start_ns=start_ns, end_ns=end_ns, sequence_id=sequence_id,
     )
     if sequence_id is not None:
@@ -180,7 +190,7 @@ def emit_span(kind: str, name: str, attributes: Mapping[str, Any] | None = None,
     """Record a span of any kind; ``fields`` set Avro fields directly (``status_code``, ``llm``, ...)."""
     ctx = require_rollout()
     if ctx is not None:
-        span = base_span(ctx, kind, name, {k: to_attr(v) for k, v in (attributes or {}).items()})
+        span = base_span(ctx, kind, name, {k: _attr(v) for k, v in (attributes or {}).items()})
         span.update(fields)
         ctx.send_span(span)
 
