@@ -33,6 +33,18 @@ def attempt_trace_id(rollout_id: str, attempt_id: str) -> str:
     return hashlib.blake2b(f"{rollout_id}\0{attempt_id}".encode(), digest_size=16).hexdigest()
 
 
+def _finite(value: Any) -> float | None:
+    """A JSON number as a finite float, else None (booleans, strings, NaN, ±inf, and integers too large
+    for a float: JSON allows ``1`` followed by 400 zeros)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _ids(value: Any, what: str) -> list[int]:
     if value is None:
         return []
@@ -96,7 +108,7 @@ def _model_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, s
     version = data.get("model_version", server.get("version"))
     try:
         version = None if version is None else int(version)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int(1e400) is an OverflowError
         version = None
     llm = {
         "model": None if model is None else str(model),
@@ -154,8 +166,8 @@ def event_to_span(
         kind = "llm"
         llm, extra = _model_request(data)
         attrs.update(extra)
-        latency = data.get("latency_ms")
-        if isinstance(latency, (int, float)) and math.isfinite(latency) and latency >= 0:
+        latency = _finite(data.get("latency_ms"))
+        if latency is not None and 0 <= latency * 1e6 <= time_ns:
             start = time_ns - int(latency * 1e6)
         http_status = data.get("http_status")
         if data.get("status") == "error" or (isinstance(http_status, int) and http_status >= 400):
@@ -164,10 +176,10 @@ def event_to_span(
             status_message = attr_str(err) if err is not None else f"upstream HTTP {http_status}"
     elif event_type == "reward":
         kind = "reward"
-        value = data.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise MappingError(f"reward event data.value must be a finite number, got {value!r}")
-        reward = {"value": float(value), "primary": "reward", "dimensions": {"reward": float(value)}}
+        value = _finite(data.get("value"))
+        if value is None:
+            raise MappingError(f"reward event data.value must be a finite number, got {str(data.get('value'))[:40]}")
+        reward = {"value": value, "primary": "reward", "dimensions": {"reward": value}}
         for key in ("message", "source", "reason"):
             if data.get(key) is not None:
                 attrs[f"agentlightning.reward.{key}"] = attr_str(data[key])

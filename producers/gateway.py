@@ -58,6 +58,56 @@ class BadRequest(ValueError):
     """The body is not an OTLP trace export request."""
 
 
+class BodyTooLarge(BadRequest):
+    """The body, decompressed, is over the gateway's limit."""
+
+
+class UnsupportedEncoding(BadRequest):
+    """A Content-Encoding the gateway does not decode."""
+
+
+# The gateway decodes Content-Encoding itself (:func:`inflate`): aiohttp's own decoding takes a truncated
+# gzip body without a word, and spans cut off with it would be lost with a 200. Serve ``Gateway.app()``
+# with these options (``web.run_app(app, **SERVER_OPTIONS)``).
+SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
+ENCODINGS = ("gzip", "x-gzip", "deflate")
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A body as sent with ``Content-Encoding: encoding`` → its bytes, at most ``limit`` of them.
+
+    Strict: a body that is not that encoding, is cut short or has bytes after its end raises
+    :class:`BadRequest`; over ``limit`` :class:`BodyTooLarge`; an encoding other than gzip, deflate or
+    identity :class:`UnsupportedEncoding`. Several gzip members are read one after another (RFC 1952)."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc not in ENCODINGS:
+        raise UnsupportedEncoding(f"unsupported Content-Encoding {encoding[:40]!r}: use gzip, deflate or none")
+    if enc == "deflate":
+        wbits = zlib.MAX_WBITS if body[:1] and body[0] & 0x0F == 8 else -zlib.MAX_WBITS  # zlib, or bare deflate as some send
+    elif body[:2] != b"\x1f\x8b":
+        raise BadRequest(f"Content-Encoding is {enc} but the body is not {enc}")
+    else:
+        wbits = 16 + zlib.MAX_WBITS
+    out = bytearray()
+    rest = body
+    try:
+        while rest:
+            d = zlib.decompressobj(wbits)
+            out += d.decompress(rest, limit + 1 - len(out))
+            if len(out) > limit:
+                raise BodyTooLarge(f"decompressed body is over the limit of {limit} bytes")
+            if not d.eof:
+                raise BadRequest(f"the {enc} body is cut short (its end is missing)")
+            rest = d.unused_data
+            if rest and enc == "deflate":
+                raise BadRequest(f"{len(rest)} bytes after the end of the deflate body")
+    except zlib.error as exc:
+        raise BadRequest(f"body is not valid {enc}: {exc}") from exc
+    return bytes(out)
+
+
 def _one_line(exc: BaseException, limit: int = 500) -> str:
     return " ".join(str(exc).split())[:limit]
 
@@ -162,6 +212,10 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
                     )
                 except MappingError as exc:
                     errors.append(f"{s.name}: {exc}")
+                except (ArithmeticError, ValueError, TypeError, RecursionError) as exc:
+                    # An attribute value the mapping could not take (a token id of 1e999, JSON nested too
+                    # deeply in a string): that span is refused and counted, the others go on.
+                    errors.append(f"{s.name}: an attribute value cannot be read ({type(exc).__name__}: {_one_line(exc, 200)})")
     return spans, errors
 
 
@@ -199,7 +253,7 @@ class Gateway:
 
     def app(self) -> web.Application:
         # The body limit is checked by hand (after gzip too); aiohttp's own limit sits just above it.
-        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[self._too_deep])
+        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[self._guard])
         app.router.add_post("/v1/traces", self.traces)
         app.router.add_post(EVENT_PATH, self.agl_event)
         app.router.add_get("/healthz", self.healthz)
@@ -208,17 +262,43 @@ class Gateway:
         self.agl1_api.add_to(app)  # after the events route: its /api catch-all answers 501 naming the call
         return app
 
+    def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
+        """An error answer in the route's shape: Agent Lightning's routes answer ``{"detail": ...}``."""
+        self.m_requests.labels(str(status)).inc()
+        if request.path.startswith(("/v1/agl/", "/api/")):
+            return web.json_response({"detail": reason}, status=status)
+        return web.Response(status=status, text=reason)
+
     @web.middleware
-    async def _too_deep(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """A body nested beyond Python's recursion limit, on any route (``/v1/agl`` decodes its own JSON),
-        is the client's error: 400 with the reason, in the route's error shape, never a 500."""
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """For every route: the body's Content-Encoding decoded (strictly, see :func:`inflate`) before the
+        handler reads it; a body nested beyond Python's recursion limit (``/v1/agl`` decodes its own JSON)
+        answered 400 with the reason, never 500."""
+        try:
+            request.headers.get("Authorization", "").encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them as surrogates): no token of ours
+            return self._refuse(request, 401, "missing or wrong bearer token")
+        encoding = request.headers.get("Content-Encoding", "")
+        if encoding.strip().lower() not in ("", "identity") and request.body_exists:
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return self._refuse(request, 413, f"body is over the limit of {self.max_body_bytes} bytes")
+            except RequestPayloadError as exc:
+                return self._refuse(request, 400, f"body cannot be read: {_one_line(exc)}")
+            try:
+                # What request.read() answers from now on: the handlers (and /v1/agl's) read the decoded body.
+                request._read_bytes = inflate(raw, encoding, self.max_body_bytes)
+            except UnsupportedEncoding as exc:
+                return self._refuse(request, 415, str(exc))
+            except BodyTooLarge as exc:
+                return self._refuse(request, 413, str(exc))
+            except BadRequest as exc:
+                return self._refuse(request, 400, str(exc))
         try:
             return await handler(request)
         except RecursionError:
-            self.m_requests.labels("400").inc()
-            if request.path.startswith(("/v1/agl/", "/api/")):
-                return web.json_response({"detail": TOO_DEEP}, status=400)
-            return web.Response(status=400, text=TOO_DEEP)
+            return self._refuse(request, 400, TOO_DEEP)
 
     def _reply(self, status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
         self.m_requests.labels(str(status)).inc()
@@ -239,20 +319,8 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             return self._reply(413, f"body is over the limit of {self.max_body_bytes} bytes")
         except RequestPayloadError as exc:
-            # aiohttp inflates Content-Encoding itself; a body that is not what the header says is the client's error.
-            return self._reply(400, f"body cannot be read as sent ({request.headers.get('Content-Encoding', 'identity')}): {exc}")
-        encoding = request.headers.get("Content-Encoding", "").lower()
-        # aiohttp inflates gzip request bodies itself (under client_max_size); inflate here only if not.
-        if encoding == "gzip" and body[:2] == b"\x1f\x8b":
-            try:
-                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                body = d.decompress(body, self.max_body_bytes + 1)
-            except zlib.error as exc:
-                return self._reply(400, f"body is not valid gzip: {exc}")
-            if len(body) > self.max_body_bytes:
-                return self._reply(413, f"decompressed body is over the limit of {self.max_body_bytes} bytes")
-        elif encoding not in ("", "identity", "gzip", "deflate"):
-            return self._reply(415, f"unsupported Content-Encoding {encoding!r}: use gzip or none")
+            return self._reply(400, f"body cannot be read: {_one_line(exc)}")
+        # Content-Encoding is decoded already (the _guard middleware).
         ctype = request.headers.get("Content-Type", PROTOBUF).split(";")[0].strip().lower()
         try:
             req = decode_request(body, ctype)
@@ -301,7 +369,7 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             return self._reply(413, f"body is over the limit of {self.max_body_bytes} bytes")
         except RequestPayloadError as exc:
-            return self._reply(400, f"body cannot be read as sent: {exc}")
+            return self._reply(400, f"body cannot be read: {_one_line(exc)}")
         try:
             event = json.loads(body)
         except ValueError as exc:
@@ -341,4 +409,4 @@ def gzip_body(data: bytes) -> bytes:
     return gzip.compress(data)
 
 
-__all__ = ["Gateway", "decode_request", "request_to_spans", "BadRequest"]
+__all__ = ["Gateway", "decode_request", "request_to_spans", "inflate", "BadRequest", "BodyTooLarge", "SERVER_OPTIONS"]

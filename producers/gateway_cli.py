@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import logging
+from typing import Any
+
+
+class ClientErrorsInOneLine(logging.Filter):
+    """aiohttp logs a request it cannot parse (a header over 8 KiB, a broken chunk, a client gone mid-body)
+    as an ERROR with a traceback: that is the client's doing, so one INFO line, without the bytes it sent."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+        from aiohttp.web_protocol import RequestPayloadError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (HttpProcessingError, RequestPayloadError, ConnectionResetError)):
+            what = " ".join(str(exc).split()).split(": b'", 1)[0].split(': b"', 1)[0][:200]
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {what}", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
 from typing import Any
 
 
@@ -15,13 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from aiohttp import web
 
     from producers.agl_queue import ClickHouseReader, TaskQueue, clickhouse_ended
     from producers.agl_store_http import FollowedResources
-    from producers.gateway import Gateway
+    from producers.gateway import SERVER_OPTIONS, Gateway
     from producers.settings import GatewaySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
@@ -54,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "gateway on http://%s:%d/v1/traces → %s at %s", s.gateway_host, s.gateway_port, s.topics.spans, s.bootstrap
     )
+    logging.getLogger("aiohttp.server").addFilter(ClientErrorsInOneLine())
     try:
-        web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None)
+        web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None, **SERVER_OPTIONS)
     finally:
         queue.close()
         resources.close()

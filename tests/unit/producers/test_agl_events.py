@@ -67,3 +67,18 @@ def test_reward_and_user_defined_events() -> None:
 def test_bad_events_say_why(event: Any, reason: str) -> None:
     with pytest.raises(MappingError, match=reason):
         _span(event)
+
+
+@pytest.mark.parametrize("data", [
+    {"latency_ms": 10**400}, {"latency_ms": 1e305}, {"latency_ms": 5e12},  # before the epoch: not used
+    {"model_version": 1e400}, {"model_version": float("nan")}, {"model_version": "v3"},
+])
+def test_numbers_out_of_range_in_a_model_request_are_left_out(data: dict[str, Any]) -> None:
+    span = _span({"event_type": "model_request", "data": data})
+    assert span["start_time_ns"] == span["end_time_ns"] == 2_000_000_000 and span["llm"]["resource_version"] is None
+
+
+@pytest.mark.parametrize("value", [10**400, float("inf"), float("nan"), True])
+def test_a_reward_that_is_not_a_finite_number_says_why(value: Any) -> None:
+    with pytest.raises(MappingError, match="finite number"):
+        _span({"event_type": "reward", "data": {"value": value}})
