@@ -60,6 +60,8 @@ def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
             raise EnqueueError(f"rollouts[{n}] is not an object with an 'input'")
         if item.get("mode") is not None and item["mode"] not in MODES:
             raise EnqueueError(f"rollouts[{n}].mode {item['mode']!r} is not one of {list(MODES)}")
+        if item.get("resources_id") is not None and not isinstance(item["resources_id"], str):
+            raise EnqueueError(f"rollouts[{n}].resources_id must be a string")
         for key in ("config", "metadata"):
             if item.get(key) is not None and not isinstance(item[key], Mapping):
                 raise EnqueueError(f"rollouts[{n}].{key} must be an object")

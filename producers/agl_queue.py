@@ -91,7 +91,20 @@ class TaskQueue:
     # ------------------------------------------------------------------ the consumer's thread
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        committed = consumer.committed(partitions, timeout=10) if partitions else []
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if not partitions:
+            return
+        for _ in range(3):
+            try:
+                committed = consumer.committed(partitions, timeout=10)
+                break
+            except KafkaException as exc:
+                log.warning("reading the commits of %s failed: %s", self.topics.tasks, exc)
+        else:
+            # Not knowing what the last owner handed out, hold every task of these partitions for a claim's time.
+            hold = claim_mark(1 << 62, time.time() + self.book.claim_timeout_s)
+            committed = [TopicPartition(tp.topic, tp.partition, metadata=hold) for tp in partitions]
         for tp in committed:
             mark = read_mark(tp.metadata)
             self.book.assign(tp.partition, mark)
@@ -131,11 +144,14 @@ class TaskQueue:
         next_sweep = time.monotonic() + self.check_s
         while not self._stop.is_set():
             msg = None
-            with self._lock:
-                if self.book.offered() < 256:  # read ahead a little, not the whole topic
-                    msg = self._consumer.poll(0.1)
-                    if msg is not None and not msg.error():
-                        self._add(msg)
+            try:
+                with self._lock:
+                    if self.book.offered() < 256:  # read ahead a little, not the whole topic
+                        msg = self._consumer.poll(0.1)
+                        if msg is not None and not msg.error():
+                            self._add(msg)
+            except Exception:  # noqa: BLE001 — a failed callback must not end the replica's share of the queue
+                log.exception("polling %s failed", self.topics.tasks)
             if msg is None:
                 self._stop.wait(0.05)
             if time.monotonic() >= next_sweep:

@@ -15,7 +15,12 @@ What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; t
 * ``GET /resources/latest`` and ``/resources/{id}`` → the newest versions on ``rb.resources`` as a
   ``ResourcesUpdate`` (:func:`resources_update`);
 * ``POST /workers/{worker_id}`` (heartbeats) → the worker as its in-memory store answers; the bus keeps no
-  worker table.
+  worker table;
+* the reads (``get_rollout_by_id``, ``query_rollouts``, ``query_attempts``, ``get_latest_attempt``,
+  ``query_spans``) → ClickHouse's ``rollouts`` (one row per ended attempt) and ``spans``, shaped here
+  (:func:`rollouts_from_rows`, :func:`attempt_from_row`, :func:`span_to_agl`, :func:`page`). A rollout
+  shows once an attempt of it ended; its ``input`` is not kept there (null), its final reward and task are
+  in its ``metadata``.
 """
 
 from __future__ import annotations
@@ -165,5 +170,138 @@ def resources_update(current: Mapping[str, ResourceVersion]) -> dict[str, Any] |
             "version": max(rv.version for rv in kept.values()), "resources": mapped}
 
 
-__all__ = ["PREFIX", "TERMINAL", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
+# ClickHouse's rollouts row: the columns read, in this order.
+ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "task_id", "mode", "attempt", "status", "final_reward", "started_ns",
+                   "finished_ns", "metadata")
+SPAN_COLUMNS = ("rollout_id", "attempt_id", "sequence_id", "trace_id", "span_id", "parent_id", "name", "status_code",
+                "status_message", "attributes", "events", "resource", "start_time_ns", "end_time_ns")
+# An ended attempt's status in ClickHouse → Agent Lightning's AttemptStatus, and its rollout's RolloutStatus.
+_ATTEMPT_STATUS = {"succeeded": "succeeded", "finished": "succeeded", "failed": "failed", "timeout": "timeout",
+                   "timed_out": "timeout", "cancelled": "failed"}
+_ROLLOUT_STATUS = {"succeeded": "succeeded", "failed": "failed", "timeout": "failed", "cancelled": "cancelled"}
+_DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
+
+
+def attempt_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``rollouts`` row (one ended attempt) → Agent Lightning's ``Attempt``."""
+    finished = row["finished_ns"] / 1e9 if row["finished_ns"] else None
+    meta = row.get("metadata") or {}
+    return {"rollout_id": row["rollout_id"], "attempt_id": row["attempt_id"], "sequence_id": int(row["attempt"]),
+            "start_time": row["started_ns"] / 1e9 if row["started_ns"] else (finished or 0.0), "end_time": finished,
+            "status": _ATTEMPT_STATUS.get(row["status"], "failed"), "worker_id": meta.get(WORKER_ATTR),
+            "last_heartbeat_time": finished, "metadata": dict(meta)}
+
+
+def rollouts_from_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rollouts`` rows → Agent Lightning's ``AttemptedRollout`` per rollout (its latest attempt), in the
+    order of their first row."""
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_id.setdefault(row["rollout_id"], []).append(row)
+    out = []
+    for rid, attempts in by_id.items():
+        latest = max(attempts, key=lambda r: (r["attempt"], r["finished_ns"]))
+        attempt = attempt_from_row(latest)
+        started = min((r["started_ns"] for r in attempts if r["started_ns"]), default=latest["finished_ns"])
+        out.append({"rollout_id": rid, "input": None, "start_time": started / 1e9, "end_time": attempt["end_time"],
+                    "mode": latest["mode"] if latest["mode"] in ("train", "val", "test") else None, "resources_id": None,
+                    "status": _ROLLOUT_STATUS.get(attempt["status"], "failed"), "config": dict(_DEFAULT_CONFIG),
+                    "metadata": {"task_id": latest["task_id"], "final_reward": latest["final_reward"]},
+                    "attempt": attempt})
+    return out
+
+
+def _matches(item: Mapping[str, Any], exact: Mapping[str, Any], contains: Mapping[str, Any], logic: str) -> bool:
+    tests = [item.get(k) == v for k, v in exact.items() if v is not None]
+    tests += [isinstance(item.get(k), str) and v in item[k] for k, v in contains.items() if v is not None]
+    if not tests:
+        return True
+    return all(tests) if logic != "or" else any(tests)
+
+
+def filter_rollouts(items: list[dict[str, Any]], *, status_in: list[str] | None = None, rollout_id_in: list[str] | None = None,
+                    rollout_id_contains: str | None = None, filter_logic: str = "and") -> list[dict[str, Any]]:
+    """``query_rollouts``' filters, combined by ``filter_logic`` as its in-memory store does."""
+    out = []
+    for item in items:
+        tests = []
+        if status_in is not None:
+            tests.append(item["status"] in status_in)
+        if rollout_id_in is not None:
+            tests.append(item["rollout_id"] in rollout_id_in)
+        if rollout_id_contains is not None:
+            tests.append(rollout_id_contains in item["rollout_id"])
+        if not tests or (any(tests) if filter_logic == "or" else all(tests)):
+            out.append(item)
+    return out
+
+
+def filter_spans(items: list[dict[str, Any]], query: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``query_spans``' field filters (``trace_id``, ``span_id``, ``parent_id``, ``name`` and their ``_contains``)."""
+    fields = ("trace_id", "span_id", "parent_id", "name")
+    exact = {f: query.get(f) for f in fields}
+    contains = {f: query.get(f"{f}_contains") for f in fields}
+    return [i for i in items if _matches(i, exact, contains, str(query.get("filter_logic") or "and"))]
+
+
+def page(items: list[dict[str, Any]], *, sort_by: str | None, sort_order: str = "asc", limit: int = -1,
+         offset: int = 0) -> dict[str, Any]:
+    """Sorted and sliced as Agent Lightning's ``PaginatedResult`` (``limit`` -1: all); ``total`` before slicing.
+    A ``sort_by`` that is not a field of the items raises :class:`MappingError`."""
+    if offset < 0 or limit < -1:
+        raise MappingError("offset must be >= 0 and limit >= -1")
+    if sort_by:
+        if items and sort_by not in items[0]:
+            raise MappingError(f"cannot sort by {sort_by!r}: not a field")
+        try:
+            items = sorted(items, key=lambda i: (i[sort_by] is None, i[sort_by]), reverse=sort_order == "desc")
+        except TypeError:
+            raise MappingError(f"cannot sort by {sort_by!r}: not a field of single values") from None
+    sliced = items[offset:] if limit == -1 else items[offset:offset + limit]
+    return {"items": sliced, "limit": limit, "offset": offset, "total": len(items)}
+
+
+_QUERY_TYPES: dict[str, tuple[type, ...]] = {
+    "rollout_id": (str,), "attempt_id": (str,), "rollout_id_contains": (str,), "sort_by": (str,),
+    "limit": (int,), "offset": (int,), **{f"{f}{s}": (str,) for f in ("trace_id", "span_id", "parent_id", "name")
+                                          for s in ("", "_contains")},
+}
+
+
+def check_query(query: Any) -> dict[str, Any]:
+    """A read's query (a search body, or a GET's query string), its fields checked as its server's request
+    models check them; :class:`MappingError` naming the first bad one."""
+    q = dict(_dict(query, "the query"))
+    for key, types in _QUERY_TYPES.items():
+        v = q.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, types)):
+            raise MappingError(f"{key} must be a {'string' if types == (str,) else 'whole number'}")
+    for key in ("status_in", "rollout_id_in"):
+        v = q.get(key)
+        if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+            raise MappingError(f"{key} must be a list of strings")
+    if q.get("sort_order") not in (None, "asc", "desc"):
+        raise MappingError("sort_order must be 'asc' or 'desc'")
+    if q.get("filter_logic") not in (None, "and", "or"):
+        raise MappingError("filter_logic must be 'and' or 'or'")
+    return {k: v for k, v in q.items() if v is not None}
+
+
+def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``spans`` row → Agent Lightning's ``Span`` (attribute values as ClickHouse keeps them: strings)."""
+    ctx = {"trace_id": row["trace_id"], "span_id": row["span_id"], "is_remote": False, "trace_state": {}}
+    parent = row["parent_id"]
+    code = str(row["status_code"] or "UNSET").upper()
+    return {"rollout_id": row["rollout_id"], "attempt_id": row["attempt_id"], "sequence_id": int(row["sequence_id"]),
+            "trace_id": row["trace_id"], "span_id": row["span_id"], "parent_id": parent, "name": row["name"],
+            "status": {"status_code": code if code in ("OK", "ERROR") else "UNSET", "description": row["status_message"]},
+            "attributes": dict(row["attributes"] or {}),
+            "events": [{"name": n, "timestamp": t / 1e9, "attributes": dict(a or {})} for n, t, a in row["events"] or []],
+            "links": [], "start_time": row["start_time_ns"] / 1e9, "end_time": row["end_time_ns"] / 1e9, "context": ctx,
+            "parent": {**ctx, "span_id": parent} if parent else None,
+            "resource": {"attributes": dict(row["resource"] or {}), "schema_url": ""}}
+
+
+__all__ = ["PREFIX", "TERMINAL", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
+           "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
            "worker_reply", "resources_update", "resources_id"]

@@ -23,6 +23,15 @@ from foundation.errors import EncodeError, KafkaUnavailable
 from producers.agl_claims import EnqueueError, enqueue_requests, new_attempt_id, new_rollout_id
 from producers.agl_store import (
     PREFIX,
+    ROLLOUT_COLUMNS,
+    check_query,
+    SPAN_COLUMNS,
+    filter_rollouts,
+    filter_spans,
+    page,
+    rollouts_from_rows,
+    span_to_agl,
+    attempt_from_row,
     attempt_reply,
     check_attempt_update,
     finished_from_update,
@@ -37,11 +46,16 @@ from schemas.codec import encode, encode_raw
 from schemas.models import UNNUMBERED, ResourceVersion, RolloutEvent
 
 if TYPE_CHECKING:
-    from producers.agl_queue import TaskQueue
+    from producers.agl_queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
 
 Resources = Callable[[], "dict[str, ResourceVersion] | None"]  # None: rb.resources not read to its end yet
+MAX_ROWS = 100_000  # rows one read takes from ClickHouse (filters it cannot push down run here)
+
+
+class _Unavailable(Exception):
+    """ClickHouse did not answer a read."""
 
 
 class LightningStoreRoutes:
@@ -52,6 +66,7 @@ class LightningStoreRoutes:
         self.transport = transport
         self.resources = resources
         self.queue = queue  # None: the queue calls answer 501 (a gateway built without Kafka consumer settings)
+        self.clickhouse: ClickHouseReader | None = None  # None: the reads answer 501
         self.token = token
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
@@ -64,6 +79,14 @@ class LightningStoreRoutes:
         r.add_post(f"{PREFIX}/rollouts", self.start_rollout)
         r.add_post(f"{PREFIX}/spans/next", self.next_sequence_id)
         r.add_post(f"{PREFIX}/spans", self.add_span)
+        r.add_post(f"{PREFIX}/rollouts/search", self.query_rollouts)
+        r.add_get(f"{PREFIX}/rollouts", self.query_rollouts)
+        r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}", self.get_rollout)
+        r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/search", self.query_attempts)
+        r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}/attempts", self.query_attempts)
+        r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/latest", self.latest_attempt)
+        r.add_post(f"{PREFIX}/spans/search", self.query_spans)
+        r.add_get(f"{PREFIX}/spans", self.query_spans)
         r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}", self.update_attempt)
         r.add_get(f"{PREFIX}/resources/latest", self.latest_resources)
         r.add_get(f"{PREFIX}/resources/{{resources_id}}", self.resources_by_id)
@@ -179,6 +202,8 @@ class LightningStoreRoutes:
             body = await self._json(request) or {}
         except MappingError as exc:
             return self._error(422, str(exc))
+        if not isinstance(body, dict):
+            return self._error(422, "the request is a JSON object: {\"limit\": <int>, \"worker_id\": <string or null>}")
         limit, worker_id = body.get("limit", 1), body.get("worker_id")
         if isinstance(limit, bool) or not isinstance(limit, int) or (worker_id is not None and not isinstance(worker_id, str)):
             return self._error(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
@@ -211,6 +236,123 @@ class LightningStoreRoutes:
         reply["attempt"] = {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now, "end_time": None,
                             "status": "preparing", "worker_id": worker, "last_heartbeat_time": None, "metadata": None}
         return web.json_response(reply, status=201)
+
+    # ------------------------------------------------------------------ reads (ClickHouse)
+
+    async def _query(self, request: web.Request) -> dict[str, Any]:
+        """The query of a read: the JSON body of a POST search, the query string of a GET (lists repeat)."""
+        if request.method == "POST":
+            return check_query(await self._json(request) or {})
+        q = request.query
+        out: dict[str, Any] = {k: q[k] for k in q if k not in ("status_in", "rollout_id_in")}
+        for key in ("status_in", "rollout_id_in"):
+            if key in q:
+                out[key] = q.getall(key)
+        for key in ("limit", "offset"):
+            if key in out:
+                try:
+                    out[key] = int(out[key])
+                except ValueError as exc:
+                    raise MappingError(f"{key} must be an integer") from exc
+        return check_query(out)
+
+    async def _rows(self, sql: str, columns: tuple[str, ...], params: dict[str, Any]) -> list[dict[str, Any]]:
+        assert self.clickhouse is not None
+        try:
+            rows = await asyncio.get_running_loop().run_in_executor(
+                None, self.clickhouse.query, f"SELECT {', '.join(columns)} {sql} LIMIT {MAX_ROWS}", params)
+        except Exception as exc:  # noqa: BLE001 — the driver's errors of every kind, mapped once, here
+            raise _Unavailable(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
+        if len(rows) >= MAX_ROWS:
+            log.warning("a /v1/agl read took its limit of %d rows; narrow it (rollout_id_in, rollout_id_contains)", MAX_ROWS)
+        return [dict(zip(columns, row)) for row in rows]
+
+    async def _rollouts(self, where: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return await self._rows(f"FROM rollouts FINAL WHERE {where} ORDER BY rollout_id, attempt", ROLLOUT_COLUMNS, params)
+
+    async def _read(self, request: web.Request, answer: Callable[[dict[str, Any]], Any]) -> web.Response:
+        """Run one read: 501 without ClickHouse, 422 for a bad query, 503 when ClickHouse cannot answer."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.clickhouse is None:
+            return self._error(501, f"{request.method} {request.path} reads ClickHouse: this gateway has no ClickHouse "
+                                    "server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...; an embedded chdb:// store is "
+                                    "the stream worker's own)")
+        try:
+            query = await self._query(request)
+            return web.json_response(await answer(query))
+        except MappingError as exc:
+            return self._error(422, f"not a query: {exc}")
+        except _Unavailable as exc:
+            log.warning("a /v1/agl read failed: %s", exc)
+            return self._error(503, f"ClickHouse cannot answer now: {exc}", {"Retry-After": str(self.retry_after_s)})
+
+    @staticmethod
+    def _paging(query: dict[str, Any], default_sort: str | None) -> dict[str, Any]:
+        limit, offset = query.get("limit", -1), query.get("offset", 0)
+        if not isinstance(limit, int) or not isinstance(offset, int) or isinstance(limit, bool):
+            raise MappingError("limit and offset must be integers")
+        return {"sort_by": query.get("sort_by", default_sort), "sort_order": query.get("sort_order") or "asc",
+                "limit": limit, "offset": offset}
+
+    async def query_rollouts(self, request: web.Request) -> web.Response:
+        """``query_rollouts``: the rollouts with an ended attempt, each with its latest attempt."""
+        async def answer(q: dict[str, Any]) -> Any:
+            ids, contains = q.get("rollout_id_in"), q.get("rollout_id_contains")
+            where, params = ["1"], {}
+            if q.get("filter_logic", "and") != "or":  # narrowed in ClickHouse; every filter is applied below
+                if ids is not None:
+                    where, params["ids"] = [*where, "rollout_id IN {ids:Array(String)}"], list(ids)
+                if contains is not None:
+                    where, params["c"] = [*where, "position(rollout_id, {c:String}) > 0"], str(contains)
+            items = rollouts_from_rows(await self._rollouts(" AND ".join(where), params))
+            items = filter_rollouts(items, status_in=q.get("status_in"), rollout_id_in=ids, rollout_id_contains=contains,
+                                    filter_logic=q.get("filter_logic", "and"))
+            return page(items, **self._paging(q, None))
+
+        return await self._read(request, answer)
+
+    async def get_rollout(self, request: web.Request) -> web.Response:
+        """``get_rollout_by_id``: null until an attempt of it ended (ClickHouse keeps ended attempts)."""
+        async def answer(_q: dict[str, Any]) -> Any:
+            items = rollouts_from_rows(await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]}))
+            return items[0] if items else None
+
+        return await self._read(request, answer)
+
+    async def query_attempts(self, request: web.Request) -> web.Response:
+        async def answer(q: dict[str, Any]) -> Any:
+            rows = await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]})
+            return page([attempt_from_row(r) for r in rows], **self._paging(q, "sequence_id"))
+
+        return await self._read(request, answer)
+
+    async def latest_attempt(self, request: web.Request) -> web.Response:
+        async def answer(_q: dict[str, Any]) -> Any:
+            rows = await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]})
+            attempts = [attempt_from_row(r) for r in rows]
+            return max(attempts, key=lambda a: a["sequence_id"]) if attempts else None
+
+        return await self._read(request, answer)
+
+    async def query_spans(self, request: web.Request) -> web.Response:
+        """``query_spans``: the spans of a rollout (of one attempt, or its ``latest``) as the span stage stored them."""
+        async def answer(q: dict[str, Any]) -> Any:
+            rid, aid = q.get("rollout_id"), q.get("attempt_id")
+            if not isinstance(rid, str) or not rid:
+                raise MappingError("rollout_id is required")
+            if aid == "latest":
+                rows = await self._rollouts("rollout_id = {rid:String}", {"rid": rid})
+                aid = max(rows, key=lambda r: (r["attempt"], r["finished_ns"]))["attempt_id"] if rows else None
+                if aid is None:
+                    return page([], **self._paging(q, "sequence_id"))
+            where, params = "rollout_id = {rid:String}", {"rid": rid}
+            if aid is not None:
+                where, params["aid"] = where + " AND attempt_id = {aid:String}", str(aid)
+            rows = await self._rows(f"FROM spans FINAL WHERE {where} ORDER BY attempt_id, sequence_id", SPAN_COLUMNS, params)
+            return page(filter_spans([span_to_agl(r) for r in rows], q), **self._paging(q, "sequence_id"))
+
+        return await self._read(request, answer)
 
     async def latest_resources(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
 
 
 class ClientErrorsInOneLine(logging.Filter):
@@ -64,10 +63,13 @@ def run(args: argparse.Namespace) -> int:
         return connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, readonly=True,
                        create_database=False)
 
-    clickhouse = ClickHouseReader(readonly_clickhouse)
+    # An embedded engine (chdb://) is the stream worker's own, one process per path: no reads from here then.
+    clickhouse = None if s.dsn.startswith("chdb:") else ClickHouseReader(readonly_clickhouse)
     queue = TaskQueue(s.kafka_conf(), s.topics, transport, claim_timeout_s=s.gateway_agl_claim_timeout_s,
-                      max_attempts=s.gateway_agl_max_attempts, ended=clickhouse_ended(clickhouse), resources=resources)
+                      max_attempts=s.gateway_agl_max_attempts, resources=resources,
+                      ended=clickhouse_ended(clickhouse) if clickhouse is not None else None)
     gw.agl_store.queue = queue
+    gw.agl_store.clickhouse = clickhouse  # the reads (query_rollouts, get_rollout_by_id, ...) answer from ClickHouse
     logging.getLogger(__name__).info(
         "gateway on http://%s:%d/v1/traces → %s at %s", s.gateway_host, s.gateway_port, s.topics.spans, s.bootstrap
     )

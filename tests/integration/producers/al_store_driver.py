@@ -1,15 +1,17 @@
 """Runs under Agent Lightning 0.3.0's own interpreter (see al_venv.py), never under ours.
 
-Its own runner (``LitAgentRunner``, ``OtelTracer``) and its own store client (``LightningStoreClient``)
-pointed at our gateway — the store URL is the only thing changed — run one attempt per rollout given:
-the runner fetches the latest resources, traces the agent (its spans go to the store's OTLP endpoint),
-turns the float the agent returns into a reward span (``/spans/next`` + ``/spans``) and ends the attempt
-(``update_attempt``). The rollouts are built here as its store's dequeue would hand them out (the queue
-is not on the bus yet).
+Its own store client (``LightningStoreClient``) and its own runner (``LitAgentRunner``, ``OtelTracer``)
+pointed at our gateway — the store URL is the only thing changed: the client enqueues one rollout per
+REWARD given (``enqueue_rollout``, then ``enqueue_many_rollouts``), the runner dequeues them and ``EXTRA``
+more (tasks the test published on rb.tasks), fetches the latest resources, traces the agent (its spans go
+to the store's OTLP endpoint), turns the float the agent returns into a reward span (``/spans/next`` +
+``/spans``) and ends each attempt (``update_attempt``). Then the client reads every rollout back
+(``get_rollout_by_id`` until it ended, ``query_rollouts``, ``query_attempts``, ``get_latest_attempt``,
+``query_spans``): the gateway answers them from ClickHouse.
 
-    python al_store_driver.py STORE_URL OUT ROLLOUT_ID:ATTEMPT_ID:REWARD ...
+    python al_store_driver.py STORE_URL OUT EXTRA REWARD ...
 
-Writes JSON to OUT: the resources the agent saw.
+Writes JSON to OUT: what was enqueued, what the agent saw and returned, what the reads answered.
 Only the standard library, OpenTelemetry and agentlightning are imported.
 """
 
@@ -26,17 +28,25 @@ from agentlightning.litagent import LitAgent
 from agentlightning.runner.agent import LitAgentRunner
 from agentlightning.store.client_server import LightningStoreClient
 from agentlightning.tracer.otel import OtelTracer
-from agentlightning.types import Attempt, AttemptedRollout
+from agentlightning.types import EnqueueRolloutRequest
 
-SEEN: dict[str, object] = {}
+SEEN: dict[str, dict[str, object]] = {}
+TURNS: dict[str, int] = {}
 
 
 class Agent(LitAgent):
-    """Two LLM calls with token ids (spans as an instrumented OpenAI client writes them); returns the reward."""
+    """Two LLM calls with token ids (spans as an instrumented OpenAI client writes them); returns the reward:
+    the task's ``reward``, or the next of its ``rewards`` (a group: one per rollout, in the order they run)."""
 
     def rollout(self, task, resources, rollout):  # noqa: ANN001, ANN201
         policy = resources["policy"]
-        SEEN[rollout.rollout_id] = {"resource_type": policy.resource_type, "model": policy.model,
+        if "reward" in task:
+            reward = float(task["reward"])
+        else:
+            n = TURNS[task["id"]] = TURNS.get(task["id"], -1) + 1
+            reward = float(task["rewards"][n])
+        SEEN[rollout.rollout_id] = {"resource_type": policy.resource_type, "model": policy.model, "reward": reward,
+                                    "attempt": rollout.attempt.sequence_id,
                                     "base_url": policy.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)}
         tracer = trace.get_tracer("agent")
         prompt = [1, 2, 3]
@@ -47,26 +57,45 @@ class Agent(LitAgent):
                     "prompt_token_ids": prompt, "response_token_ids": response}):
                 pass
             prompt = prompt + response + [4]
-        return float(task["reward"])
+        return reward
 
 
-async def main(url: str, out: str, specs: list[str]) -> None:
+async def reads(store: LightningStoreClient, rollout_id: str, timeout: float = 120.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rollout = await store.get_rollout_by_id(rollout_id)
+        if rollout is not None and rollout.status in ("succeeded", "failed") or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1)
+    latest = await store.get_latest_attempt(rollout_id)
+    attempts = await store.query_attempts(rollout_id)
+    spans = await store.query_spans(rollout_id)
+    return {"status": rollout.status if rollout else None, "mode": rollout.mode if rollout else None,
+            "attempt_status": rollout.attempt.status if rollout and hasattr(rollout, "attempt") else None,
+            "latest": [latest.sequence_id, latest.status, latest.worker_id] if latest else None,
+            "attempts": [a.attempt_id for a in attempts], "attempts_total": attempts.total,
+            "spans": sorted(s.name for s in spans)}
+
+
+async def main(url: str, out: str, extra: int, rewards: list[float]) -> None:
     store = LightningStoreClient(url)
-    runner = LitAgentRunner(OtelTracer())
+    enqueued = [await store.enqueue_rollout(input={"reward": rewards[0]}, mode="train")]
+    enqueued += await store.enqueue_many_rollouts([EnqueueRolloutRequest(input={"reward": r}) for r in rewards[1:]])
+    runner = LitAgentRunner(OtelTracer(), max_rollouts=len(rewards) + extra, poll_interval=0.5)
     runner.init(Agent())
     runner.init_worker(0, store)
-    for spec in specs:
-        rollout_id, attempt_id, reward = spec.split(":")
-        now = time.time()
-        attempted = AttemptedRollout(
-            rollout_id=rollout_id, input={"reward": float(reward)}, start_time=now, mode="train", status="preparing",
-            attempt=Attempt(rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=1, start_time=now, status="preparing"))
-        await runner._step_impl(attempted, raise_on_exception=True)
+    await asyncio.wait_for(runner.iter(), 180)
     latest = await store.get_latest_resources()
-    json.dump({"seen": SEEN, "resources_id": latest.resources_id if latest else None}, open(out, "w"))
+    result = {"enqueued": [r.model_dump(mode="json") for r in enqueued], "seen": SEEN,
+              "resources_id": latest.resources_id if latest else None, "reads": {}}
+    for rid in SEEN:
+        result["reads"][rid] = await reads(store, rid)
+    page = await store.query_rollouts(rollout_id_in=list(SEEN), status_in=["succeeded"], sort_by="rollout_id")
+    result["query_rollouts"] = {"ids": [r.rollout_id for r in page], "total": page.total}
+    json.dump(result, open(out, "w"))
     runner.teardown()
     await store.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), [float(r) for r in sys.argv[4:]]))

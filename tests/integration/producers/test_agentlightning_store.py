@@ -1,10 +1,10 @@
-"""Agent Lightning 0.3's own runner against the gateway as its LightningStore (``/v1/agl``): the store URL
-is the only change. Its runner fetches resources from rb.resources, its tracer's spans and the reward
-span it makes of the agent's returned float land on rb.spans, its ``update_attempt`` ends the attempt,
-and the two rollouts form a GRPO group whose rewards are those floats.
-
-The rollouts are handed to its runner as its store's dequeue would (and their STARTED events produced
-as ours would be): the queue calls are not on the bus yet and answer 501, which this test checks too.
+"""Agent Lightning 0.3's own client and runner against the gateway as its LightningStore (``/v1/agl``): the
+store URL is the only change. Its client enqueues rollouts (task records on rb.tasks), its runner dequeues
+them and a group task published on rb.tasks, fetches resources from rb.resources; its tracer's spans and
+the reward span it makes of the agent's returned float land on rb.spans, its ``update_attempt`` ends each
+attempt; the stream worker stores them, the group task's two rollouts form a GRPO group whose rewards are
+those floats, and its client reads every rollout back, ended with its reward, from ClickHouse through the
+gateway.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import requests
 from al_venv import ENV, ALInstallError, ensure_venv
 from producers_testkit import consume_all, start_gateway
 from schemas import codec
-from schemas.models import ResourceVersion, RolloutEvent
+from schemas.models import ResourceVersion, Task
+from tests.faults.faultkit import store
 from tests.integration.streams.helpers import batches, produce, query, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -40,16 +41,25 @@ def al_python() -> Path:
 
 
 @pytest.fixture
-def store_url(test_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+def env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    """One ClickHouse store for the stream worker (writes) and the gateway (reads, read-only)."""
+    proc, dsn = store(test_env, tmp_path / "store", tmp_path / "store.log")
+    yield {**test_env, "ROLLOUTBUS_CLICKHOUSE_DSN": dsn}
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture
+def store_url(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
     # Its LightningStoreClient sends no token: this gateway has none (see README).
-    base, proc = start_gateway(test_env, tmp_path / "gw")
+    base, proc = start_gateway(env, tmp_path / "gw")
     yield base
     proc.terminate()
     proc.wait(30)
 
 
-def test_agent_lightning_runner_with_the_gateway_as_its_store(
-    al_python: Path, store_url: str, kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path
+def test_agent_lightning_client_and_runner_with_the_gateway_as_its_store(
+    al_python: Path, store_url: str, kafka_conf: dict[str, Any], topics: Any, env: dict[str, str], tmp_path: Path
 ) -> None:
     agl = f"{store_url}/v1/agl"
     policy = ResourceVersion(name="policy", version=1, kind="model", uri="/ckpt/1", base_model="tiny", created_ns=time.time_ns(),
@@ -62,52 +72,62 @@ def test_agent_lightning_runner_with_the_gateway_as_its_store(
         time.sleep(0.5)
     assert resp.status_code == 200 and resp.json()["resources_id"] == "policy=1"
 
-    # What the queue would do at dequeue: the attempts STARTED for one task.
-    rollouts = [("ro-agl-s1", "at-s1", 1.0), ("ro-agl-s2", "at-s2", 0.0)]
-    produce(kafka_conf, topics.spans, [(r, codec.encode(RolloutEvent(rollout_id=r, attempt_id=a, event="STARTED",
-                                                                      time_ns=time.time_ns(), task_id="agl-store-task",
-                                                                      resource_version=1)))
-                                       for r, a, _ in rollouts])
+    # A train task of two rollouts (one GRPO group) published as `rolloutbus tasks publish` does; the agent
+    # returns 1.0 for the first of them it runs, 0.0 for the second.
+    group = Task(task_id="agl-store-task", input=json.dumps({"id": "g", "rewards": [1.0, 0.0]}), group_size=2,
+                 created_ns=time.time_ns())
+    produce(kafka_conf, topics.tasks, [(group.task_id, codec.encode(group))])
+    worker = start_worker(env, "--group-size", "2", "--finish-grace", "3")
 
     out = tmp_path / "al.json"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}, **ENV}
-    run = subprocess.run([str(al_python), str(DRIVER), store_url, str(out), *(f"{r}:{a}:{w}" for r, a, w in rollouts)],
-                         env=env, capture_output=True, text=True, timeout=240)
+    al_env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}, **ENV}
+    run = subprocess.run([str(al_python), str(DRIVER), store_url, str(out), "2", "0.5", "0.25"],
+                         env=al_env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0 and out.exists(), run.stderr[-4000:]
     got = json.loads(out.read_text())
+    enqueued = {r["rollout_id"]: r for r in got["enqueued"]}
+    assert [(r["status"], r["input"], r["resources_id"]) for r in got["enqueued"]] == [
+        ("queuing", {"reward": 0.5}, "policy=1"), ("queuing", {"reward": 0.25}, "policy=1")]
     assert got["resources_id"] == "policy=1"
-    for r, a, _ in rollouts:  # its ProxyLLM routes each attempt to the proxy's per-rollout URL
-        assert got["seen"][r] == {"resource_type": "proxy_llm", "model": "tiny",
-                                  "base_url": f"http://proxy.example:8788/rollout/{r}/attempt/{a}/v1"}
+    seen = got["seen"]
+    assert len(seen) == 4 and set(enqueued) < set(seen), "its runner dequeued the two it enqueued and the group's two"
+    grouped = sorted(set(seen) - set(enqueued))
+    assert sorted(seen[r]["reward"] for r in grouped) == [0.0, 1.0]
+    for r, s in seen.items():  # its ProxyLLM routes each attempt to the proxy's per-rollout URL
+        assert s["resource_type"] == "proxy_llm" and s["model"] == "tiny" and s["attempt"] == 1
+        assert s["base_url"].startswith(f"http://proxy.example:8788/rollout/{r}/attempt/at-")
 
-    # On rb.spans: per rollout 2 LLM spans (OTLP), the reward span (/spans) and FINISHED (update_attempt).
-    records = consume_all(kafka_conf, topics.spans, expect=2 + 2 * 4, timeout=30)
-    finished = [rec for _k, name, rec, _p in records if name.endswith("RolloutEvent") and rec["event"] == "FINISHED"]
-    assert sorted((f["rollout_id"], f["status"], f["final_reward"], f["span_count"]) for f in finished) == [
-        ("ro-agl-s1", "succeeded", None, 0), ("ro-agl-s2", "succeeded", None, 0)]
+    # On rb.spans: per rollout STARTED (dequeue), 2 LLM spans (OTLP), the reward span (/spans), FINISHED (update_attempt).
+    records = consume_all(kafka_conf, topics.spans, expect=4 * 5, timeout=30)
+    events = sorted((rec["event"], rec["rollout_id"]) for _k, name, rec, _p in records if name.endswith("RolloutEvent"))
+    assert events == sorted([("STARTED", r) for r in seen] + [("FINISHED", r) for r in seen])
     spans = [rec for _k, name, rec, _p in records if name.endswith("Span")]
-    assert sorted(s["kind"] for s in spans) == ["llm"] * 4 + ["reward"] * 2
+    assert sorted(s["kind"] for s in spans) == ["llm"] * 8 + ["reward"] * 4
     assert {s["sequence_id"] for s in spans} == {0}, "numbered by the span stage, not by a gateway"
 
-    # The calls that are not on the bus say so, naming the call.
-    resp = requests.post(f"{agl}/queues/rollouts/dequeue", json={"limit": 1}, timeout=5)
-    assert resp.status_code == 501 and "POST /v1/agl/queues/rollouts/dequeue" in resp.json()["detail"]
+    # Its client read each rollout back from ClickHouse through the gateway: ended, with its attempt and spans.
+    for r in seen:
+        read = got["reads"][r]
+        assert read["status"] == "succeeded" and read["attempt_status"] == "succeeded", (r, read)
+        assert read["latest"][:2] == [1, "succeeded"] and read["attempts_total"] == 1
+        assert len(read["spans"]) == 3 and read["spans"].count("openai.chat.completion") == 2
+    assert got["query_rollouts"] == {"ids": sorted(seen), "total": 4}
 
-    proc = start_worker(test_env, "--group-size", "2", "--finish-grace", "3")
-    got_batches = batches(kafka_conf, topics.batches, 1, proc, timeout=60)
-    rc, log = stop_worker(proc)
-    assert rc == 0 and len(got_batches) == 1, log[-3000:]
-    batch = got_batches[0]
-    assert batch.group_id == "agl-store-task@1" and batch.complete
-    assert dict(zip(batch.rollout_ids, batch.rewards)) == {"ro-agl-s1": 1.0, "ro-agl-s2": 0.0}, "the floats its agent returned"
-    assert dict(zip(batch.rollout_ids, batch.advantages)) == pytest.approx({"ro-agl-s1": 1.0, "ro-agl-s2": -1.0}, abs=1e-5)
+    got_batches = batches(kafka_conf, topics.batches, 1, worker, timeout=60)
+    rc, log = stop_worker(worker)
+    assert rc == 0 and len(got_batches) >= 1, log[-3000:]
+    [batch] = [b for b in got_batches if b.group_id == "agl-store-task@1"]
+    assert batch.complete
+    assert dict(zip(batch.rollout_ids, batch.rewards)) == {r: seen[r]["reward"] for r in grouped}, "the floats its agent returned"
+    assert sorted(batch.advantages) == pytest.approx([-1.0, 1.0], abs=1e-5)
     assert len(batch.transitions) == 4
 
-    rows = query(test_env, {
+    rows = query(env, {
         "ro": "SELECT rollout_id, status, task_id, final_reward, spans_seen, missing_sequence_ids FROM rollouts FINAL ORDER BY rollout_id",
-        "seq": "SELECT rollout_id, groupArray(sequence_id) FROM (SELECT rollout_id, sequence_id FROM spans FINAL "
-               "ORDER BY rollout_id, kafka_offset) GROUP BY rollout_id ORDER BY rollout_id",
     })
-    assert rows["ro"] == [["ro-agl-s1", "succeeded", "agl-store-task", 1.0, 3, []],
-                          ["ro-agl-s2", "succeeded", "agl-store-task", 0.0, 3, []]]
-    assert rows["seq"] == [["ro-agl-s1", [1, 2, 3]], ["ro-agl-s2", [1, 2, 3]]]
+    want = [[r, "succeeded", "agl-store-task" if r in grouped else r, seen[r]["reward"], 3, []] for r in sorted(seen)]
+    assert rows["ro"] == want, "each rollout finished with its reward in ClickHouse (an enqueued one is its own task)"
+
+    # Calls with no meaning on the bus say so, naming the call.
+    resp = requests.post(f"{agl}/resources", json={}, timeout=5)
+    assert resp.status_code == 501 and "POST /v1/agl/resources" in resp.json()["detail"]
