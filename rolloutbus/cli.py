@@ -278,6 +278,7 @@ ROLLOUT_SQL = (
 def cmd_query(args: argparse.Namespace) -> int:
     from foundation.clickhouse import connect
     from foundation.entry import settings_from_args
+    from foundation.errors import ClickHouseError
     from rolloutbus.store.sqltext import output_format
 
     s = settings_from_args(QuerySettings, args, {"format": "query_format"})
@@ -291,11 +292,19 @@ def cmd_query(args: argparse.Namespace) -> int:
     try:
         if args.trajectory:
             params = {"rid": args.trajectory}
-            if fmt is not None:
-                stream_query(client, TRAJECTORY_SQL, fmt, out, params, FORMAT_SETTINGS.get(name))
-                return 0
-            _, rollout = run_query(client, ROLLOUT_SQL, params)
-            header, rows = run_query(client, TRAJECTORY_SQL, params)
+            try:
+                if fmt is not None:
+                    stream_query(client, TRAJECTORY_SQL, fmt, out, params, FORMAT_SETTINGS.get(name))
+                    return 0
+                _, rollout = run_query(client, ROLLOUT_SQL, params)
+                header, rows = run_query(client, TRAJECTORY_SQL, params)
+            except ClickHouseError as exc:
+                if "UNKNOWN_TABLE" not in str(exc):
+                    raise
+                # A fresh store (the database made, nothing migrated): say that, not which table is missing.
+                raise ClickHouseError(f"no rollouts stored yet: database {client.database!r} has no rolloutbus tables "
+                                      "(`rolloutbus migrate` creates them; `rolloutbus up` and the stream worker do "
+                                      "when they start)") from None
             if not rows:
                 print(f"rolloutbus query: no spans for rollout {args.trajectory}" + ("" if rollout else " (no such rollout)"),
                       file=sys.stderr)
