@@ -177,7 +177,31 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
     A span without a sequence id goes on unnumbered (0): the span stage numbers it in the order the
     attempt's spans arrive on their partition, which stays right with any number of gateway replicas
     (a counter here would give two replicas' spans of one attempt the same ids)."""
+    import re
+
     from producers.mapping import attr_str
+
+    # A serialized ArrayValue whose every item is an AnyValue holding int_value (tag 0x18, a varint),
+    # or double_value (tag 0x21, 8 bytes), and nothing else.
+    all_ints = re.compile(rb"(?:\x0a[\x02-\x0b]\x18[\x80-\xff]{0,9}[\x00-\x7f])*", re.S)
+    all_doubles = re.compile(rb"(?:\x0a\x09\x21.{8})*", re.S)
+
+    def value_of(v: AnyValue) -> Any:
+        """any_value, with a list of ints (token ids) read without a recursive call per item."""
+        which = v.WhichOneof("value")
+        if which == "string_value":
+            return v.string_value
+        if which == "array_value":
+            items = v.array_value.values
+            # upb writes each item's one field only, so "every item's field is 3 (int_value)" is a
+            # pattern over the serialized array (C speed) instead of a WhichOneof per item.
+            if len(items) > 8:
+                raw = v.array_value.SerializeToString()
+                if all_ints.fullmatch(raw):
+                    return [x.int_value for x in items]
+                if all_doubles.fullmatch(raw):
+                    return [x.double_value for x in items]
+        return any_value(v)
 
     spans: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -189,9 +213,8 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
         for ss in rs.scope_spans:
             for s in ss.spans:
                 attrs = {}
-                for kv in s.attributes:  # _attrs, with the common string value read without a second look-up
-                    v = kv.value
-                    attrs[kv.key] = v.string_value if v.WhichOneof("value") == "string_value" else any_value(v)
+                for kv in s.attributes:
+                    attrs[kv.key] = value_of(kv.value)
                 try:
                     spans.append(
                         otel_to_span(

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.codec import pack_floats, pack_tokens
+from schemas.codec import pack_array, pack_floats, pack_tokens
 
 ROLLOUT_KEYS = ("agentlightning.rollout_id", "rolloutbus.rollout_id")
 ATTEMPT_KEYS = ("agentlightning.attempt_id", "rolloutbus.attempt_id")
@@ -92,6 +92,17 @@ def _int_list(value: Any, what: str) -> list[int]:
     if out and (min(out) < 0 or max(out) > 0xFFFFFFFF):
         raise MappingError(f"{what} holds token ids outside 0..2**32-1")
     return out
+
+
+def _packed(code: str, value: Any, what: str) -> bytes:
+    """A list of token ids (``I``) or numbers (``f``) packed; one C call for a list of plain ints or
+    floats (``array`` checks the range), :func:`_int_list` / :func:`_float_list` for anything else."""
+    if type(value) is list:
+        try:
+            return pack_array(code, value)
+        except (TypeError, OverflowError):
+            pass  # a string, a float among token ids, an id out of range: the general path says which
+    return pack_tokens(_int_list(value, what)) if code == "I" else pack_floats(_float_list(value, what))
 
 
 def _float_list(value: Any, what: str) -> list[float]:
@@ -285,9 +296,9 @@ def otel_to_span(
             resource_version = att.resource_version
         llm = {
             "model": None if model is None else str(model),
-            "prompt_token_ids": pack_tokens(_int_list(prompt, "prompt_token_ids") if prompt is not None else []),
-            "response_token_ids": pack_tokens(_int_list(response, "response_token_ids") if response is not None else []),
-            "response_logprobs": pack_floats(_float_list(logprobs, "response_logprobs") if logprobs is not None else []),
+            "prompt_token_ids": b"" if prompt is None else _packed("I", prompt, "prompt_token_ids"),
+            "response_token_ids": b"" if response is None else _packed("I", response, "response_token_ids"),
+            "response_logprobs": b"" if logprobs is None else _packed("f", logprobs, "response_logprobs"),
             "response_mask": b"",
             "resource_version": resource_version,
             "request_id": None if response_id is None else str(response_id),

@@ -84,10 +84,15 @@ def _set(av: AnyValue, v: Any) -> None:
 
 
 otlp_scalar = st.one_of(st.text(max_size=10), st.integers(-(2**63), 2**63 - 1), st.booleans(), st.floats(), st.sampled_from(["", "1"]))
-otlp_attrs = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), otlp_scalar | st.lists(otlp_scalar, max_size=3), max_size=7)
+# Long lists too: token ids and logprobs (read by the gateway without a call per item), also mixed ones.
+long_lists = (st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 200_000), min_size=9, max_size=40)
+              | st.lists(st.floats(), min_size=9, max_size=40)
+              | st.lists(st.integers(0, 9) | st.floats() | st.text(max_size=2) | st.booleans(), min_size=9, max_size=20))
+otlp_attrs = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6),
+                             otlp_scalar | st.lists(otlp_scalar, max_size=3) | long_lists, max_size=7)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(otlp_attrs, st.lists(st.tuples(st.sampled_from(NAMES), otlp_attrs, events), max_size=4)), max_size=3))
 def test_request_to_spans_as_before(resources: list) -> None:
     req = ExportTraceServiceRequest()
