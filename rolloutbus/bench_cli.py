@@ -42,7 +42,21 @@ BENCHES = [
     Bench("trainer", "bench_trainer.py", [], ["--steps", "2"], json=False, timeout_s=240),
     Bench("ingest", "bench_streams.py", ["--json", "--ingest-workload"], ["--json", "--ingest-workload"], timeout_s=120),
     Bench("agentlightning", "agentlightning_store.py", ["--json"], ["--json"], timeout_s=420),
+    Bench("paths", "bench_paths.py", ["--json", "--sizes", "1000,10000,100000"], ["--json", "--quick"], timeout_s=420),
 ]
+SPANS_PER_ROLLOUT = 16  # bench/workload.py's rollouts, as the ingest and Agent Lightning benches send them
+
+
+def sized_args(b: Bench, quick: bool, spans: int | None) -> list[str]:
+    """The bench's arguments, with the workload size ``--spans`` applied where the bench takes one."""
+    args = list(b.quick_args if quick else b.args)
+    if not spans:
+        return args
+    if b.name == "paths":
+        return ["--json", "--spans", str(spans)] + (["--repeat", "1"] if quick else [])
+    if b.name in ("ingest", "agentlightning"):
+        return [*args, "--rollouts", str(max(1, round(spans / SPANS_PER_ROLLOUT))), "--spans-per-rollout", str(SPANS_PER_ROLLOUT)]
+    return args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smaller sizes, a smoke run (env ROLLOUTBUS_BENCH_QUICK=1)")
     parser.add_argument("--only", action="append", default=None, metavar="NAME", choices=[b.name for b in BENCHES],
                         help=f"run only this bench (repeatable): {', '.join(b.name for b in BENCHES)}")
+    parser.add_argument("--spans", type=int, default=None,
+                        metavar="N", help="workload size for the ingest, Agent Lightning and hot-path benches, e.g. 100000 "
+                        "(env ROLLOUTBUS_BENCH_SPANS; default: their own, 1,024 spans for the ingest comparison)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("ROLLOUTBUS_BENCH_OUT", str(BENCH / "results"))),
                         help="where the results file goes (env ROLLOUTBUS_BENCH_OUT, default bench/results)")
 
@@ -57,8 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- running
 
 
-def _run_one(b: Bench, quick: bool, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, str(BENCH / b.file), *(b.quick_args if quick else b.args)]
+def _run_one(b: Bench, quick: bool, env: dict[str, str], spans: int | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, str(BENCH / b.file), *sized_args(b, quick, spans)]
+    if spans and b.name in ("ingest", "agentlightning", "paths"):
+        b = Bench(b.name, b.file, b.args, b.quick_args, b.json, max(b.timeout_s, int(b.timeout_s * spans / 10_000)))
     started = time.monotonic()
     print(f"rolloutbus bench: {b.name} ({' '.join(cmd[1:])}) ...", file=sys.stderr, flush=True)
     try:
@@ -172,6 +191,24 @@ def build_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, 
             e = al.get("expected", {}).get("spans")
             rows.append(("Agent Lightning spans surviving a restart", f"{al['queryable_after_restart']:,} / {e:,}" if e else "—", "", ""))
 
+    ingest = results.get("ingest", {}).get("json", {})
+    ours_cpu = ingest.get("metrics", {}).get("ingest_spans_per_cpu_s")
+    theirs_cpu = al.get("spans_per_server_cpu_s")
+    n_spans = ingest.get("run", {}).get("spans")
+    if ours_cpu:
+        ratio = ours_cpu / theirs_cpu if theirs_cpu else None
+        shown = (f"{_fmt(ratio, '×', 1)} ({_fmt(ours_cpu)} vs {_fmt(theirs_cpu)} spans per CPU-s, {_fmt(n_spans)} spans)"
+                 if ratio else f"ours {_fmt(ours_cpu)} spans per producer CPU-s ({_fmt(n_spans)} spans); Agent Lightning not run")
+        add("ingest per CPU-s: our producer vs Agent Lightning's server", ratio, shown, "≥ 50×",
+            ratio is not None and ratio >= 50, "ingest")
+
+    paths = results.get("paths", {}).get("json", {}).get("metrics", {})
+    for key, label, target in (("sdk", "SDK emit + encode", 100_000), ("gateway", "gateway OTLP → Avro", 60_000),
+                               ("stage", "span stage Avro → rows", 60_000)):
+        v = paths.get(f"paths_{key}_spans_per_cpu_s")
+        add(f"{label}, spans per CPU-s (in process, {_fmt(paths.get('paths_spans'))} spans)", v, _fmt(v),
+            f"≥ {target:,}", v is not None and v >= target, "paths")
+
     rss = []
     for label, val in (("gateway", g.get("gateway_peak_rss_mib")), ("stream worker", s.get("worker_peak_rss_mib")),
                        ("Agent Lightning server", al.get("server_peak_rss_mb"))):
@@ -269,12 +306,30 @@ def _bench_port() -> int:
     return int(raw)
 
 
+def _bench_spans(given: int | None) -> int | None:
+    from foundation.errors import SettingError
+
+    if given is not None:
+        if given < SPANS_PER_ROLLOUT:
+            raise SettingError(f"bad value {given}", f"must be at least {SPANS_PER_ROLLOUT} (one rollout)", flag="--spans",
+                               env="ROLLOUTBUS_BENCH_SPANS")
+        return given
+    raw = os.environ.get("ROLLOUTBUS_BENCH_SPANS", "")
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < SPANS_PER_ROLLOUT:
+        raise SettingError(f"bad value {raw!r}", f"must be a whole number of spans, at least {SPANS_PER_ROLLOUT}",
+                           env="ROLLOUTBUS_BENCH_SPANS")
+    return int(raw)
+
+
 def run(args: argparse.Namespace) -> int:
     from foundation.config import CommonSettings, load_settings
     from foundation.errors import ConfigError
 
     load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})  # the benches read the same ROLLOUTBUS_* variables: check them before a broker starts
     port = _bench_port()
+    args.spans = _bench_spans(getattr(args, "spans", None))
 
     names = [b.name for b in BENCHES]
     only = args.only or names
@@ -304,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         env["ROLLOUTBUS_KAFKA_BOOTSTRAP"] = broker.bootstrap
     try:
         for b in chosen:
-            results[b.name] = _run_one(b, args.quick, env)
+            results[b.name] = _run_one(b, args.quick, env, getattr(args, "spans", None))
     finally:
         if broker is not None:
             broker.stop()

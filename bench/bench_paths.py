@@ -1,0 +1,276 @@
+"""Process CPU per span of the three data-plane hot paths, in process, on bench/workload.py's spans.
+
+    python bench/bench_paths.py [--spans 100000] [--sizes 1000,10000,100000] [--repeat 3] [--json]
+
+No broker, no ClickHouse, no HTTP: what each component's own Python does per span, timed with the
+process's CPU clock (``time.process_time``), so a busy shared machine does not count against it.
+The workload (``--spans`` rounded to whole rollouts of 16 spans, a quarter of them LLM calls with
+1,000-token prompts) and everything a path takes as input are built before timing.
+
+- **sdk** — the agent thread: ``emit_message`` / ``emit_llm_call`` / ``emit_tool_call`` /
+  ``emit_reward`` for each span inside a rollout (STARTED and FINISHED included), into a transport
+  that keeps the records; then the transport thread's encoding of those records
+  (``schemas.codec.encode_raw``). The transport's spool and librdkafka are not in this figure
+  (``bench_producers.py`` measures the whole producer into a real broker).
+- **gateway** — OTLP/HTTP protobuf bodies of 512 spans (the workload's spans as an OpenTelemetry
+  exporter sends them: ids and token ids as attributes) → ``decode_request`` → ``request_to_spans``
+  → ``encode_raw``, what ``Gateway.traces`` does per request before it hands the bytes to the
+  transport (``bench_gateway.py`` measures the whole gateway process over HTTP into Kafka).
+- **stage** — the span stage's calls per record (``SpanStage.poll``): ``decode_raw``, ``check_span``,
+  ``span_view``, ``PartitionState.on_span`` / ``on_event``, the ``spans`` RowBinary row, and at each
+  FINISHED ``finish_attempt`` with its ``rollouts`` row and ``transitions`` rows. librdkafka's fetch
+  and chDB's insert are not in it (``bench_streams.py`` measures the whole worker).
+
+Each figure is the best of ``--repeat`` runs (the least disturbed by other work on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit_json, print_table  # noqa: E402
+from workload import SynthSpan, WorkloadSpec, generate, size_summary, to_avro  # noqa: E402
+
+SPANS_PER_ROLLOUT = 16
+BATCH = 512  # spans per OTLP request, as bench_gateway.py sends them
+TARGETS = {"sdk": 100_000, "gateway": 60_000, "stage": 60_000}  # spans per CPU-second (issue 28)
+
+
+def spec_for(spans: int, seed: int = 7) -> WorkloadSpec:
+    """The bench workload with ``spans`` spans, in whole rollouts of 16."""
+    return WorkloadSpec(seed=seed, rollouts=max(1, round(spans / SPANS_PER_ROLLOUT)), spans_per_rollout=SPANS_PER_ROLLOUT)
+
+
+def cpu_per_span(fn: Callable[[], int], repeat: int) -> float:
+    """The least process CPU-seconds per span over ``repeat`` runs of ``fn`` (which returns its span count)."""
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.process_time()
+        n = fn()
+        best = min(best, (time.process_time() - t0) / n)
+    return best
+
+
+# --------------------------------------------------------------------------- sdk
+
+
+class _Keep:
+    """A transport that keeps what it is given (the agent side's cost without the worker thread)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+
+    def emit(self, key: str, name: str, record: dict[str, Any]) -> bool:
+        self.records.append((key, name, record))
+        return True
+
+
+def sdk_emit(rollouts: list[list[SynthSpan]]) -> tuple[int, list[tuple[str, str, dict[str, Any]]]]:
+    from producers import emit_llm_call, emit_message, emit_reward, emit_tool_call, rollout
+
+    keep = _Keep()
+    n = 0
+    for spans in rollouts:
+        first = spans[0]
+        with rollout(f"task-{first.rollout_id}", rollout_id=first.rollout_id, attempt_id=first.attempt_id,
+                     agent_name="bench-agent", transport=keep):  # type: ignore[arg-type]
+            for s in spans:
+                if s.kind == "llm":
+                    emit_llm_call(s.prompt_token_ids, s.response_token_ids, s.response_logprobs, model=s.model,
+                                  finish_reason="stop", name=s.name, attributes=s.attributes)
+                elif s.kind == "tool":
+                    emit_tool_call(s.tool_name or "", s.tool_arguments, s.tool_result)
+                elif s.kind == "reward":
+                    emit_reward(float(s.reward or 0.0))
+                else:
+                    emit_message(s.attributes.get("content", ""), role=s.attributes.get("role"))
+                n += 1
+    return n, keep.records
+
+
+def sdk_encode(records: list[tuple[str, str, dict[str, Any]]]) -> int:
+    from schemas.codec import encode_raw
+
+    for _key, name, record in records:
+        encode_raw(name, record)
+    return len(records)
+
+
+# --------------------------------------------------------------------------- gateway
+
+
+def otlp_bodies(rollouts: list[list[SynthSpan]]) -> tuple[list[bytes], int]:
+    """The workload as OTLP/HTTP protobuf bodies of ``BATCH`` spans (before timing)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    def put(kvs: Any, key: str, value: Any) -> None:
+        kv = kvs.add()
+        kv.key = key
+        if isinstance(value, str):
+            kv.value.string_value = value
+        elif isinstance(value, float):
+            kv.value.double_value = value
+        elif isinstance(value, int):
+            kv.value.int_value = value
+        else:  # a list of token ids or logprobs
+            arr = kv.value.array_value
+            for x in value:
+                if isinstance(x, float):
+                    arr.values.add().double_value = x
+                else:
+                    arr.values.add().int_value = x
+
+    spans = [s for r in rollouts for s in r]
+    bodies = []
+    for i in range(0, len(spans), BATCH):
+        req = ExportTraceServiceRequest()
+        rs = req.resource_spans.add()
+        put(rs.resource.attributes, "service.name", "bench")
+        ss = rs.scope_spans.add()
+        for s in spans[i:i + BATCH]:
+            o = ss.spans.add()
+            o.name, o.trace_id, o.span_id = s.name, bytes.fromhex(s.trace_id), bytes.fromhex(s.span_id)
+            if s.parent_id:
+                o.parent_span_id = bytes.fromhex(s.parent_id)
+            o.start_time_unix_nano, o.end_time_unix_nano = s.start_time_ns, s.end_time_ns
+            attrs: dict[str, Any] = {"agentlightning.rollout_id": s.rollout_id, "agentlightning.attempt_id": s.attempt_id,
+                                     "agentlightning.span_sequence_id": s.sequence_id + 1, **s.attributes}
+            if s.kind == "llm":
+                attrs.update({"gen_ai.response.model": s.model or "", "prompt_token_ids": s.prompt_token_ids,
+                              "response_token_ids": s.response_token_ids, "response_logprobs": s.response_logprobs})
+            elif s.kind == "tool":
+                attrs.update({"gen_ai.tool.name": s.tool_name or "", "gen_ai.tool.call.arguments": s.tool_arguments,
+                              "gen_ai.tool.call.result": s.tool_result or ""})
+            elif s.kind == "reward":
+                attrs.update({"agentlightning.reward.0.name": "reward", "agentlightning.reward.0.value": float(s.reward or 0.0)})
+            for k, v in attrs.items():
+                put(o.attributes, k, v)
+        bodies.append(req.SerializeToString())
+    return bodies, len(spans)
+
+
+def gateway(bodies: list[bytes]) -> int:
+    from producers.gateway import decode_request, request_to_spans
+    from schemas.codec import encode_raw
+
+    n = 0
+    for body in bodies:
+        spans, errors = request_to_spans(decode_request(body, "application/x-protobuf"))
+        if errors:
+            raise RuntimeError(f"the gateway rejected {len(errors)} spans: {errors[0]}")
+        for span in spans:
+            encode_raw("rolloutbus.Span", span)
+        n += len(spans)
+    return n
+
+
+# --------------------------------------------------------------------------- stage
+
+
+def stage_records(records: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
+    from schemas.codec import encode_raw
+
+    return [encode_raw(name, record) for _key, name, record in records]
+
+
+def stage(values: list[bytes]) -> int:
+    from schemas import codec
+    from schemas.checks import check_span
+    from streams import rowbinary
+    from streams.attempts import PartitionState, span_view
+    from streams.rollout import Settings, finish_attempt
+    from streams.sink import rollout_row
+
+    names = ("rolloutbus.Span", "rolloutbus.RolloutEvent")
+    st = PartitionState(0)
+    core = Settings()
+    rows = 0
+    spans = 0
+    now = time.monotonic()
+    ingested = time.time_ns()
+    for offset, value in enumerate(values):
+        name, d = codec.decode_raw(value, names)
+        if name == "rolloutbus.Span":
+            check_span(d)
+            span = span_view(d)
+            write, late, ready = st.on_span(span, offset, now)
+            if write:
+                rows += len(rowbinary.span(span, 0, offset, late, ingested))
+            spans += 1
+        else:
+            ready = st.on_event(codec.from_avro(name, d), offset, now)  # type: ignore[arg-type]
+        if ready is not None:
+            assert ready.finished is not None
+            result = finish_attempt(list(ready.spans.values()), ready.finished, core, started_ns=ready.started_ns)
+            rollout_row(result, "", ingested)
+            for step in result.steps:
+                rows += len(rowbinary.transition(step, "", result.credit, ingested))
+            st.complete(ready, offset)
+    if st.inflight:
+        raise RuntimeError(f"{len(st.inflight)} attempts did not complete")
+    return spans
+
+
+# --------------------------------------------------------------------------- main
+
+
+def run(spans: int, repeat: int) -> dict[str, Any]:
+    warm = generate(spec_for(SPANS_PER_ROLLOUT, seed=1))  # imports and first calls, untimed
+    gateway(otlp_bodies(warm)[0])
+    stage(stage_records(sdk_emit(warm)[1]))
+    rollouts = generate(spec_for(spans))
+    n, records = sdk_emit(rollouts)  # once untimed: the records the other paths take
+    bodies, _ = otlp_bodies(rollouts)
+    values = stage_records(records)
+    us: dict[str, float] = {}
+    us["sdk_emit"] = cpu_per_span(lambda: sdk_emit(rollouts)[0], repeat) * 1e6
+    us["sdk_encode"] = cpu_per_span(lambda: (sdk_encode(records), n)[1], repeat) * 1e6  # events included, per span
+    us["sdk"] = us["sdk_emit"] + us["sdk_encode"]
+    us["gateway"] = cpu_per_span(lambda: gateway(bodies), repeat) * 1e6
+    us["stage"] = cpu_per_span(lambda: stage(values), repeat) * 1e6
+    summary = size_summary(rollouts)
+    return {"spans": summary["spans"], "llm_spans": summary["llm"], "us_per_span": us,
+            "spans_per_cpu_s": {k: 1e6 / v for k, v in us.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spans", type=int, default=None, help="one workload size (spans; whole rollouts of 16)")
+    ap.add_argument("--sizes", default="1000,10000,100000", help="comma-separated workload sizes, when --spans is not given")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the least CPU is kept")
+    ap.add_argument("--quick", action="store_true", help="1,000 and 10,000 spans, one run each")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    sizes = [args.spans] if args.spans else [int(x) for x in args.sizes.split(",") if x.strip()]
+    if args.quick:
+        sizes, args.repeat = [s for s in sizes if s <= 10_000] or [1000], 1
+    results = {str(s): run(s, args.repeat) for s in sizes}
+    big = results[str(max(sizes))]
+    metrics = {f"paths_{k}_spans_per_cpu_s": v for k, v in big["spans_per_cpu_s"].items()}
+    metrics["paths_spans"] = big["spans"]
+    notes = ["process CPU per span, in process (no broker, no ClickHouse, no HTTP); best of "
+             f"{args.repeat} run(s); the workload is bench/workload.py's (a quarter LLM spans with 1,000-token prompts)"]
+    if args.json:
+        emit_json("paths", metrics, notes, sizes=results)
+        return 0
+    rows = []
+    for size, r in results.items():
+        for k in ("sdk_emit", "sdk_encode", "sdk", "gateway", "stage"):
+            target = TARGETS.get(k)
+            rows.append((f"{k} ({r['spans']:,} spans)", f"{r['us_per_span'][k]:.2f} µs = {r['spans_per_cpu_s'][k]:,.0f}/CPU-s",
+                         f"≥ {target:,}" if target else ""))
+    print_table("data-plane hot paths: process CPU per span", rows, notes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

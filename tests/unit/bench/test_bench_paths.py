@@ -1,0 +1,64 @@
+"""The hot-path bench runs every path on the workload (no network), and ``rolloutbus bench --spans``
+sizes the benches that take a workload size and reports what they measure against the targets."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+
+import bench_paths  # noqa: E402
+
+from foundation.errors import SettingError  # noqa: E402
+from rolloutbus import bench_cli  # noqa: E402
+
+
+def test_every_path_runs_on_the_workload_and_the_stage_completes_every_attempt() -> None:
+    r = bench_paths.run(160, repeat=1)
+    assert r["spans"] == 160 and r["llm_spans"] > 0
+    assert set(r["us_per_span"]) == {"sdk_emit", "sdk_encode", "sdk", "gateway", "stage"}
+    assert all(v > 0 for v in r["spans_per_cpu_s"].values())
+
+
+def test_the_size_goes_to_the_benches_that_take_one() -> None:
+    by = {b.name: b for b in bench_cli.BENCHES}
+    assert bench_cli.sized_args(by["paths"], False, 100_000) == ["--json", "--spans", "100000"]
+    assert bench_cli.sized_args(by["ingest"], False, 100_000)[-4:] == ["--rollouts", "6250", "--spans-per-rollout", "16"]
+    assert bench_cli.sized_args(by["agentlightning"], False, 100_000)[-4:] == ["--rollouts", "6250", "--spans-per-rollout", "16"]
+    assert bench_cli.sized_args(by["gateway"], False, 100_000) == by["gateway"].args
+    assert bench_cli.sized_args(by["ingest"], False, None) == by["ingest"].args
+
+
+def test_bad_sizes_are_one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SettingError, match="--spans"):
+        bench_cli._bench_spans(3)
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_SPANS", "lots")
+    with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_SPANS"):
+        bench_cli._bench_spans(None)
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_SPANS", "100000")
+    assert bench_cli._bench_spans(None) == 100_000
+
+
+def test_rows_show_per_cpu_second_figures_against_the_targets() -> None:
+    results = {
+        "ingest": {"json": {"metrics": {"ingest_spans_per_s": 9000.0, "ingest_spans_per_cpu_s": 40_000.0},
+                            "run": {"spans": 100_000}}},
+        "agentlightning": {"json": {"spans_per_s": 300.0, "spans_per_server_cpu_s": 600.0}},
+        "paths": {"json": {"metrics": {"paths_sdk_spans_per_cpu_s": 120_000.0, "paths_gateway_spans_per_cpu_s": 12_000.0,
+                                       "paths_stage_spans_per_cpu_s": 50_000.0, "paths_spans": 100_000}}},
+    }
+    rows = {r[0]: r for r in bench_cli.build_rows(results)}
+    cpu = rows["ingest per CPU-s: our producer vs Agent Lightning's server"]
+    assert cpu[1].startswith("66.7×") and cpu[3] == "yes"
+    assert rows["SDK emit + encode, spans per CPU-s (in process, 100,000 spans)"][3] == "yes"
+    assert rows["gateway OTLP → Avro, spans per CPU-s (in process, 100,000 spans)"][3] == "NO"
+
+
+def test_the_cli_takes_spans() -> None:
+    p = argparse.ArgumentParser()
+    bench_cli.add_arguments(p)
+    assert p.parse_args(["--spans", "100000", "--only", "paths"]).spans == 100_000
