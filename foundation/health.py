@@ -4,7 +4,10 @@
   addresses), so it can be opened to a kubelet without revealing the configuration.
 * ``/readyz`` — readiness: 200 ``ready`` only when :class:`Readiness` finds the process connected and
   making progress, else 503 with one short reason (``kafka: ...``, ``clickhouse: ...``, ``stalled: ...``).
-* ``/metrics`` — the Prometheus text format of a registry.
+* ``/metrics`` — the Prometheus text format of a registry. With a token (``serve_health(token=...)``, else
+  ``ROLLOUTBUS_METRICS_TOKEN``) it answers only ``Authorization: Bearer <token>`` (Prometheus:
+  ``authorization: {credentials: ...}``); the probes stay open for the kubelet. Bound beyond loopback
+  without a token, the start logs a WARNING saying who can read it.
 
 :class:`Readiness` is plain state that the process's own loop updates (assignment, backlog, progress,
 named problems) and the server's thread reads; the rule that turns it into a verdict is a pure function
@@ -14,8 +17,10 @@ of that state and the time, so it is tested without a broker.
 from __future__ import annotations
 
 import errno
+import hmac
 import ipaddress
 import logging
+import os
 import re
 import socket
 import threading
@@ -26,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from foundation.errors import ConfigError
+from foundation.exposure import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +179,22 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+            token = self.server.token
+            if token is not None:
+                given = (self.headers.get("Authorization") or "").encode("latin-1", "replace")
+                if not hmac.compare_digest(given, f"Bearer {token}".encode("latin-1", "replace")):
+                    self._send(401, b"/metrics needs Authorization: Bearer <the metrics token>\n",
+                               extra={"WWW-Authenticate": "Bearer"})
+                    return
             self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
         else:
             self._send(404, b"not found: /healthz, /readyz, /metrics\n")
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+              extra: dict[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -193,6 +209,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     ready: Callable[[], Verdict]
     registry: Any
+    token: str | None = None
 
 
 class _Server6(_Server):
@@ -202,21 +219,24 @@ class _Server6(_Server):
 class HealthServer:
     """``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port``, served from a daemon thread.
 
-    ``port=0`` binds a free port (tests); the settings treat 0 as "off" before this is built."""
+    ``port=0`` binds a free port (tests); the settings treat 0 as "off" before this is built. With ``token``,
+    ``/metrics`` needs ``Authorization: Bearer <token>``."""
 
-    def __init__(self, ready: Callable[[], Verdict], registry: Any = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, ready: Callable[[], Verdict], registry: Any = None, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None) -> None:
         if registry is None:
             from prometheus_client import REGISTRY
 
             registry = REGISTRY
         self._ready, self._registry, self.host, self.port = ready, registry, host, port
+        self._token = token or None
         self._server: _Server | None = None
 
     def start(self) -> "HealthServer":
         """Bind and serve. Raises OSError when the address cannot be bound."""
         server_class = _Server6 if ":" in self.host else _Server
         server = server_class((self.host, self.port), _Handler)
-        server.ready, server.registry = self._ready, self._registry
+        server.ready, server.registry, server.token = self._ready, self._registry, self._token
         self.port = server.server_address[1]
         self._server = server
         threading.Thread(target=server.serve_forever, name="health-server", daemon=True).start()
@@ -229,17 +249,24 @@ class HealthServer:
             self._server = None
 
 
+METRICS_TOKEN_ENV = "ROLLOUTBUS_METRICS_TOKEN"
+
+
 def serve_health(ready: Callable[[], Verdict], host: str, port: int, *, explicit: bool, flag: str, env: str,
-                 registry: Any = None) -> HealthServer | None:
+                 registry: Any = None, token: str | None = None) -> HealthServer | None:
     """Start a :class:`HealthServer`, or None when ``port`` is 0 (off).
 
     A port given explicitly (flag or variable) that cannot be bound is a :class:`ConfigError`. The
     default port already in use (a second process of the same kind on one host) is a warning: the
-    process runs without probes rather than not at all.
+    process runs without probes rather than not at all. ``token`` (None: ``ROLLOUTBUS_METRICS_TOKEN``,
+    read here because the stream worker's and the trainer's settings do not carry it yet) guards
+    ``/metrics``; bound beyond loopback without one, a WARNING says so.
     """
     if not port:
         return None
-    server = HealthServer(ready, registry, host, port)
+    if token is None:
+        token = os.environ.get(METRICS_TOKEN_ENV) or None
+    server = HealthServer(ready, registry, host, port, token=token)
     try:
         server.start()
     except OSError as exc:
@@ -251,8 +278,13 @@ def serve_health(ready: Callable[[], Verdict], host: str, port: int, *, explicit
         why = exc.strerror or str(exc)
         raise ConfigError(f"cannot serve /metrics, /healthz, /readyz on {where}: {why} "
                           f"(choose another with {flag} or {env}; 0 turns them off)") from exc
-    log.info("serving /metrics, /healthz, /readyz on http://%s:%d", host, server.port)
+    log.info("serving /metrics, /healthz, /readyz on http://%s:%d%s", host, server.port,
+             " (/metrics with its bearer token)" if token else "")
+    if token is None and not is_loopback(host):
+        log.warning("/metrics on %s:%d answers anyone who can reach that address: set %s (then scrape with "
+                    "Authorization: Bearer <token>) or bind 127.0.0.1 with %s", host, server.port, METRICS_TOKEN_ENV, flag)
     return server
 
 
-__all__ = ["HealthServer", "Readiness", "Verdict", "backlog", "check_bind_host", "serve_health"]
+
+__all__ = ["HealthServer", "METRICS_TOKEN_ENV", "Readiness", "Verdict", "backlog", "check_bind_host", "serve_health"]

@@ -253,7 +253,10 @@ class Gateway:
         token: str | None = None,
         retry_after_s: int = 5,
         resources: Resources | None = None,
+        metrics_token: str | None = None,
     ) -> None:
+        """``metrics_token``: the bearer token ``/metrics`` needs (the command passes the gateway's token when it
+        listens beyond loopback; on loopback only this machine's processes can reach it)."""
         self.transport = transport
         # Agent Lightning's own APIs, one rb.resources reader for both: 0.3's store (producers/agl_store_http.py)
         # and 1.x's server (producers/agl_api_http.py)
@@ -264,6 +267,7 @@ class Gateway:
                                               max_body_bytes=max_body_bytes)
         self.max_body_bytes = max_body_bytes
         self.token = token
+        self.metrics_token = metrics_token
         self.retry_after_s = retry_after_s
         self.registry = CollectorRegistry()
         self.m_requests = Counter("rolloutbus_gateway_requests", "OTLP requests by HTTP status", ["code"], registry=self.registry)
@@ -425,6 +429,11 @@ class Gateway:
         return web.json_response({"status": "ok" if ok else "degraded", **stats}, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_token is not None:
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, f"Bearer {self.metrics_token}".encode()):
+                return web.Response(status=401, text="/metrics needs Authorization: Bearer <the gateway token>",
+                                    headers={"WWW-Authenticate": "Bearer"})
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from producers.settings import GatewaySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
-    from foundation.exposure import check_listen
+    from foundation.exposure import check_listen, is_loopback
 
     s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
                                                    "max_body_bytes": "gateway_max_body_bytes", "insecure": "insecure"})
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         token=s.gateway_token.get_secret_value() if s.gateway_token else None,
         retry_after_s=s.gateway_retry_after_s,
         resources=resources,
+        # Beyond loopback /metrics needs the token too (Prometheus: authorization: {credentials: <token>}).
+        metrics_token=None if is_loopback(s.gateway_host) or s.gateway_token is None else s.gateway_token.get_secret_value(),
     )
     # Agent Lightning's queue on rb.tasks: joins the replicas' consumer group on the first dequeue; reads
     # ClickHouse read-only (connected on first use) to learn of attempts that ended through another replica.

@@ -1,0 +1,79 @@
+"""The gateway's ``/metrics`` and ``/healthz`` as an operator exposes them.
+
+Listening beyond loopback (with its token, as it must), the gateway's ``/metrics`` needs the token as
+every other route does; on loopback only this machine reaches it and it stays open (the local
+Prometheus scrapes it so). ``/healthz`` answers with its counters and reveals no configuration: no
+broker address, no path, no token."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[1].parent
+TOKEN = "gw-metrics-tok-5e0a"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(env: dict[str, str], host: str, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = _free_port()
+    out = log.open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--host", host, "--port", str(port)],
+                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")
+        try:
+            requests.get(f"{base}/healthz", timeout=1)
+            return base, proc
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the gateway did not start: " + log.read_text(errors="replace"))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(40)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("host,guarded", [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_gateway_metrics_need_the_token_beyond_loopback(test_env: dict[str, str], tmp_path: Path, host: str, guarded: bool) -> None:
+    env = {**test_env, "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw")}
+    base, proc = _start(env, host, tmp_path / "gateway.log")
+    try:
+        bare = requests.get(f"{base}/metrics", timeout=5)
+        assert (bare.status_code, "rolloutbus_gateway_requests" in bare.text) == ((401, False) if guarded else (200, True)), bare.text
+        assert TOKEN not in bare.text
+        wrong = requests.get(f"{base}/metrics", headers={"Authorization": "Bearer nope"}, timeout=5)
+        assert wrong.status_code == (401 if guarded else 200)
+        good = requests.get(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert good.status_code == 200 and "rolloutbus_gateway_spans_accepted_total" in good.text
+
+        health = requests.get(f"{base}/healthz", timeout=5)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        bootstrap = test_env["ROLLOUTBUS_KAFKA_BOOTSTRAP"]
+        for secret_or_config in (TOKEN, bootstrap, bootstrap.rsplit(":", 1)[-1], str(tmp_path), test_env["ROLLOUTBUS_TOPIC_PREFIX"]):
+            assert secret_or_config not in health.text, (secret_or_config, health.text)
+        agl = requests.get(f"{base}/v1/agl/health", timeout=5)
+        assert agl.status_code == 200 and agl.json() == {"status": "ok"}
+    finally:
+        _stop(proc)
