@@ -253,17 +253,15 @@ def from_avro(name: str, d: dict[str, Any]) -> Record:
 # --------------------------------------------------------------------------- bodies
 
 
-_SPAN = "rolloutbus.Span"
-
-
 def encode_body(name: str, avro_dict: Mapping[str, Any]) -> bytes:
     """Avro binary body of ``avro_dict`` with the current schema ``name`` (no header).
 
-    A Span is written by :mod:`schemas.span_avro` (fastavro's bytes, generated for its schema);
-    fastavro writes every other record and any span that code finds unusual."""
-    if name == _SPAN:
+    A Span or a RolloutEvent is written by :mod:`schemas.span_avro` (fastavro's bytes, generated for
+    its schema); fastavro writes every other record and any of those two that code finds unusual."""
+    fast = span_avro.WRITERS.get(name)
+    if fast is not None:
         try:
-            return span_avro.write_span(avro_dict)  # type: ignore[arg-type]
+            return fast(avro_dict)  # type: ignore[arg-type]
         except span_avro.Unusual:
             pass
     buf = io.BytesIO()
@@ -277,9 +275,10 @@ def encode_body(name: str, avro_dict: Mapping[str, Any]) -> bytes:
 
 
 def _read_body(data: bytes, offset: int, writer: Any, reader: Any | None, name: str) -> dict[str, Any]:
-    if reader is None and name == _SPAN and writer is schema_set().parsed[_SPAN]:
+    fast = span_avro.READERS.get(name) if reader is None else None
+    if fast is not None and writer is schema_set().parsed[name]:
         try:
-            return span_avro.read_span(data, offset)  # fastavro's dict, generated for the current schema
+            return fast(data, offset)  # fastavro's dict, generated for the current schema
         except span_avro.Unusual:
             pass  # fastavro reads it, or says what is wrong with it
     buf = io.BytesIO(data)

@@ -1,10 +1,11 @@
-"""The ``rolloutbus.Span`` Avro body, written and read by straight-line code generated from its schema.
+"""The Avro bodies of rb.spans's two records, ``rolloutbus.Span`` and ``rolloutbus.RolloutEvent``,
+written and read by straight-line code generated from their schemas.
 
 fastavro interprets the parsed schema for every field of every record (dict lookups per field and
-per union branch): about 12 µs to write or read one small span on this project's machines. The
-span is the one record on every hot path (the SDK's transport, the gateway, the span stage), so
-this module turns ``schemas/avro/span.avsc`` into two plain Python functions at import, one
-statement per field with the common case inline (a string shorter than 64 bytes is one byte of
+per union branch): about 12 µs to write or read one small span on this project's machines. These
+two records are on every hot path (the SDK's transport, the gateway, the span stage), so this module
+turns ``schemas/avro/span.avsc`` and ``rollout_event.avsc`` into plain Python functions at import,
+one statement per field with the common case inline (a string shorter than 64 bytes is one byte of
 length), at a fraction of that cost.
 
 They cover well-formed values only. A value of an unexpected type, a missing field, malformed or
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Unusual", "read_span", "write_span", "generated_source"]
+__all__ = ["READERS", "WRITERS", "Unusual", "read_span", "write_span", "generated_source"]
 
 SPAN_SCHEMA = Path(__file__).parent / "avro" / "span.avsc"
+EVENT_SCHEMA = Path(__file__).parent / "avro" / "rollout_event.avsc"
 
 
 class Unusual(Exception):
@@ -102,7 +104,7 @@ class _Gen:
 
 def _shape(t: Any) -> str:
     """What the generator makes of a schema type; anything else is refused."""
-    if t in ("string", "long", "bytes", "double", "boolean"):
+    if t in ("string", "long", "int", "bytes", "double", "boolean"):
         return t
     if isinstance(t, list):
         if len(t) == 2 and t[0] == "null" and t[1] != "null":
@@ -114,6 +116,8 @@ def _shape(t: Any) -> str:
             return "array"
         if t.get("type") == "record":
             return "record"
+        if t.get("type") == "enum":
+            return "enum"
     raise RuntimeError(f"schemas/span_avro.py cannot generate code for the Avro type {json.dumps(t)[:200]}")
 
 
@@ -128,6 +132,13 @@ def _read(g: _Gen, t: Any, out: str, d: int) -> None:
                "    n, pos = _long_at(data, pos)", "    if n < 0:", "        raise Unusual", "    e = pos + n",
                "if e > end:", "    raise Unusual",
                f"{out} = data[pos:e].decode(); pos = e" if shape == "string" else f"{out} = data[pos:e]; pos = e")
+    elif shape == "int":
+        _read(g, "long", out, d)
+        g.emit(d, f"if not -2147483648 <= {out} <= 2147483647:", "    raise Unusual")
+    elif shape == "enum":
+        idx = g.var("i")
+        _read(g, "long", idx, d)
+        g.emit(d, f"if not 0 <= {idx} < {len(t['symbols'])}:", "    raise Unusual", f"{out} = {tuple(t['symbols'])!r}[{idx}]")
     elif shape == "double":
         g.emit(d, f"{out} = _D_UNPACK(data, pos)[0]; pos += 8")
     elif shape == "boolean":
@@ -168,6 +179,12 @@ def _write(g: _Gen, t: Any, val: str, d: int) -> None:
         else:
             g.emit(d, f"if type({val}) is not bytes:", "    raise Unusual", f"{b} = {val}")
         g.emit(d, f"n = len({b})", "out += _SMALL[n] if n < 8192 else _long(n)", f"out += {b}")
+    elif shape == "int":
+        g.emit(d, f"if type({val}) is not int or not -2147483648 <= {val} <= 2147483647:", "    raise Unusual",
+               f"out += _SMALL[{val}] if 0 <= {val} < 8192 else _long({val})")
+    elif shape == "enum":
+        index = {sym: i for i, sym in enumerate(t["symbols"])}
+        g.emit(d, f"if type({val}) is not str:", "    raise Unusual", f"out += _SMALL[{index!r}[{val}]]")
     elif shape == "double":
         g.emit(d, f"if type({val}) is not float:", "    raise Unusual", f"out += _D_PACK({val})")
     elif shape == "boolean":
@@ -195,29 +212,34 @@ def _write(g: _Gen, t: Any, val: str, d: int) -> None:
             _write(g, f["type"], v, d)
 
 
-def generated_source(schema: dict[str, Any]) -> str:
-    """The Python source of ``read_span`` and ``write_span`` for ``schema`` (shown by the tests)."""
+def generated_source(schema: dict[str, Any], stem: str = "span") -> str:
+    """The Python source of ``read_<stem>`` and ``write_<stem>`` for ``schema`` (shown by the tests)."""
     g = _Gen()
-    g.emit(0, "def read_span(data, pos):", "    end = len(data)", "    try:")
+    g.emit(0, f"def read_{stem}(data, pos):", "    end = len(data)", "    try:")
     _read(g, schema, "rec", 2)
     g.emit(0, "    except (IndexError, UnicodeDecodeError, struct.error, RecursionError) as exc:",
            "        raise Unusual from exc", "    if pos != end:", "        raise Unusual", "    return rec", "",
-           "def write_span(rec):", "    out = bytearray()", "    try:")
+           f"def write_{stem}(rec):", "    out = bytearray()", "    try:")
     _write(g, schema, "rec", 2)
     g.emit(0, "    except (KeyError, TypeError, UnicodeEncodeError) as exc:", "        raise Unusual from exc",
            "    return bytes(out)")
     return "\n".join(g.lines) + "\n"
 
 
-def _compile() -> tuple[Callable[[bytes, int], dict[str, Any]], Callable[[dict[str, Any]], bytes]]:
-    # Named types are written inline in span.avsc (SpanEvent, LLMCall, Reward, ToolCall), no references.
-    source = generated_source(json.loads(SPAN_SCHEMA.read_text()))
+def _compile(path: Path, stem: str) -> tuple[Callable[[bytes, int], dict[str, Any]], Callable[[dict[str, Any]], bytes]]:
+    # Named types are written inline in these two schemas (SpanEvent, LLMCall, ...), no references.
+    source = generated_source(json.loads(path.read_text()), stem)
     scope: dict[str, Any] = {"Unusual": Unusual, "_SMALL": _SMALL, "_long": _long, "_long_at": _long_at,
                              "_D_PACK": _D_PACK, "_D_UNPACK": _D_UNPACK, "struct": struct}
-    exec(compile(source, "<schemas.span_avro: generated from span.avsc>", "exec"), scope)  # noqa: S102 - our own schema
-    return scope["read_span"], scope["write_span"]
+    exec(compile(source, f"<schemas.span_avro: generated from {path.name}>", "exec"), scope)  # noqa: S102 - our own schema
+    read, write = scope[f"read_{stem}"], scope[f"write_{stem}"]
+    read.__doc__ = f"The dict of the {path.name} body at ``data[pos:]``, which it must fill exactly; :class:`Unusual` otherwise."
+    write.__doc__ = f"The Avro body (no header) of one {path.name} dict; :class:`Unusual` for anything uncommon."
+    return read, write
 
 
-read_span, write_span = _compile()
-read_span.__doc__ = """The Span dict of the body at ``data[pos:]``, which it must fill exactly; :class:`Unusual` otherwise."""
-write_span.__doc__ = """The Avro body (no header) of one Span dict; :class:`Unusual` for anything uncommon."""
+read_span, write_span = _compile(SPAN_SCHEMA, "span")
+read_event, write_event = _compile(EVENT_SCHEMA, "event")
+# record name → generated reader / writer (schemas.codec uses them for the current writer schema only)
+READERS = {"rolloutbus.Span": read_span, "rolloutbus.RolloutEvent": read_event}
+WRITERS = {"rolloutbus.Span": write_span, "rolloutbus.RolloutEvent": write_event}

@@ -1,4 +1,4 @@
-"""The generated Span codec against fastavro, its reference: same bytes, same dicts, same errors."""
+"""The generated Span and RolloutEvent codecs against fastavro, their reference: same bytes, same dicts, same errors."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_generated_source_follows_the_schema() -> None:
     src = span_avro.generated_source(json.loads(span_avro.SPAN_SCHEMA.read_text()))
     assert src.startswith("def read_span(data, pos):") and "def write_span(rec):" in src
     with pytest.raises(RuntimeError, match="cannot generate"):
-        span_avro.generated_source({"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]})
+        span_avro.generated_source({"type": "record", "name": "X", "fields": [{"name": "a", "type": "float"}]})
 
 
 BASE = {
@@ -156,3 +156,65 @@ BASE = {
     "status_code": "OK", "status_message": None, "attributes": {"a": "b"}, "events": [], "resource": {},
     "llm": None, "reward": None, "tool": None, "agent_name": "agent",
 }
+
+
+EVENT = "rolloutbus.RolloutEvent"
+EVENT_PARSED = codec.schema_set().parsed[EVENT]
+EVENT_HEADER = codec.MAGIC_SINGLE_OBJECT + codec.schema_set().fingerprints[EVENT]
+events = st.fixed_dictionaries({
+    "rollout_id": text, "attempt_id": text, "event": st.sampled_from(["STARTED", "HEARTBEAT", "FINISHED"]),
+    "time_ns": longs, "task_id": text, "mode": text, "attempt": st.integers(-(2**31), 2**31 - 1),
+    "resource_version": st.none() | longs, "status": st.none() | text, "final_reward": st.none() | floats,
+    "span_count": longs, "error": st.none() | text, "metadata": maps,
+})
+
+
+def ref_event_write(d: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, EVENT_PARSED, d)
+    return buf.getvalue()
+
+
+def ref_event_read(body: bytes) -> dict:
+    buf = io.BytesIO(body)
+    out = fastavro.schemaless_reader(buf, EVENT_PARSED, None)
+    if buf.tell() != len(body):
+        raise ValueError("trailing bytes")
+    return out
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(events, st.data())
+def test_events_same_bytes_and_dicts_also_when_hostile(d: dict, data: st.DataObject) -> None:
+    body = span_avro.write_event(d)
+    assert body == ref_event_write(d)
+    assert same(span_avro.read_event(body, 0), ref_event_read(body))
+    hostile = bytearray(body)
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, max(len(hostile) - 1, 0)))
+        if data.draw(st.booleans()) and hostile:
+            hostile[i] = data.draw(st.integers(0, 255))
+        else:
+            del hostile[i:]
+    try:
+        expected = ref_event_read(bytes(hostile))
+    except Exception:  # noqa: BLE001
+        with pytest.raises(DecodeError):
+            codec.decode_raw(EVENT_HEADER + bytes(hostile))
+        return
+    assert same(codec.decode_raw(EVENT_HEADER + bytes(hostile))[1], expected)
+
+
+@pytest.mark.parametrize("change", [{"event": "DONE"}, {"event": 1}, {"attempt": 2**31}, {"attempt": True},
+                                    {"final_reward": 1}, {"metadata": {"a": None}}])
+def test_unusual_events_are_written_or_refused_as_fastavro_does(change: dict) -> None:
+    d = {"rollout_id": "r", "attempt_id": "a", "event": "STARTED", "time_ns": 1, "task_id": "t", "mode": "train",
+         "attempt": 1, "resource_version": None, "status": None, "final_reward": None, "span_count": 0, "error": None,
+         "metadata": {}, **change}
+    try:
+        expected = ref_event_write(d)
+    except Exception:  # noqa: BLE001
+        with pytest.raises(EncodeError):
+            codec.encode_raw(EVENT, d)
+        return
+    assert codec.encode_raw(EVENT, d) == EVENT_HEADER + expected
