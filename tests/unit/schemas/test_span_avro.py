@@ -218,3 +218,34 @@ def test_unusual_events_are_written_or_refused_as_fastavro_does(change: dict) ->
             codec.encode_raw(EVENT, d)
         return
     assert codec.encode_raw(EVENT, d) == EVENT_HEADER + expected
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=14), longs, st.binary(max_size=3))
+def test_varints_read_as_the_avro_spec_reads_them(noise: bytes, n: int, tail: bytes) -> None:
+    """The nine-byte fast path and the loop give one answer; only the shortest form is taken."""
+    def by_the_spec(data: bytes, pos: int) -> tuple[int, int]:
+        z = shift = 0
+        while True:
+            b = data[pos]
+            pos += 1
+            z |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise span_avro.Unusual
+        if z > 0xFFFFFFFFFFFFFFFF or (b == 0 and shift):
+            raise span_avro.Unusual
+        return (z >> 1) ^ -(z & 1), pos
+
+    for data in (span_avro._long(n) + tail, noise):
+        try:
+            expected: object = by_the_spec(data, 0)
+        except (span_avro.Unusual, IndexError) as exc:
+            expected = type(exc)
+        try:
+            got: object = span_avro._long_at(data, 0)
+        except (span_avro.Unusual, IndexError) as exc:
+            got = type(exc)
+        assert got == expected
