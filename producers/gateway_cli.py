@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from foundation import tls
+
 
 class ClientErrorsInOneLine(logging.Filter):
     """aiohttp logs a request it cannot parse (a header over 8 KiB, a broken chunk, a client gone mid-body)
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=None, help="413 above this (env ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="listen on a non-loopback address without ROLLOUTBUS_GATEWAY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
+    tls.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
                                                    "max_body_bytes": "gateway_max_body_bytes", "insecure": "insecure"})
     check_listen(s.gateway_host, s.gateway_token is not None, s.insecure, "ROLLOUTBUS_GATEWAY_TOKEN", "rolloutbus gateway")
+    ssl_context = tls.from_args(args)  # before anything starts: a bad certificate is one line, not a half-started gateway
     transport = SpanTransport.from_settings(s, spool_name="gateway")
     resources = FollowedResources(s.kafka_conf(), s.topics.resources)
     gw = Gateway(
@@ -73,11 +77,13 @@ def run(args: argparse.Namespace) -> int:
     gw.agl_store.queue = queue
     gw.agl_store.clickhouse = clickhouse  # the reads (query_rollouts, get_rollout_by_id, ...) answer from ClickHouse
     logging.getLogger(__name__).info(
-        "gateway on http://%s:%d/v1/traces → %s at %s", s.gateway_host, s.gateway_port, s.topics.spans, s.bootstrap
+        "gateway on %s://%s:%d/v1/traces → %s at %s", tls.scheme(ssl_context), s.gateway_host, s.gateway_port, s.topics.spans,
+        s.bootstrap
     )
     logging.getLogger("aiohttp.server").addFilter(ClientErrorsInOneLine())
     try:
-        web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None, **SERVER_OPTIONS)
+        web.run_app(gw.app(), host=s.gateway_host, port=s.gateway_port, print=None, access_log=None,
+                    ssl_context=ssl_context, **SERVER_OPTIONS)
     finally:
         queue.close()
         resources.close()

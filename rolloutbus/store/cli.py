@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="listen on a non-loopback address with users that have no password (env ROLLOUTBUS_INSECURE; logged loudly)")
     parser.add_argument("--path", default=None, help="the engine's data directory (default <data dir>/clickhouse)")
+    from foundation import tls
+
+    tls.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from foundation.config import load_settings
     from foundation.errors import StoreError
     from foundation.chdb_lock import lock_store
+    from foundation import tls
     from foundation.exposure import check_listen
     from rolloutbus.store.server import Engine, StoreServer, serve
     from rolloutbus.store.settings import StoreSettings
@@ -34,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     users, limits = s.users(), s.limits()
     check_listen(s.store_host, s.has_credentials(), s.insecure, "ROLLOUTBUS_STORE_USERS (name:role:password, every user with a password)",
                  "rolloutbus store")
+    ssl_context = tls.from_args(args)
     path = Path(args.path).resolve() if args.path else s.store_path
     lock_store(path, f"rolloutbus store on {s.store_host}:{s.store_port}")
     engine = Engine(path)
     try:
-        server = StoreServer((s.store_host, s.store_port), engine, users, limits)
+        server = StoreServer((s.store_host, s.store_port), engine, users, limits, ssl_context=ssl_context)
     except OSError as exc:
         engine.close()
         raise StoreError(f"cannot serve on {s.store_host}:{s.store_port}: {exc.strerror or exc} "
@@ -47,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     roles = ", ".join(f"{u.name} ({u.role})" for u in users)
-    print(f"rolloutbus store: ClickHouse {engine.version} at {path}, serving http://{s.store_host}:{server.port} "
+    print(f"rolloutbus store: ClickHouse {engine.version} at {path}, serving {tls.scheme(ssl_context)}://{s.store_host}:{server.port} "
           f"(users: {roles})", flush=True)
     try:
         serve(server, stop)

@@ -129,9 +129,28 @@ class StoreServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], engine: Engine, users: tuple[User, ...] = DEFAULT_USERS,
-                 limits: Limits = Limits(), display_name: str = "rolloutbus-store") -> None:
+                 limits: Limits = Limits(), display_name: str = "rolloutbus-store", ssl_context: Any = None) -> None:
+        """``ssl_context`` (:func:`foundation.tls.server_context`): serve HTTPS, each connection's handshake in
+        its own thread."""
         self.engine, self.users, self.limits, self.display_name = engine, users, limits, display_name
+        self.ssl_context = ssl_context
         super().__init__(address, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.ssl_context is None:
+            super().finish_request(request, client_address)
+            return
+        from foundation.tls import wrap
+
+        try:
+            request = wrap(self.ssl_context, request)
+        except OSError as exc:  # plain HTTP to the HTTPS port, a client that gave up: its doing, one line
+            log.info("TLS handshake with %s failed: %s", client_address[0], getattr(exc, "reason", None) or exc)
+            return
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            request.close()
 
     @property
     def port(self) -> int:

@@ -26,6 +26,8 @@ import pytest
 import requests
 
 from faultkit import ROOT, free_port, py, store, stop_worker, worker
+from tests.integration.serverprocs import stop as stop_server
+from tests.integration.serverprocs import wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -44,25 +46,8 @@ def answer(where: str, r: requests.Response) -> requests.Response:
     return r
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"exited while starting ({url})"
-        try:
-            requests.get(url, timeout=1)
-            return
-        except requests.RequestException:
-            time.sleep(0.2)
-    raise AssertionError(f"{url} never answered")
-
-
 def stop(proc: subprocess.Popen[bytes], log: Path, where: str) -> None:
-    proc.terminate()
-    try:
-        proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_server(proc)
     SEEN.append((where, log.read_text(errors="replace")))
 
 

@@ -39,6 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from schemas.codec import decode_raw
+from tests.integration.serverprocs import free_port, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -49,12 +50,6 @@ TRIED: Counter[str] = Counter()
 # What the gateway must have counted, from its own answers: spans accepted and rejected, AL events too.
 LEDGER: Counter[str] = Counter()
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +67,7 @@ def gateway(kafka_bootstrap: str, fuzz_topics: Any, tmp_path_factory: pytest.Tem
     import os
 
     data = tmp_path_factory.mktemp("fuzz-gateway")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "ROLLOUTBUS_KAFKA_BOOTSTRAP": kafka_bootstrap,
            "ROLLOUTBUS_TOPIC_PREFIX": fuzz_topics.prefix, "ROLLOUTBUS_DATA_DIR": str(data / "data"),
            "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY),
@@ -102,12 +97,7 @@ def gateway(kafka_bootstrap: str, fuzz_topics: Any, tmp_path_factory: pytest.Tem
         text = (data / "gateway.log").read_text(errors="replace")
         assert "Traceback" not in text, text[-4000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 

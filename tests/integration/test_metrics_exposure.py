@@ -7,52 +7,32 @@ broker address, no path, no token."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
+
+from tests.integration.serverprocs import free_port, stop, wait_http
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1].parent
 TOKEN = "gw-metrics-tok-5e0a"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(env: dict[str, str], host: str, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    port = _free_port()
-    out = log.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--host", host, "--port", str(port)],
-                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--host", host, "--port", str(port)],
+                                env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text(errors="replace")
-        try:
-            requests.get(f"{base}/healthz", timeout=1)
-            return base, proc
-        except requests.ConnectionError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the gateway did not start: " + log.read_text(errors="replace"))
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
     try:
-        proc.wait(40)
-    except subprocess.TimeoutExpired:
+        wait_http(f"{base}/healthz", proc, log)
+    except AssertionError:
         proc.kill()
-        proc.wait()
+        raise
+    return base, proc
 
 
 @pytest.mark.parametrize("host,guarded", [("0.0.0.0", True), ("127.0.0.1", False)])
@@ -76,4 +56,4 @@ def test_gateway_metrics_need_the_token_beyond_loopback(test_env: dict[str, str]
         agl = requests.get(f"{base}/v1/agl/health", timeout=5)
         assert agl.status_code == 200 and agl.json() == {"status": "ok"}
     finally:
-        _stop(proc)
+        stop(proc)
