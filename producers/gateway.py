@@ -284,6 +284,7 @@ class Gateway:
         app.router.add_post("/v1/traces", self.traces)
         app.router.add_post(EVENT_PATH, self.agl_event)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/livez", self.livez)
         app.router.add_get("/metrics", self.metrics)
         self.agl_store.add_to(app)
         self.agl1_api.add_to(app)  # after the events route: its /api catch-all answers 501 naming the call
@@ -422,6 +423,10 @@ class Gateway:
         self.m_requests.labels("200").inc()
         return web.json_response({"event_type": event["event_type"], "rollout_id": rollout_id, "attempt_id": attempt_id,
                                   "timestamp": now / 1e9, "data": event.get("data") or {}})
+
+    async def livez(self, request: web.Request) -> web.Response:
+        """Liveness: 200 ``ok`` while the server answers, Kafka or not; nothing else (no token needed, nothing told)."""
+        return web.Response(text="ok\n")
 
     async def healthz(self, request: web.Request) -> web.Response:
         stats = self.transport.stats()

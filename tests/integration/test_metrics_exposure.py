@@ -3,7 +3,7 @@
 Listening beyond loopback (with its token, as it must), the gateway's ``/metrics`` needs the token as
 every other route does; on loopback only this machine reaches it and it stays open (the local
 Prometheus scrapes it so). ``/healthz`` answers with its counters and reveals no configuration: no
-broker address, no path, no token."""
+broker address, no path, no token; ``/livez`` (Kubernetes' liveness probe) answers ``ok`` to anyone."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def test_gateway_metrics_need_the_token_beyond_loopback(test_env: dict[str, str]
         bootstrap = test_env["ROLLOUTBUS_KAFKA_BOOTSTRAP"]
         for secret_or_config in (TOKEN, bootstrap, bootstrap.rsplit(":", 1)[-1], str(tmp_path), test_env["ROLLOUTBUS_TOPIC_PREFIX"]):
             assert secret_or_config not in health.text, (secret_or_config, health.text)
+        # The kubelet's liveness probe sends no token: /livez answers it, and says nothing else.
+        live = requests.get(f"{base}/livez", timeout=5)
+        assert (live.status_code, live.text) == (200, "ok\n")
         agl = requests.get(f"{base}/v1/agl/health", timeout=5)
         assert agl.status_code == 200 and agl.json() == {"status": "ok"}
     finally:
