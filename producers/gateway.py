@@ -108,6 +108,10 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     return bytes(out)
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value (use null or a number)")
+
+
 def _one_line(exc: BaseException, limit: int = 500) -> str:
     return " ".join(str(exc).split())[:limit]
 
@@ -399,9 +403,11 @@ class Gateway:
         except RequestPayloadError as exc:
             return self._reply(400, f"body cannot be read: {_one_line(exc)}")
         try:
-            event = json.loads(body)
+            # NaN and Infinity are not JSON: kept, they would go back in the reply and on the span as text no
+            # strict reader takes.
+            event = json.loads(body, parse_constant=_not_json)
         except ValueError as exc:
-            return self._reply(400, f"body is not JSON: {exc}")
+            return self._reply(400, f"body is not JSON: {_one_line(exc)}")
         except RecursionError:
             return self._reply(400, TOO_DEEP)
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]

@@ -155,3 +155,13 @@ def test_an_attribute_value_the_mapping_cannot_take_rejects_that_span_only() -> 
     spans, errors = request_to_spans(req)
     assert [s["name"] for s in spans] == [req.resource_spans[0].scope_spans[0].spans[0].name]
     assert len(errors) == 2 and all("cannot be read" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_an_event_holding_nan_or_infinity_is_refused_not_echoed_as_broken_json(constant: bytes) -> None:
+    transport = MemoryTransport()
+    gw = Gateway(transport, token="tok")  # type: ignore[arg-type]
+    body = b'{"event_type": "agent_output", "data": {"score": ' + constant + b"}}"
+    status, text = post(gw, "/api/rollouts/r1/attempt/a1/events", body, {"Content-Type": "application/json"})
+    assert status == 400 and f"{constant.decode()} is not a JSON value" in text, text
+    assert transport.records == []
