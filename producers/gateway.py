@@ -297,9 +297,10 @@ class Gateway:
     def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
         """An error answer in the route's shape: Agent Lightning's routes answer ``{"detail": ...}``."""
         self.m_requests.labels(str(status)).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if request.path.startswith(("/v1/agl/", "/api/")):
-            return web.json_response({"detail": reason}, status=status)
-        return web.Response(status=status, text=reason)
+            return web.json_response({"detail": reason}, status=status, headers=headers)
+        return web.Response(status=status, text=reason, headers=headers)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -307,11 +308,14 @@ class Gateway:
         handler reads it; a body nested beyond Python's recursion limit (``/v1/agl`` decodes its own JSON)
         answered 400 with the reason, never 500."""
         try:
-            request.headers.get("Authorization", "").encode()
+            given = request.headers.get("Authorization", "").encode()
         except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them as surrogates): no token of ours
             return self._refuse(request, 401, "missing or wrong bearer token")
         encoding = request.headers.get("Content-Encoding", "")
         if encoding.strip().lower() not in ("", "identity") and request.body_exists:
+            # Every route that takes a body needs the token: without it, nothing is decompressed for the caller.
+            if self.token is not None and not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
+                return self._refuse(request, 401, "missing or wrong bearer token")
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge:

@@ -165,3 +165,17 @@ def test_an_event_holding_nan_or_infinity_is_refused_not_echoed_as_broken_json(c
     status, text = post(gw, "/api/rollouts/r1/attempt/a1/events", body, {"Content-Type": "application/json"})
     assert status == 400 and f"{constant.decode()} is not a JSON value" in text, text
     assert transport.records == []
+
+
+def test_a_compressed_body_without_the_token_is_refused_before_it_is_decompressed() -> None:
+    gw = Gateway(MemoryTransport(), token="tok", max_body_bytes=200_000)  # type: ignore[arg-type]
+
+    async def go() -> tuple[int, str]:
+        server = TestServer(gw.app())
+        await server.start_server(**SERVER_OPTIONS)
+        async with TestClient(server) as client:
+            r = await client.post("/v1/traces", data=gzip.compress(b"\x00" * 300_000),  # over the limit once inflated: 413
+                                  headers={"Content-Encoding": "gzip", "Content-Type": "application/x-protobuf"})
+            return r.status, await r.text()
+
+    assert asyncio.run(go()) == (401, "missing or wrong bearer token")
