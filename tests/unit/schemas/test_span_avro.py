@@ -19,15 +19,15 @@ PARSED = codec.schema_set().parsed[SPAN]
 HEADER = codec.MAGIC_SINGLE_OBJECT + codec.schema_set().fingerprints[SPAN]
 
 
-def ref_write(d: dict) -> bytes:
+def ref_write(d: dict, parsed: object = PARSED) -> bytes:
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, PARSED, d)
+    fastavro.schemaless_writer(buf, parsed, d)
     return buf.getvalue()
 
 
-def ref_read(body: bytes) -> dict:
+def ref_read(body: bytes, parsed: object = PARSED) -> dict:
     buf = io.BytesIO(body)
-    out = fastavro.schemaless_reader(buf, PARSED, None)
+    out = fastavro.schemaless_reader(buf, parsed, None)
     if buf.tell() != len(body):
         raise ValueError("trailing bytes")
     return out
@@ -170,17 +170,11 @@ events = st.fixed_dictionaries({
 
 
 def ref_event_write(d: dict) -> bytes:
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, EVENT_PARSED, d)
-    return buf.getvalue()
+    return ref_write(d, EVENT_PARSED)
 
 
 def ref_event_read(body: bytes) -> dict:
-    buf = io.BytesIO(body)
-    out = fastavro.schemaless_reader(buf, EVENT_PARSED, None)
-    if buf.tell() != len(body):
-        raise ValueError("trailing bytes")
-    return out
+    return ref_read(body, EVENT_PARSED)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
