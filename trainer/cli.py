@@ -18,6 +18,7 @@ _FLAGS: dict[str, str] = {
     "model": "train_model",
     "checkpoint_dir": "checkpoint_dir",
     "resource_name": "resource_name",
+    "llm_endpoint": "train_llm_endpoint",
     "group": "train_group",
     "groups_per_step": "groups_per_step",
     "max_staleness": "max_staleness",
@@ -46,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model (env ROLLOUTBUS_TRAIN_MODEL, default tiny)")
     p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
     p.add_argument("--resource-name", help="name of the published resource on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
+    p.add_argument("--llm-endpoint", help="base URL of `rolloutbus proxy` in front of the served versions, published as each "
+                   "version's config.endpoint: the LLM endpoint Agent Lightning runners get from the gateway (env ROLLOUTBUS_TRAIN_LLM_ENDPOINT)")
     p.add_argument("--group", help="consumer group on rb.batches (env ROLLOUTBUS_TRAIN_GROUP, default <prefix>trainer.<name>)")
     p.add_argument("--groups-per-step", type=int, help="GRPO groups per optimiser step (env ROLLOUTBUS_GROUPS_PER_STEP, default 8)")
     p.add_argument("--max-staleness", type=int, help="max version lag trained on (env ROLLOUTBUS_MAX_STALENESS, default 4)")

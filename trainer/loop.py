@@ -194,7 +194,7 @@ class Trainer:
         return {"loss_agg": str(s.loss_agg), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta), "lr": str(s.lr),
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
                 "skip_zero_variance": str(s.skip_zero_variance),
-                "run_id": self.state.run_id}
+                "run_id": self.state.run_id, **({"endpoint": s.train_llm_endpoint} if s.train_llm_endpoint else {})}
 
     def _producer_client(self) -> Any:
         if self._producer is None:

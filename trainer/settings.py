@@ -28,6 +28,8 @@ class TrainerSettings(CommonSettings):
     train_seed: int = Field(default=0, ge=0, description="Seed of the tiny model and of torch.")
     checkpoint_dir: Path | None = Field(default=None, description="Checkpoints; default <data_dir>/checkpoints/<resource_name>.")
     resource_name: str = Field(default="policy", description="Key of the published versions on rb.resources.")
+    train_llm_endpoint: str | None = Field(default=None, description="Base URL of the LLM proxy serving the versions, "
+                                           "published as each version's config.endpoint (Agent Lightning's LLM endpoint).")
     train_group: str | None = Field(default=None, description="Consumer group on rb.batches; default <topic prefix>trainer.<resource name>.")
     groups_per_step: int = Field(default=8, ge=1, description="GRPO groups per optimiser step.")
     max_staleness: int = Field(default=4, ge=0, description="Drop batches sampled more than this many versions ago.")
