@@ -10,6 +10,7 @@
     ├── ValidationError        a decoded record holds impossible values (negative sequence id, NaN reward, ...)
     ├── ServiceError           a real service is unusable
     │   ├── KafkaUnavailable   the broker does not answer
+    │   ├── KafkaNotAuthorized the broker refused this client (ACL refusal or failed login): fatal, no retry
     │   ├── BrokerSetupError   the local broker cannot be fetched, formatted or started
     │   ├── ClickHouseError    the ClickHouse engine refused a statement or cannot be reached
     │   └── StoreError         the local store process cannot start (its data dir is in use, its port taken)
@@ -61,6 +62,13 @@ class ServiceError(RolloutbusError):
 
 class KafkaUnavailable(ServiceError):
     """The Kafka cluster does not answer."""
+
+
+class KafkaNotAuthorized(ServiceError):
+    """The broker refused this client: an ACL does not allow the operation, or the login failed.
+
+    Retrying cannot help; the process ends with the one line and a non-zero exit.
+    """
 
 
 class BrokerSetupError(ServiceError):

@@ -10,7 +10,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaExcep
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from foundation.config import Topics
-from foundation.errors import KafkaUnavailable, ServiceError
+from foundation.errors import KafkaNotAuthorized, KafkaUnavailable, ServiceError
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,10 @@ def kafka_failure(conf: dict[str, Any], exc: KafkaException | KafkaError, action
     anything else is the cluster not answering."""
     code = _code(exc)
     if code in AUTHORIZATION_CODES:
-        return ServiceError(not_authorized(conf, action))
+        return KafkaNotAuthorized(not_authorized(conf, action))
     if code in AUTHENTICATION_CODES:
         mechanism = conf.get("sasl.mechanism", "SASL")
-        return ServiceError(f"Kafka at {conf.get('bootstrap.servers')} refused the login of {kafka_user(conf)} ({mechanism}): "
+        return KafkaNotAuthorized(f"Kafka at {conf.get('bootstrap.servers')} refused the login of {kafka_user(conf)} ({mechanism}): "
                             "check ROLLOUTBUS_KAFKA_SASL_USERNAME, ROLLOUTBUS_KAFKA_SASL_PASSWORD and ROLLOUTBUS_KAFKA_SASL_MECHANISM")
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     text = err.str() if isinstance(err, KafkaError) else str(err)

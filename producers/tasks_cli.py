@@ -67,11 +67,32 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot read {args.file}: {exc}") from exc
     tasks = parse_tasks(lines, args.group_size)
-    producer = Producer({**s.kafka_conf(), "enable.idempotence": True, "log_level": 0})
+    from confluent_kafka import KafkaError
+
+    from foundation.kafka_admin import kafka_failure
+
+    conf = {**s.kafka_conf(), "enable.idempotence": True, "log_level": 0}
+    failures: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            failures.append(err)
+
+    def error_cb(err: KafkaError) -> None:
+        # A fatal producer error (an ACL refusal under idempotence) comes here, not to each delivery report.
+        if err.fatal() or err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+            failures.append(err)
+
+    producer = Producer({**conf, "error_cb": error_cb})
+    action = f"write topic {s.topics.tasks}"
     for t in tasks:
-        producer.produce(s.topics.tasks, encode(t), t.task_id.encode())
+        producer.produce(s.topics.tasks, encode(t), t.task_id.encode(), on_delivery=on_delivery)
         producer.poll(0)
+        if failures:
+            raise kafka_failure(conf, failures[0], action)
     left = producer.flush(30)
+    if failures:
+        raise kafka_failure(conf, failures[0], action)
     if left:
         raise KafkaUnavailable(f"{left} tasks not delivered to {s.bootstrap} within 30s")
     print(f"published {len(tasks)} tasks to {s.topics.tasks}")

@@ -268,10 +268,11 @@ def test_a_process_with_another_kinds_user_is_refused_in_one_line(secured: Secur
     assert any(f"User:rolloutbus-gateway is Denied operation = DESCRIBE" in line for line in secured.denials())
 
 
-@pytest.mark.xfail(strict=True, reason="producers/tasks_cli.py ignores delivery reports: a refused produce prints "
-                   "'published' and exits 0 (needs an on_delivery callback that raises on errors)")
 def test_publishing_tasks_without_write_on_rb_tasks_is_refused(secured: SecuredKafka, tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"task_id": "t-refused", "input": "x"}) + "\n")
     rc, err = _refused(secured, "rolloutbus-runner", "tasks", "publish", str(tasks))
-    assert rc == 1 and "not authorized" in err.strip().splitlines()[-1], err
+    assert rc == 1 and "Traceback" not in err and "published" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"rolloutbus tasks: Kafka user 'rolloutbus-runner' is not authorized to write topic "
+                        rf"{re.escape(PREFIX)}tasks on .*", last), last
