@@ -32,6 +32,7 @@ from typing import Any
 
 from foundation.errors import ConfigError, DecodeError, KafkaUnavailable, ValidationError
 from foundation.config import Topics
+from foundation.kafka_admin import AUTHENTICATION_CODES, AUTHORIZATION_CODES, kafka_failure
 from schemas.codec import encode
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 
@@ -176,7 +177,7 @@ class Trainer:
         self.pending: list[tuple[GroupBatch, float]] = []
         self._producer: Any = None
         self._consumer: Any = None
-        self._delivery_errors: list[str] = []
+        self._delivery_errors: list[tuple[str, Any]] = []  # (action, KafkaError)
         self._last_data = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -201,21 +202,38 @@ class Trainer:
             from confluent_kafka import Producer
 
             self._producer = Producer({**self.conf, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
-                                       "message.max.bytes": 16777216, "log_level": 0})
+                                       "message.max.bytes": 16777216, "log_level": 0, "error_cb": self._on_error})
         return self._producer
+
+    def _on_error(self, err: Any) -> None:
+        # A fatal producer error (an ACL refusal under idempotence) is reported here, not per message.
+        if err.fatal() or err.code() in AUTHORIZATION_CODES | AUTHENTICATION_CODES:
+            self._delivery_errors.append(("publish (idempotent producer)", err))
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self._delivery_errors.append(f"{msg.topic()}: {err}")
+            self._delivery_errors.append((f"write topic {msg.topic()}", err))
 
     def _publish(self, topic: str, key: str, value: bytes) -> None:
-        self._producer_client().produce(topic, key=key.encode(), value=value, on_delivery=self._on_delivery)
+        from confluent_kafka import KafkaException
+
+        try:
+            self._producer_client().produce(topic, key=key.encode(), value=value, on_delivery=self._on_delivery)
+        except KafkaException as exc:
+            raise kafka_failure(self.conf, exc, f"write topic {topic}") from exc
 
     def _flush(self) -> None:
-        left = self._producer_client().flush(30.0)
-        if left or self._delivery_errors:
-            errs, self._delivery_errors = self._delivery_errors, []
-            raise KafkaUnavailable(f"could not publish to Kafka ({left} undelivered): {'; '.join(errs) or 'timeout'}")
+        from confluent_kafka import KafkaException
+
+        try:
+            left = self._producer_client().flush(30.0)
+        except KafkaException as exc:
+            raise kafka_failure(self.conf, exc, "publish") from exc
+        if self._delivery_errors:
+            (action, err), self._delivery_errors = self._delivery_errors[0], []
+            raise kafka_failure(self.conf, err, action)
+        if left:
+            raise KafkaUnavailable(f"could not publish to Kafka ({left} undelivered within 30s)")
 
     def _version_record(self, manifest: Any, uri: str) -> ResourceVersion:
         metrics = {k: float(v) for k, v in manifest.metrics.items() if k in _VERSION_METRICS}

@@ -276,3 +276,35 @@ def test_publishing_tasks_without_write_on_rb_tasks_is_refused(secured: SecuredK
     last = err.strip().splitlines()[-1]
     assert re.fullmatch(rf"rolloutbus tasks: Kafka user 'rolloutbus-runner' is not authorized to write topic "
                         rf"{re.escape(PREFIX)}tasks on .*", last), last
+
+
+def _user_without(secured: SecuredKafka, base: str, topic: str, operation: str) -> str:
+    """A user with ``base``'s ACLs less ``operation`` on ``topic``: the refusal arrives mid-run, not at start."""
+    from foundation.kafka_admin import apply_kafka_users
+
+    doc = next(d for d in yaml.safe_load_all((K8S_BASE / "kafka-user.yaml").read_text()) if d and d["metadata"]["name"] == base)
+    name = f"{base}-no-{operation.lower()}"
+    doc["metadata"]["name"] = name
+    for acl in doc["spec"]["authorization"]["acls"]:
+        if acl["resource"].get("type") == "topic" and acl["resource"].get("name") == topic:
+            acl["operations"] = [op for op in acl["operations"] if op != operation]
+    doc["spec"]["authorization"]["acls"] = [a for a in doc["spec"]["authorization"]["acls"] if a["operations"]]
+    if name not in secured.passwords:
+        secured.passwords[name] = secrets.token_hex(12)
+        apply_kafka_users(secured.broker.admin_conf(), [doc], {name: secured.passwords[name]})
+    return name
+
+
+def _one_refusal_line(rc: int, err: str, command: str, user: str, action: str) -> None:
+    assert rc == 1 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"rolloutbus {command}: Kafka user '{re.escape(user)}' is not authorized to {action} on .*: "
+                        r"grant it that ACL \(each process kind's ACLs: deploy/k8s/base/kafka-user.yaml\)", last), err
+
+
+def test_a_trainer_refused_its_version_publish_ends_in_one_line(secured: SecuredKafka, tmp_path: Path) -> None:
+    user = _user_without(secured, "rolloutbus-trainer", f"{PREFIX}resources", "Write")
+    rc, err = _refused(secured, user, "train", "--model", "tiny", "--max-steps", "1", "--threads", "1", "--device", "cpu",
+                       "--checkpoint-dir", str(tmp_path / "checkpoints"))
+    _one_refusal_line(rc, err, "train", user, rf"(write topic {re.escape(PREFIX)}resources|publish \(idempotent producer\))")
+
