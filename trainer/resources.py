@@ -8,14 +8,18 @@ the topic without a consumer group: a compacted topic *is* the state.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import uuid
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import DecodeError, KafkaNotAuthorized, KafkaUnavailable, ServiceError, ValidationError
+from foundation.kafka_admin import AUTHENTICATION_CODES, AUTHORIZATION_CODES, kafka_failure
 from schemas.codec import decode
 from schemas.models import ResourceVersion
 
@@ -35,15 +39,22 @@ def _consumer(conf: dict[str, Any]) -> Consumer:
     )
 
 
-def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+def _partitions(consumer: Consumer, conf: dict[str, Any], topic: str, timeout: float) -> list[int]:
     try:
         md = consumer.list_topics(topic, timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable(f"cannot read topic {topic}: {exc}") from exc
+        raise kafka_failure(conf, exc, f"describe topic {topic}") from exc
     t = md.topics.get(topic)
+    if t is not None and t.error is not None and t.error.code() in AUTHORIZATION_CODES:
+        raise kafka_failure(conf, t.error, f"describe topic {topic}")
     if t is None or t.error is not None or not t.partitions:
         raise KafkaUnavailable(f"topic {topic} does not exist; create it with `rolloutbus up`")
     return sorted(t.partitions)
+
+
+def _fatal(err: Any) -> bool:
+    """An error no retry can mend: an ACL refusal, a refused login, or librdkafka's own fatal flag."""
+    return bool(err.fatal()) or err.code() in AUTHORIZATION_CODES | AUTHENTICATION_CODES
 
 
 def _parse(value: bytes | None) -> ResourceVersion | None:
@@ -62,7 +73,7 @@ def read_latest(conf: dict[str, Any], topic: str, timeout: float = 30.0) -> dict
     consumer = _consumer(conf)
     latest: dict[str, ResourceVersion] = {}
     try:
-        parts = _partitions(consumer, topic, timeout)
+        parts = _partitions(consumer, conf, topic, timeout)
         ends: dict[int, int] = {}
         assign = []
         for p in parts:
@@ -78,6 +89,8 @@ def read_latest(conf: dict[str, Any], topic: str, timeout: float = 30.0) -> dict
         deadline = time.monotonic() + timeout
         while ends and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
+            if msg is not None and msg.error() and _fatal(msg.error()):
+                raise kafka_failure(conf, msg.error(), f"read topic {topic}")
             if msg is None or msg.error():
                 continue
             rec = _parse(msg.value())
@@ -93,12 +106,21 @@ def read_latest(conf: dict[str, Any], topic: str, timeout: float = 30.0) -> dict
 
 
 class ResourceFollower:
-    """Calls ``on_version(record)`` from a background thread for each newer version of ``name``."""
+    """Calls ``on_version(record)`` from a background thread for each newer version of ``name``.
+
+    A fatal Kafka error (an ACL refusal, a refused login) ends the thread: it is kept in ``error``, handed
+    to ``on_fatal`` (by default: interrupt the main thread, as Ctrl-C would) and raised again by ``stop()``,
+    so an owner that stops the follower in a ``finally`` ends with that one line. Other errors are retried.
+    A version whose checkpoint cannot be loaded (pruned, missing) is one warning; the old one keeps serving.
+    """
 
     def __init__(
-        self, conf: dict[str, Any], topic: str, name: str, on_version: Callable[[ResourceVersion], None], poll_s: float = 0.5
+        self, conf: dict[str, Any], topic: str, name: str, on_version: Callable[[ResourceVersion], None], poll_s: float = 0.5,
+        on_fatal: Callable[[ServiceError], None] | None = None,
     ) -> None:
         self.conf, self.topic, self.name, self.on_version, self.poll_s = conf, topic, name, on_version, poll_s
+        self.on_fatal = on_fatal
+        self.error: ServiceError | None = None
         self.latest: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
@@ -108,36 +130,69 @@ class ResourceFollower:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop following; raises the fatal Kafka error that ended the thread, if one did."""
         self._stop.set()
         self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        except KafkaNotAuthorized as exc:
+            self.error = exc
+            log.error("%s", exc)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+            else:  # a real signal (not _thread.interrupt_main) also wakes a main thread blocked in an event loop
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def _follow(self) -> None:
         consumer = _consumer(self.conf)
         try:
             while not self._stop.is_set():
                 try:
-                    parts = _partitions(consumer, self.topic, 10.0)
+                    parts = _partitions(consumer, self.conf, self.topic, 10.0)
                     break
                 except KafkaUnavailable as exc:
                     log.warning("%s; retrying", exc)
                     self._stop.wait(2.0)
             else:
                 return
+            # Read to the end first and load only the newest version: on a restart the topic replays old
+            # versions (compaction is lazy) whose checkpoints were pruned long ago.
+            ends = {p: hi for p in parts
+                    for lo, hi in [consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10.0)] if hi > lo}
+            pending: ResourceVersion | None = None
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
             while not self._stop.is_set():
                 msg = consumer.poll(self.poll_s)
+                if msg is not None and msg.error() and _fatal(msg.error()):
+                    raise kafka_failure(self.conf, msg.error(), f"read topic {self.topic}")
                 if msg is None or msg.error():
                     continue
+                if ends and msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                    ends.pop(msg.partition(), None)
                 rec = _parse(msg.value())
-                if rec is None or rec.name != self.name or (self.latest is not None and rec.version <= self.latest):
+                if rec is not None and rec.name == self.name and (pending is None or rec.version > pending.version):
+                    pending = rec
+                if ends or pending is None:
                     continue
-                try:
-                    self.on_version(rec)
-                    self.latest = rec.version
-                except Exception:  # a bad checkpoint must not kill the follower: keep serving the old one
-                    log.exception("could not switch to %s version %s (uri %s)", rec.name, rec.version, rec.uri)
+                rec, pending = pending, None
+                if self.latest is None or rec.version > self.latest:
+                    self._switch(rec)
         finally:
             consumer.close()
+
+    def _switch(self, rec: ResourceVersion) -> None:
+        if "://" not in rec.uri and not Path(rec.uri).exists():
+            log.warning("skipping %s version %s: its checkpoint %s is gone (pruned?)", rec.name, rec.version, rec.uri)
+            return
+        try:
+            self.on_version(rec)
+            self.latest = rec.version
+        except Exception:  # a bad checkpoint must not kill the follower: keep serving the old one
+            log.exception("could not switch to %s version %s (uri %s)", rec.name, rec.version, rec.uri)
 
 
 __all__ = ["ResourceFollower", "read_latest"]
