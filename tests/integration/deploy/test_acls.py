@@ -308,3 +308,9 @@ def test_a_trainer_refused_its_version_publish_ends_in_one_line(secured: Secured
                        "--checkpoint-dir", str(tmp_path / "checkpoints"))
     _one_refusal_line(rc, err, "train", user, rf"(write topic {re.escape(PREFIX)}resources|publish \(idempotent producer\))")
 
+
+
+def test_a_policy_server_refused_rb_resources_ends_in_one_line(secured: SecuredKafka) -> None:
+    user = _user_without(secured, "rolloutbus-policy", f"{PREFIX}resources", "Read")
+    rc, err = _refused(secured, user, "serve", "--port", str(_free_port()), "--threads", "1")
+    _one_refusal_line(rc, err, "serve", user, rf"(describe|read) topic {re.escape(PREFIX)}resources")
