@@ -217,6 +217,8 @@ class TaskRunner:
         """Consume and run until :meth:`stop`, ``max_tasks`` tasks, or ``idle_exit_s`` without work."""
         from confluent_kafka import Consumer, Producer, TopicPartition
 
+        from foundation.kafka_admin import AUTHENTICATION_CODES, AUTHORIZATION_CODES, kafka_failure
+
         loop = asyncio.get_running_loop()
         io = ThreadPoolExecutor(1, thread_name_prefix="rolloutbus-tasks")  # the consumer stays on one thread
         consumer = Consumer({**self.kafka_conf, "group.id": self.group, "enable.auto.commit": False,
@@ -261,6 +263,9 @@ class TaskRunner:
                         break
                     continue
                 if msg.error():
+                    err = msg.error()
+                    if err.fatal() or err.code() in AUTHORIZATION_CODES | AUTHENTICATION_CODES:  # no retry mends these
+                        raise kafka_failure(self.kafka_conf, err, f"read topic {self.topics.tasks} in group {self.group}")
                     continue
                 last_work = time.monotonic()
                 part, off = msg.partition(), msg.offset()

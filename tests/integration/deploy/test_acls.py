@@ -314,3 +314,9 @@ def test_a_policy_server_refused_rb_resources_ends_in_one_line(secured: SecuredK
     user = _user_without(secured, "rolloutbus-policy", f"{PREFIX}resources", "Read")
     rc, err = _refused(secured, user, "serve", "--port", str(_free_port()), "--threads", "1")
     _one_refusal_line(rc, err, "serve", user, rf"(describe|read) topic {re.escape(PREFIX)}resources")
+
+
+def test_a_runner_refused_its_read_of_rb_tasks_ends_in_one_line(secured: SecuredKafka) -> None:
+    user = _user_without(secured, "rolloutbus-runner", f"{PREFIX}tasks", "Read")
+    rc, err = _refused(secured, user, "run-agent", "rolloutbus.demo.agent:CalcAgent", "--max-tasks", "1")
+    _one_refusal_line(rc, err, "run-agent", user, rf"read topic {re.escape(PREFIX)}tasks in group \S+")
