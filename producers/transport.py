@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from foundation.errors import ConfigError, EncodeError
+from foundation.errors import ConfigError, EncodeError, ServiceError
 from schemas.codec import encode_raw
 
 from producers.spool import Spool, open_spool
@@ -158,6 +158,10 @@ class SpanTransport:
         self._encode_raw = _FastEncoder()
         conf = producer_config(kafka_conf, producer_overrides)
         conf["error_cb"] = self._on_error
+        self._conf = conf
+        # A fatal Kafka error (ACL refusal, refused login, fatal producer): the worker stops and every
+        # later emit/flush raises it; what was not delivered stays in the spool for the next process.
+        self.error: ServiceError | None = None
         self._producer = Producer(conf)
         if self.spool.pending:
             log.info("spool %s: replaying %d records left by an earlier process", self.spool.dir, self.spool.pending)
@@ -179,8 +183,21 @@ class SpanTransport:
 
     # ------------------------------------------------------------------ agent side (hot path)
 
+    def _raise_failure(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _fail(self, error: ServiceError) -> None:
+        if self.error is None:
+            self.error = error
+            log.error("rolloutbus transport stopped: %s; undelivered records stay in %s", error, self.spool.dir)
+        self._wake.set()
+
     def emit(self, key: str, name: str, record: dict[str, Any]) -> bool:
-        """Enqueue one Avro dict of record type ``name``. Returns False when it was dropped (full)."""
+        """Enqueue one Avro dict of record type ``name``. Returns False when it was dropped (full).
+
+        Raises the transport's fatal :class:`ServiceError` (an ACL refusal, a refused login) once it met one."""
+        self._raise_failure()
         q = self._q
         if len(q) >= self.max_queue and not self._full_queue():
             return False
@@ -190,7 +207,8 @@ class SpanTransport:
         return True
 
     def emit_encoded(self, key: bytes, value: bytes) -> bool:
-        """Enqueue an already-encoded record (single-object Avro bytes)."""
+        """Enqueue an already-encoded record (single-object Avro bytes); raises as :meth:`emit` does."""
+        self._raise_failure()
         if len(self._q) >= self.max_queue and not self._full_queue():
             return False
         self._q.append(_Encoded(key, value))
@@ -227,7 +245,7 @@ class SpanTransport:
     def accepting(self, nbytes: int = 0) -> bool:
         """False when Kafka is down and the spool has no room for ``nbytes`` more (records about to be
         emitted, with their framing): a caller (the gateway) should push back rather than accept them."""
-        return self.kafka_up or not self.spool.full(nbytes)
+        return self.error is None and (self.kafka_up or not self.spool.full(nbytes))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -241,10 +259,19 @@ class SpanTransport:
 
     # ------------------------------------------------------------------ worker
 
+    def _fatal(self, err: Any) -> bool:
+        from foundation.kafka_admin import AUTHENTICATION_CODES, AUTHORIZATION_CODES
+
+        return bool(err.fatal()) or err.code() in AUTHORIZATION_CODES | AUTHENTICATION_CODES
+
     def _on_error(self, err: Any) -> None:
         from confluent_kafka import KafkaError
 
-        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+        from foundation.kafka_admin import kafka_failure
+
+        if self._fatal(err):
+            self._fail(kafka_failure(self._conf, err, f"write topic {self.topic}"))
+        elif err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             if self.kafka_up:
                 log.warning("rolloutbus transport: Kafka unreachable (%s); spooling to %s", err.str(), self.spool.dir)
             self.kafka_up = False
@@ -254,6 +281,11 @@ class SpanTransport:
     def _on_delivery(self, idx: int, err: Any, msg: Any) -> None:
         self._inflight -= 1
         if err is not None:
+            if self._fatal(err):  # not acknowledged: the record stays in the spool
+                from foundation.kafka_admin import kafka_failure
+
+                self._fail(kafka_failure(self._conf, err, f"write topic {self.topic}"))
+                return
             if err.retriable():
                 # Resend the same bytes under the same index; the watermark waits for it.
                 self._produce(idx, msg.key(), msg.value())
@@ -339,6 +371,19 @@ class SpanTransport:
             self._cursor = None
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
+        from foundation.kafka_admin import kafka_failure
+
+        try:
+            self._work()
+        except KafkaException as exc:
+            self._fail(kafka_failure(self._conf, exc, f"write topic {self.topic}"))
+        except Exception as exc:  # the caller must learn of it at its next emit/flush, not find a dead thread
+            log.exception("rolloutbus transport worker failed")
+            self._fail(ServiceError(f"the span transport to topic {self.topic} stopped: {exc!r}"))
+
+    def _work(self) -> None:
         last_fsync = time.monotonic()
         last_ack = last_fsync
         q = self._q
@@ -371,7 +416,7 @@ class SpanTransport:
             if now - last_ack >= 0.05:
                 self._ack()
                 last_ack = now
-            if self._stop and not q:
+            if (self._stop and not q) or self.error is not None:
                 break
             if not q:
                 self._sleeping = True
@@ -388,6 +433,7 @@ class SpanTransport:
         deadline = time.monotonic() + timeout
         target = None
         while time.monotonic() < deadline:
+            self._raise_failure()
             if not self._q:
                 target = target if target is not None else self.spool.head
                 if self._low >= target and not self._q:
@@ -402,7 +448,10 @@ class SpanTransport:
         if self._closed:
             return 0
         self._closed = True
-        left = self.flush(timeout)
+        try:
+            left = self.flush(timeout)
+        except ServiceError:  # already told; what is not delivered stays in the spool
+            left = self.spool.head - self._low
         self._stop = True
         self._wake.set()
         with self._space:

@@ -320,3 +320,24 @@ def test_a_runner_refused_its_read_of_rb_tasks_ends_in_one_line(secured: Secured
     user = _user_without(secured, "rolloutbus-runner", f"{PREFIX}tasks", "Read")
     rc, err = _refused(secured, user, "run-agent", "rolloutbus.demo.agent:CalcAgent", "--max-tasks", "1")
     _one_refusal_line(rc, err, "run-agent", user, rf"read topic {re.escape(PREFIX)}tasks in group \S+")
+
+
+def test_a_span_transport_refused_its_write_raises_at_the_next_flush(secured: SecuredKafka, tmp_path: Path) -> None:
+    from foundation.errors import KafkaNotAuthorized
+    from producers.transport import SpanTransport
+
+    user = _user_without(secured, "rolloutbus-gateway", f"{PREFIX}spans", "Write")
+    env = secured.env(user)
+    conf = {"bootstrap.servers": env["ROLLOUTBUS_KAFKA_BOOTSTRAP"], "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": secured.passwords[user]}
+    transport = SpanTransport(conf, f"{PREFIX}spans", tmp_path / "spool")
+    try:
+        transport.emit_encoded(b"ro-1", b"not-a-span-but-bytes")
+        with pytest.raises(KafkaNotAuthorized, match=rf"Kafka user '{re.escape(user)}' is not authorized to write topic "
+                                                    rf"{re.escape(PREFIX)}spans"):
+            transport.flush(30)
+        assert not transport.accepting()
+        with pytest.raises(KafkaNotAuthorized):
+            transport.emit_encoded(b"ro-1", b"more")
+    finally:
+        assert transport.close(1) == 1  # kept in the spool for a process with the right ACL
