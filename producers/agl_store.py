@@ -100,7 +100,7 @@ def check_attempt_update(body: Any) -> Mapping[str, Any]:
     """The ``UpdateAttemptRequest`` body, checked; :class:`MappingError` with the reason otherwise."""
     body = _dict(body, "the request")
     status = body.get("status")
-    if status is not None and status not in ATTEMPT_STATUSES:
+    if status is not None and (not isinstance(status, str) or status not in ATTEMPT_STATUSES):
         raise MappingError(f"status {status!r} is not one of {sorted(ATTEMPT_STATUSES)}")
     if body.get("metadata") is not None:
         _dict(body["metadata"], "metadata")

@@ -60,11 +60,13 @@ def sized_args(b: Bench, quick: bool, spans: int | None) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from foundation.flags import Bounded
+
     parser.add_argument("--quick", action="store_true", default=os.environ.get("ROLLOUTBUS_BENCH_QUICK") == "1",
                         help="smaller sizes, a smoke run (env ROLLOUTBUS_BENCH_QUICK=1)")
     parser.add_argument("--only", action="append", default=None, metavar="NAME", choices=[b.name for b in BENCHES],
                         help=f"run only this bench (repeatable): {', '.join(b.name for b in BENCHES)}")
-    parser.add_argument("--spans", type=int, default=None,
+    parser.add_argument("--spans", type=Bounded(int, ge=SPANS_PER_ROLLOUT), default=None,
                         metavar="N", help="workload size for the ingest, Agent Lightning and hot-path benches, e.g. 100000 "
                         "(env ROLLOUTBUS_BENCH_SPANS; default: their own, 1,024 spans for the ingest comparison)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("ROLLOUTBUS_BENCH_OUT", str(BENCH / "results"))),

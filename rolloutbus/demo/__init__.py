@@ -51,11 +51,8 @@ def _model_source(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rolloutbus.demo.run import DemoConfig, run_demo
+    from rolloutbus.demo.driver import DemoConfig, run_demo
 
-    # Importing the submodule `run` rebinds this package's name `run` to it; keep the entry point, so
-    # that a second `rolloutbus.cli.main()` in one process (the tests) still finds a function.
-    globals()["run"] = _run
     cfg = DemoConfig.from_args(args)
     if cfg.algorithm == "apo":
         from rolloutbus.demo.apo import run_apo_demo
@@ -63,5 +60,3 @@ def run(args: argparse.Namespace) -> int:
         return run_apo_demo(cfg)
     return run_demo(cfg)
 
-
-_run = run

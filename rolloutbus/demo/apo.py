@@ -21,7 +21,7 @@ from typing import Any
 
 from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo.procs import Supervisor
-from rolloutbus.demo.run import DemoConfig, _free_port, _wait_http, reset_local_state, sql_task, start_dashboard
+from rolloutbus.demo.driver import DemoConfig, _free_port, _wait_http, reset_local_state, sql_task, start_dashboard
 from foundation.errors import ConfigError
 
 

@@ -61,7 +61,7 @@ def calc_policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[An
     """The calc demo's starting policy (its ``--quick`` supervised warm-up of the tiny model: the format
     learnt, operations partly wrong) and its training problems."""
     from rolloutbus.demo import calc
-    from rolloutbus.demo.run import DemoConfig, warm_up
+    from rolloutbus.demo.driver import DemoConfig, warm_up
 
     cfg = DemoConfig(quick=True, sft_epochs=1, demonstrations=600, held_out=24)
     train, _held_out = calc.split(calc.problem_space(1) - cfg.held_out, cfg.held_out, seed=cfg.seed + 11)

@@ -169,9 +169,13 @@ def test_the_claims_of_a_stopped_replica_are_offered_by_the_other_after_their_de
     a, b = replicas(10.0)
     enqueued = a.enqueue([{"n": n} for n in range(8)])
     on_a: list[dict[str, Any]] = []
+    asked_at: dict[str, float] = {}  # rollout id → when a's dequeue that claimed it was called (its deadline is 10s later, or more)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(on_a) < 3:
-        on_a += a.dequeue("wa")
+        asked = time.monotonic()
+        for c in a.dequeue("wa"):
+            on_a.append(c)
+            asked_at[c["rollout_id"]] = asked
     assert on_a, "replica a owns some partitions"
     claimed_at = time.monotonic()
     log = a.stop()  # leaves the group; its partitions go to b with the mark of what a handed out
@@ -190,7 +194,7 @@ def test_the_claims_of_a_stopped_replica_are_offered_by_the_other_after_their_de
     assert b.dequeue("wb") == [], "nothing more once every rollout finished"
     again = [(t, c) for t, c in got if c["rollout_id"] in a_ids]
     assert sorted(c["rollout_id"] for _, c in again) == sorted(a_ids), "each of a's claims offered again by b, once"
-    assert all(t >= 9.5 and c["attempt"]["sequence_id"] == 2 for t, c in again), \
-        f"not before a's claims ran out (10s): {[(round(t, 1), c['attempt']['sequence_id']) for t, c in again]}"
+    since_claim = [(round(claimed_at + t - asked_at[c["rollout_id"]], 1), c["attempt"]["sequence_id"]) for t, c in again]
+    assert all(t >= 9.5 and seq == 2 for t, seq in since_claim), f"not before a's claims ran out (10s after each): {since_claim}"
     others = [c["rollout_id"] for _, c in got if c["rollout_id"] not in a_ids]
     assert sorted(others) == sorted({r["rollout_id"] for r in enqueued} - a_ids), "the rest once each"

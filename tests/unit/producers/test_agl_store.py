@@ -78,8 +78,9 @@ def test_a_terminal_update_is_finished_without_reward_and_without_a_span_count()
         assert finished_from_update("ro-1", "at-1", check_attempt_update(progress), now_ns=9) is None
     reply = attempt_reply("ro-1", "at-1", body, now=3.0)
     assert (reply["status"], reply["end_time"], reply["worker_id"]) == ("succeeded", 3.0, "w-1")
-    with pytest.raises(MappingError, match="status"):
-        check_attempt_update({"status": "done"})
+    for bad in ("done", [], {}, 3):
+        with pytest.raises(MappingError, match="status"):
+            check_attempt_update({"status": bad})
 
 
 def test_resources_are_its_resources_update() -> None:
