@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import urlparse
 
 from pydantic import SecretStr
 
@@ -22,18 +22,15 @@ from foundation.chdb_lock import holder
 from foundation.cluster_ddl import cluster_statements
 from foundation.errors import ClickHouseError, ConfigError
 from foundation.paths import DEPLOY_DIR
+from foundation.redact import redact_url, scrub, url_secrets
 
 MIGRATIONS_DIR = DEPLOY_DIR / "clickhouse" / "migrations"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def redact_dsn(dsn: str) -> str:
-    """The DSN with any password replaced, for logs and errors."""
-    parsed = urlparse(dsn)
-    if parsed.password:
-        netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
-        return urlunparse(parsed._replace(netloc=netloc))
-    return dsn
+# The DSN as logs and errors show it: the one redactor's (password, lone user part, ?password=...).
+# The old name stays for callers that still import it from here.
+redact_dsn = redact_url
 
 
 def connect(
@@ -51,7 +48,7 @@ def connect(
     if database is not None and not _IDENT.match(database):
         raise ConfigError(f"database name {database!r} must be letters, digits and underscores")
     if not dsn.startswith(("chdb:", "http:", "https:", "clickhouse:")):
-        raise ConfigError(f"ClickHouse DSN {redact_dsn(dsn)!r} must start with chdb://, http:// or https://")
+        raise ConfigError(f"ClickHouse DSN {redact_url(dsn)!r} must start with chdb://, http:// or https://")
     kwargs: dict[str, Any] = {}
     if password is not None and not dsn.startswith("chdb:"):
         kwargs["password"] = password.get_secret_value()
@@ -87,35 +84,32 @@ def connect(
                 if "readonly" not in str(exc):
                     raise
     except OperationalError as exc:
-        raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {_reason(exc, password)}") from exc
+        raise ClickHouseError(f"cannot reach ClickHouse at {redact_url(dsn)}: {_reason(exc, password, dsn)}") from exc
     except CCError as exc:
-        msg = str(exc)
-        if password is not None:
-            msg = msg.replace(password.get_secret_value(), "***")
+        msg = _scrub(str(exc), password, dsn)
         if "EmbeddedServer" in msg or "one engine path per process" in msg or "different path" in msg:
             raise ClickHouseError(
-                f"the embedded ClickHouse store {redact_dsn(dsn)} is open in another process "
+                f"the embedded ClickHouse store {redact_url(dsn)} is open in another process "
                 "(in embedded mode one process owns it: stop that process, or use a ClickHouse server DSN)"
             ) from exc
-        raise ClickHouseError(f"ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
+        raise ClickHouseError(f"ClickHouse at {redact_url(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
     except Exception as exc:  # noqa: BLE001 - transport errors of every kind end here
-        msg = str(exc)
-        if password is not None:
-            msg = msg.replace(password.get_secret_value(), "***")
-        raise ClickHouseError(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
+        msg = _scrub(str(exc), password, dsn)
+        raise ClickHouseError(f"cannot reach ClickHouse at {redact_url(dsn)}: {msg.splitlines()[0] if msg else exc!r}") from exc
     return client
 
 
-def _reason(exc: BaseException, password: SecretStr | None) -> str:
+def _reason(exc: BaseException, password: SecretStr | None, dsn: str = "") -> str:
     """Why a connection failed, in a few words; a refused one says what to do (most often the store is not running)."""
     if "refused" in str(exc).lower():
         return ("connection refused: nothing listens there (start it with `rolloutbus store` or `rolloutbus up`, "
                 "or set ROLLOUTBUS_CLICKHOUSE_DSN=chdb:// to open the data in this process)")
-    return _scrub(str(exc), password).splitlines()[0][:200]
+    return _scrub(str(exc), password, dsn).splitlines()[0][:200]
 
 
-def _scrub(msg: str, password: SecretStr | None) -> str:
-    return msg.replace(password.get_secret_value(), "***") if password is not None else msg
+def _scrub(msg: str, password: SecretStr | None, dsn: str = "") -> str:
+    """``msg`` without the password nor the DSN's secrets (a driver's error may quote the URL it was given)."""
+    return scrub(msg, [password.get_secret_value() if password is not None else "", *url_secrets(dsn)])
 
 
 def split_statements(sql: str) -> list[str]:

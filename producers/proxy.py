@@ -33,7 +33,7 @@ from aiohttp import BasicAuth, ClientError, ClientResponse, ClientSession, Clien
 from multidict import CIMultiDict
 
 from foundation.errors import ConfigError, RolloutContextError
-from foundation.redact import redact_url, url_secrets
+from foundation.redact import redact_url, scrub, url_secrets
 
 from producers.context import current_rollout, new_span_id, new_trace_id
 from producers.emit import llm_record
@@ -276,9 +276,7 @@ class LLMProxy:
 
     def _scrub(self, text: str) -> str:
         """``text`` (an upstream's message, an exception's) with the upstream credentials masked."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return scrub(text, self._secrets)
 
     def _too_large(self) -> str:
         return (f"rolloutbus proxy: the upstream's answer is larger than the bound of {self.max_response_bytes} bytes "

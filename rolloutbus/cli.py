@@ -92,9 +92,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"store    {'started' if started else 'already running'} on {store.url} (pid {store.pid()}, log {store.log_file})")
         client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password, s.clickhouse_cluster)
         client.close()
-        from foundation.clickhouse import redact_dsn
+        from foundation.redact import redact_url
 
-        print(f"clickhouse {redact_dsn(s.dsn)} database {s.clickhouse_database}: migrations applied")
+        print(f"clickhouse {redact_url(s.dsn)} database {s.clickhouse_database}: migrations applied")
     return 0
 
 
@@ -131,9 +131,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             health = "answers" if ping(s.store_host, s.store_port) else "does NOT answer"
             print(f"store    pid {spid} on {store.url} ({health}), data {s.store_path}")
     else:
-        from foundation.clickhouse import redact_dsn
+        from foundation.redact import redact_url
 
-        print(f"store    using {redact_dsn(s.dsn)} (ROLLOUTBUS_CLICKHOUSE_DSN); nothing local")
+        print(f"store    using {redact_url(s.dsn)} (ROLLOUTBUS_CLICKHOUSE_DSN); nothing local")
     if s.uses_local_broker:
         pid = LocalKafka(s.data_dir, s.kafka_port).pid()
         if pid is None:
@@ -331,12 +331,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from foundation.clickhouse import connect, migrate_for, redact_dsn
+    from foundation.clickhouse import connect, migrate_for
+    from foundation.redact import redact_url
 
     s = _common(args)
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password)
     ran = migrate_for(client, s.clickhouse_database, s.clickhouse_cluster)
-    print(f"{redact_dsn(s.dsn)}: {', '.join(ran) if ran else 'up to date'}")
+    print(f"{redact_url(s.dsn)}: {', '.join(ran) if ran else 'up to date'}")
     client.close()
     return 0
 

@@ -135,13 +135,16 @@ def scrape(targets: list[str], timeout: float = 3.0) -> list[dict[str, Any]]:
     """Each target's ``/metrics`` as a row of :func:`queries.producer_health`, or a row with its error."""
     import urllib.request
 
+    from foundation.redact import redact_url, scrub, url_secrets
+
     rows = []
     for url in targets:
+        shown = redact_url(url)  # a target may carry a credential (user:key@, ?token=): the page never shows it
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp:
-                rows.append(Q.producer_health(url, resp.read().decode("utf-8", "replace")))
+                rows.append(Q.producer_health(shown, resp.read().decode("utf-8", "replace")))
         except Exception as exc:  # noqa: BLE001 - a producer that is down is something to show
-            rows.append({"target": url, "error": _first_line(exc)})
+            rows.append({"target": shown, "error": scrub(_first_line(exc), url_secrets(url))})
     return rows
 
 
@@ -161,7 +164,8 @@ class Dashboard:
 
     @classmethod
     def from_settings(cls, s: Any) -> Dashboard:
-        from foundation.clickhouse import connect, redact_dsn
+        from foundation.clickhouse import connect
+        from foundation.redact import redact_url
 
         def panels() -> Any:
             return connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, readonly=True,
@@ -192,7 +196,7 @@ class Dashboard:
                         for g in groups for (t, part), n in sorted(g.partitions.items())]
 
         return cls(Reader(panels), Reader(analyst, panels=False), token=s.dashboard_token.get_secret_value() if s.dashboard_token else None,
-                   refresh_s=s.dashboard_refresh_s, lag=lag, dsn_shown=redact_dsn(s.dsn), scrape_targets=s.scrape_targets())
+                   refresh_s=s.dashboard_refresh_s, lag=lag, dsn_shown=redact_url(s.dsn), scrape_targets=s.scrape_targets())
 
     def close(self) -> None:
         self.panels.close_client()

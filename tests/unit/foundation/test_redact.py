@@ -1,10 +1,11 @@
-"""redact_url: what a log line or error shows of a URL; url_secrets: what must never appear at all."""
+"""redact_url: what a log line or error shows of a URL (or a ClickHouse DSN); url_secrets: what must never
+appear at all; scrub: text with given secrets masked."""
 
 from __future__ import annotations
 
 import pytest
 
-from foundation.redact import redact_url, url_secrets
+from foundation.redact import redact_url, scrub, url_secrets
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -20,6 +21,16 @@ from foundation.redact import redact_url, url_secrets
     ("http://[::1]:8000/v1", "http://[::1]:8000/v1"),
     ("http://u:pw@[::1/v1", "http://***@[::1/v1"),  # not parseable: the user part is hidden all the same
     ("", ""),
+    # ClickHouse DSNs, as the dashboard, the CLI and connection errors show them
+    ("http://h:8123/?password=s3cr", "http://h:8123/?password=***"),
+    ("https://tok@h/", "https://***@h/"),
+    ("http://rolloutbus:s3cr@h:8123", "http://rolloutbus:***@h:8123"),
+    ("http://default:@h:8123", "http://default:***@h:8123"),
+    ("http://h:8123/?user=a&password=s3cr&database=rb", "http://h:8123/?user=a&password=***&database=rb"),
+    ("clickhouse://u:s3cr@h:9000/db", "clickhouse://u:***@h:9000/db"),
+    ("chdb:///var/lib/rolloutbus/clickhouse", "chdb:///var/lib/rolloutbus/clickhouse"),  # nothing to hide: as given
+    ("chdb://", "chdb://"),
+    ("http://rolloutbus@127.0.0.1:8123", "http://***@127.0.0.1:8123"),
 ])
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
@@ -35,3 +46,18 @@ def test_url_secrets_are_what_redact_url_hides(url: str, secrets: list[str]) -> 
     assert sorted(url_secrets(url)) == sorted(secrets)
     for secret in url_secrets(url):
         assert secret not in redact_url(url)
+
+
+def test_the_clickhouse_dsn_is_shown_by_the_one_redactor() -> None:
+    from foundation.clickhouse import redact_dsn
+
+    assert redact_dsn is redact_url
+
+
+@pytest.mark.parametrize(("text", "secrets", "shown"), [
+    ("refused key-123 for user:key-123", ["key-123"], "refused *** for user:***"),
+    ("abc-long and abc", ["abc", "abc-long"], "*** and ***"),  # the longer first: no tail of it left
+    ("nothing here", ["", "zz"], "nothing here"),
+])
+def test_scrub(text: str, secrets: list[str], shown: str) -> None:
+    assert scrub(text, secrets) == shown
