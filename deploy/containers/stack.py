@@ -7,7 +7,7 @@
     python deploy/containers/stack.py down [-v]       # -v also removes the volumes (Kafka logs, the store)
 
 The files: deploy/docker-compose.yml + deploy/compose.local.yml (+ any ``-f FILE``). CONTAINERS_CONF is
-deploy/containers/containers.conf. The secrets the compose file requires (CLICKHOUSE_PASSWORD, POLICY_TOKEN,
+deploy/containers/containers.conf. The secrets the compose file requires (CLICKHOUSE_PASSWORD, ANALYST_PASSWORD, POLICY_TOKEN,
 PROXY_TOKEN, GATEWAY_TOKEN), when unset, are generated once per project and kept in ~/.cache/rolloutbus/containers/<project>.env.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from compose import Stack
 
 # The secrets docker-compose.yml requires; generated once per project unless the environment sets them.
-SECRETS = ("CLICKHOUSE_PASSWORD", "POLICY_TOKEN", "PROXY_TOKEN", "GATEWAY_TOKEN")
+SECRETS = ("CLICKHOUSE_PASSWORD", "ANALYST_PASSWORD", "POLICY_TOKEN", "PROXY_TOKEN", "GATEWAY_TOKEN")
 COMPOSE_FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
 
 

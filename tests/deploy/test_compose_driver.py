@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO / "deploy" / "containers"))
 from compose import ComposeError, Project, Reset, interpolate, merge  # noqa: E402
 
 FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
-ENV = {"CLICKHOUSE_PASSWORD": "pw", "POLICY_TOKEN": "pt", "PROXY_TOKEN": "xt", "GATEWAY_TOKEN": "gt",
+ENV = {"CLICKHOUSE_PASSWORD": "pw", "ANALYST_PASSWORD": "ap", "POLICY_TOKEN": "pt", "PROXY_TOKEN": "xt", "GATEWAY_TOKEN": "gt",
        "KAFKA_IMAGE": "localhost/rolloutbus-kafka:k", "ROLLOUTBUS_SLIM_IMAGE": "localhost/rolloutbus-slim:s",
        "ROLLOUTBUS_IMAGE": "localhost/rolloutbus:f"}
 
@@ -54,7 +54,7 @@ def test_the_local_run_swaps_images_not_the_topology() -> None:
     assert local.services["kafka-2"].environment["KAFKA_NODE_ID"] == "2"  # the broker's settings are kept
     ch = local.services["clickhouse"]
     assert ch.image == ENV["ROLLOUTBUS_SLIM_IMAGE"] and ch.command()[0] == "store"
-    assert ch.environment == {"ROLLOUTBUS_STORE_USERS": "rolloutbus:writer:pw"}
+    assert ch.environment == {"ROLLOUTBUS_STORE_USERS": "rolloutbus:writer:pw,analyst:analyst:ap"}
     assert "ulimits" not in ch.spec
     for name in ("policy", "trainer"):
         assert local.services[name].image == ENV["ROLLOUTBUS_IMAGE"]
