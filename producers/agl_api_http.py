@@ -10,7 +10,6 @@ table the gateway replicas share, not built yet; rollouts are read from ClickHou
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -35,6 +34,7 @@ from producers.agl_api import (
 )
 from producers.agl_events import EVENT_PATH
 from producers.agl_store_http import Resources
+from producers.gateway_auth import CHALLENGE, REFUSED, authorized
 from producers.mapping import MappingError
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SpanTransport
@@ -87,10 +87,8 @@ class AgentLightning1Routes:
         return web.json_response({"detail": detail}, status=status, headers=headers)
 
     def _refused(self, request: web.Request) -> web.Response | None:
-        if self.token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
+            return self._error(401, REFUSED, CHALLENGE)
         return None
 
     async def _json(self, request: web.Request) -> Any:

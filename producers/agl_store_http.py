@@ -10,7 +10,6 @@ other calls answer 501 naming the call.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -39,6 +38,7 @@ from producers.agl_store import (
     span_from_agl,
     worker_reply,
 )
+from producers.gateway_auth import CHALLENGE, REFUSED, authorized
 from producers.mapping import MappingError
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
@@ -101,10 +101,8 @@ class LightningStoreRoutes:
         return web.json_response({"detail": detail}, status=status, headers=headers)
 
     def _refused(self, request: web.Request) -> web.Response | None:
-        if self.token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
+            return self._error(401, REFUSED, CHALLENGE)
         return None
 
     async def _json(self, request: web.Request) -> Any:

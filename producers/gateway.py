@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hmac
 import json
 import logging
 import time
@@ -38,6 +37,7 @@ from producers.agl_events import EVENT_PATH, event_to_span
 from producers.agl_api_http import AgentLightning1Routes
 from producers.agl_store_http import LightningStoreRoutes, Resources
 from producers.context import new_span_id
+from producers.gateway_auth import CHALLENGE, REFUSED, authorized
 from producers.mapping import Attribution, MappingError, otel_to_span
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
@@ -297,7 +297,7 @@ class Gateway:
     def _refuse(self, request: web.Request, status: int, reason: str) -> web.Response:
         """An error answer in the route's shape: Agent Lightning's routes answer ``{"detail": ...}``."""
         self.m_requests.labels(str(status)).inc()
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = CHALLENGE if status == 401 else None
         if request.path.startswith(("/v1/agl/", "/api/")):
             return web.json_response({"detail": reason}, status=status, headers=headers)
         return web.Response(status=status, text=reason, headers=headers)
@@ -310,12 +310,12 @@ class Gateway:
         try:
             given = request.headers.get("Authorization", "").encode()
         except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them as surrogates): no token of ours
-            return self._refuse(request, 401, "missing or wrong bearer token")
+            return self._refuse(request, 401, REFUSED)
         encoding = request.headers.get("Content-Encoding", "")
         if encoding.strip().lower() not in ("", "identity") and request.body_exists:
             # Every route that takes a body needs the token: without it, nothing is decompressed for the caller.
-            if self.token is not None and not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
-                return self._refuse(request, 401, "missing or wrong bearer token")
+            if self.token is not None and not authorized(given, self.token):
+                return self._refuse(request, 401, REFUSED)
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -341,10 +341,8 @@ class Gateway:
         return web.Response(status=status, text=text, headers=headers)
 
     async def traces(self, request: web.Request) -> web.Response:
-        if self.token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return self._reply(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
+            return self._reply(401, REFUSED, CHALLENGE)
         if not self.transport.accepting():
             return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
                                {"Retry-After": str(self.retry_after_s)})
@@ -394,10 +392,8 @@ class Gateway:
 
     async def agl_event(self, request: web.Request) -> web.Response:
         """One Agent Lightning 1.x event (its ``AGL_EVENT_URL``) → one span on rb.spans."""
-        if self.token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return self._reply(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
+            return self._reply(401, REFUSED, CHALLENGE)
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return self._reply(413, f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
         try:
@@ -445,8 +441,7 @@ class Gateway:
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.metrics_token is not None:
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, f"Bearer {self.metrics_token}".encode()):
+            if not authorized(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), self.metrics_token):
                 return web.Response(status=401, text="/metrics needs Authorization: Bearer <the gateway token>",
                                     headers={"WWW-Authenticate": "Bearer"})
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
