@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from foundation import tls
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1 (env ROLLOUTBUS_PROXY_UPSTREAM)")
@@ -17,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="502 for a larger upstream answer (env ROLLOUTBUS_PROXY_MAX_RESPONSE_BYTES, default 16 MiB)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="listen on a non-loopback address without ROLLOUTBUS_PROXY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
+    tls.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     check_listen(s.proxy_host, s.proxy_token is not None, s.insecure, "ROLLOUTBUS_PROXY_TOKEN", "rolloutbus proxy")
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")
+    ssl_context = tls.from_args(args)  # before the spool opens: a bad certificate is one line
     transport = SpanTransport.from_settings(s, spool_name="proxy")
     proxy = LLMProxy(
         s.proxy_upstream, transport, timeout_s=s.proxy_timeout_s, kind=s.proxy_upstream_kind,
@@ -44,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
         token=s.proxy_token.get_secret_value() if s.proxy_token else None,
         api_key=s.proxy_upstream_api_key.get_secret_value() if s.proxy_upstream_api_key else None,
     )
-    logging.getLogger(__name__).info("proxy on http://%s:%d → %s (%s)", s.proxy_host, s.proxy_port, proxy.shown,
-                                     s.proxy_upstream_kind)
+    logging.getLogger(__name__).info("proxy on %s://%s:%d → %s (%s)", tls.scheme(ssl_context), s.proxy_host, s.proxy_port,
+                                     proxy.shown, s.proxy_upstream_kind)
     try:
-        web.run_app(proxy.app(), host=s.proxy_host, port=s.proxy_port, print=None, access_log=None)
+        web.run_app(proxy.app(), host=s.proxy_host, port=s.proxy_port, print=None, access_log=None, ssl_context=ssl_context)
     finally:
         transport.close(30)
     return 0

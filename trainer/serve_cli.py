@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Any
 
+from foundation import tls
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true", default=None,
                    help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+    tls.add_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     s = settings_from_args(args)  # before torch: a bad value is one line, at once
     check_listen(s.serve_host, s.serve_token is not None, s.insecure, "ROLLOUTBUS_SERVE_TOKEN", "rolloutbus serve")
+    ssl_context = tls.from_args(args)  # before torch and the model: a bad certificate is one line, at once
 
     import torch
     from aiohttp import web
@@ -56,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if s.serve_follow:
         follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,
                                     lambda rec: server.load_version(rec.uri, rec.version)).start()
-    print(f"serving {s.resource_name} on http://{s.serve_host}:{s.serve_port}/v1 "
+    print(f"serving {s.resource_name} on {tls.scheme(ssl_context)}://{s.serve_host}:{s.serve_port}/v1 "
           f"(version {server.policy.version if server.policy else 'pending'}, follow {'on' if follower else 'off'})", flush=True)
     try:
-        web.run_app(server.app(), host=s.serve_host, port=s.serve_port, print=None, handle_signals=True)
+        web.run_app(server.app(), host=s.serve_host, port=s.serve_port, print=None, handle_signals=True, ssl_context=ssl_context)
     finally:
         if follower is not None:
             follower.stop()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from foundation import tls
+
 # Imported here (cheap) so the settings class is known to whoever walks the CLI's flags.
 from rolloutbus.dashboard.settings import DashboardSettings  # noqa: F401
 
@@ -22,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="listen on a non-loopback address without ROLLOUTBUS_DASHBOARD_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
     parser.add_argument("--no-kafka-lag", action="store_true",
                         help="do not ask Kafka for consumer-group lag (env ROLLOUTBUS_DASHBOARD_KAFKA_LAG=false)")
+    tls.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,15 +45,17 @@ def run(args: argparse.Namespace) -> int:
     s = load_settings(DashboardSettings, {k: v for k, v in values.items() if v is not None}, flags)
     log = logging.getLogger("rolloutbus.dashboard")
     check_listen(s.dashboard_host, s.dashboard_token is not None, s.insecure, "ROLLOUTBUS_DASHBOARD_TOKEN", "rolloutbus dashboard")
+    ssl_context = tls.from_args(args)  # before anything starts: a bad certificate is one line
     dash = Dashboard.from_settings(s)
     missing = assets_missing()
     if missing:
         log.warning("%s", missing)
-    url = f"http://{s.dashboard_host}:{s.dashboard_port}/"
+    url = f"{tls.scheme(ssl_context)}://{s.dashboard_host}:{s.dashboard_port}/"
     print(f"rolloutbus dashboard: {url} (ClickHouse {dash.dsn_shown}, "
           f"{'bearer token required' if s.dashboard_token else 'no token'})", flush=True)
     try:
-        web.run_app(dash.app(), host=s.dashboard_host, port=s.dashboard_port, print=None, access_log=None)
+        web.run_app(dash.app(), host=s.dashboard_host, port=s.dashboard_port, print=None, access_log=None,
+                    ssl_context=ssl_context)
     except OSError as exc:
         from foundation.errors import ServiceError
 

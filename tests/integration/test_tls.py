@@ -1,9 +1,10 @@
-"""HTTPS for the gateway and the store: ``--tls-cert`` / ``--tls-key`` (``ROLLOUTBUS_TLS_CERT`` / ``_KEY``).
+"""HTTPS for every HTTP service: ``--tls-cert`` / ``--tls-key`` (``ROLLOUTBUS_TLS_CERT`` / ``_KEY``).
 
 A self-signed certificate for 127.0.0.1 (``cryptography`` when installed, else the ``openssl`` command).
 The gateway on 0.0.0.0 with TLS and its token starts and takes spans over HTTPS; the store answers SQL
-over HTTPS; plain HTTP to either gets no answer and leaves it serving; a certificate without its key, or
-with another's key, stops the start with one line."""
+over HTTPS; the LLM proxy, the policy server and the dashboard answer over HTTPS; plain HTTP to any of
+them gets no answer and leaves it serving; a certificate without its key, with another's key, or a file
+that is not there stops the start with one line and exit 2."""
 
 from __future__ import annotations
 
@@ -117,7 +118,39 @@ def test_store_answers_sql_over_https(tmp_path: Path) -> None:
     assert f"serving https://127.0.0.1:{port}" in text and "Traceback" not in text, text[-3000:]
 
 
-@pytest.mark.parametrize("command", ["gateway", "store"])
+# command: (the flags it needs besides TLS, a GET path that answers 200 once it is up)
+SERVICES = {
+    "proxy": (["--upstream", "http://127.0.0.1:9/v1"], "/healthz"),
+    "serve": (["--model", "tiny", "--no-follow", "--threads", "1"], "/healthz"),
+    "dashboard": (["--no-kafka-lag"], "/healthz"),
+}
+
+
+@pytest.mark.parametrize("command", list(SERVICES))
+def test_proxy_serve_and_dashboard_answer_over_https_only(command: str, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    port, log = _free_port(), tmp_path / f"{command}.log"
+    flags, health = SERVICES[command]
+    env = _env({k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTBUS_")},
+               ROLLOUTBUS_TLS_CERT=str(cert), ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"))  # the key from the flag
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", command, "--port", str(port), "--tls-key", str(key),
+                                 *flags], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    base = f"https://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}{health}", proc, log, timeout=120, verify=str(cert))
+        assert requests.get(f"{base}{health}", timeout=5, verify=str(cert)).status_code == 200
+        _plain_http_is_not_answered(port)
+        with pytest.raises(requests.exceptions.SSLError):  # a client that does not trust the certificate is refused
+            requests.get(f"{base}{health}", timeout=5)
+        assert requests.get(f"{base}{health}", timeout=5, verify=str(cert)).status_code == 200  # still serving
+    finally:
+        _stop(proc)
+    text = log.read_text(errors="replace")
+    assert f"https://127.0.0.1:{port}" in text and "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.parametrize("command", ["gateway", "store", *SERVICES])
 def test_a_certificate_without_its_key_or_with_another_key_stops_the_start_in_one_line(
         command: str, test_env: dict[str, str], tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
@@ -129,8 +162,9 @@ def test_a_certificate_without_its_key_or_with_another_key_stops_the_start_in_on
         "no such file": (["--tls-cert", str(tmp_path / "nope.crt"), "--tls-key", str(key)], "nope.crt"),
     }
     for label, (flags, named) in cases.items():
-        r = subprocess.run([sys.executable, "-m", "rolloutbus.cli", command, "--port", str(_free_port()), *flags],
+        needed = SERVICES[command][0] if command in SERVICES else []
+        r = subprocess.run([sys.executable, "-m", "rolloutbus.cli", command, "--port", str(_free_port()), *needed, *flags],
                            env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr, (label, r.stderr)
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (label, r.stderr)
         assert named in lines[0] and "PRIVATE KEY" not in r.stderr, (label, lines[0])
