@@ -44,7 +44,7 @@ from prometheus_client import Counter, Histogram
 from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
-from streams.faust_guards import FRONTIER, START, STRICT_TOPICS
+from streams.faust_guards import FRONTIER, REPLAY_TOPICS, START, STRICT_TOPICS
 from streams.faust_guards import install as install_faust_guards
 from streams.grouping import GroupPolicy, advantages, build_batch, ready
 from streams.health import StreamHealth
@@ -152,6 +152,10 @@ class Worker:
         self.dlq_topic = self.app.topic(f"{p}dlq", **raw)
         self.resources_topic = self.app.topic(f"{p}resources", **raw)
         self.metrics_topic = self.app.topic(f"{p}metrics", **raw)
+        # Each record of these must reach its table: the same guards as the done topic (rb.resources is
+        # compacted, so it is read again from its beginning on every assignment instead).
+        STRICT_TOPICS.update((f"{p}metrics", f"{p}dlq"))
+        REPLAY_TOPICS.add(f"{p}resources")
         tbl = {"partitions": cfg.partitions, "default": None, "key_type": bytes, "value_type": bytes}
         self.group_state = self.app.Table("group-state", **tbl)
         self.group_members = self.app.Table("group-members", **tbl)

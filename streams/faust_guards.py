@@ -37,7 +37,12 @@ class FaustGuardError(RuntimeError):
 # back while the lowest acked offset is above that floor. The worker keeps a frontier per partition
 # (FRONTIER: the next offset it must process) and, when records arrive past it, seeks back to it
 # instead of skipping them (Worker._admit).
+#
+# A compacted topic has gaps in its offsets, so the frontier cannot hold it; its records are few and
+# its table deduplicates. For those (REPLAY_TOPICS) every assignment reads the partition again from its
+# beginning, whatever was committed: a record skipped by (1) or (2) is read on the next assignment.
 STRICT_TOPICS: set[str] = set()
+REPLAY_TOPICS: set[str] = set()
 START: dict[tuple[str, int], int] = {}
 FRONTIER: dict[tuple[str, int], int] = {}
 
@@ -79,6 +84,11 @@ def _patch_faust_seek_uncommitted() -> None:
             if rewind:
                 await consumer.seek_to_beginning(*rewind)
                 earliest = await consumer.beginning_offsets(rewind)
+            replay = [tp for tp in offsets if tp.topic in REPLAY_TOPICS]
+            if replay:
+                await consumer.seek_to_beginning(*replay)
+                # faust drops what arrives below the offset returned here: none for these.
+                offsets = {**offsets, **{tp: 0 for tp in replay}}
             return offsets, earliest
 
         offsets, earliest = await self.call_thread(seek)
@@ -121,4 +131,4 @@ def install() -> None:
     _patch_faust_seek_uncommitted()
 
 
-__all__ = ["CHECKED", "FRONTIER", "START", "STRICT_TOPICS", "FaustGuardError", "check_versions", "install"]
+__all__ = ["CHECKED", "FRONTIER", "REPLAY_TOPICS", "START", "STRICT_TOPICS", "FaustGuardError", "check_versions", "install"]

@@ -215,11 +215,30 @@ STORE_QUERIES = {
 }
 
 
+SIDE_QUERIES = {"side:resources": "SELECT name, version FROM resource_versions FINAL",
+                "side:metrics": "SELECT run_id, step FROM train_steps FINAL",
+                "side:dlq": "SELECT dlq_partition, dlq_offset FROM dead_letters FINAL"}
+
+
+def side_table_gaps(env: dict[str, str], conf: dict[str, Any], rows: dict[str, list[list[Any]]]) -> dict[str, set[Any]]:
+    """Records on rb.resources, rb.metrics and rb.dlq with no row in their table (``rows``: SIDE_QUERIES' answers)."""
+    prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    on_topic: dict[str, set[Any]] = {"resources": set(), "metrics": set(), "dlq": set()}
+    for p, o, _k, v in records(conf, f"{prefix}resources"):
+        r = codec.decode(v)
+        on_topic["resources"].add((r.name, r.version))  # type: ignore[attr-defined]
+    for p, o, _k, v in records(conf, f"{prefix}metrics"):
+        m = codec.decode(v)
+        on_topic["metrics"].add((m.run_id, m.step))  # type: ignore[attr-defined]
+    on_topic["dlq"] = {(p, o) for p, o, _k, _v in records(conf, f"{prefix}dlq")}
+    return {k: on_topic[k] - {tuple(r) for r in rows[f"side:{k}"]} for k in on_topic}
+
+
 def check_store(env: dict[str, str], conf: dict[str, Any], label: str, expect_finished: bool = True) -> dict[str, Any]:
     """Compare the worker's store (as a FINAL reader sees it) with what reached the broker; print figures."""
     prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
     truth = span_truth(conf, f"{prefix}spans")
-    rows = query(env, STORE_QUERIES)
+    rows = query(env, {**STORE_QUERIES, **SIDE_QUERIES})
     stored = Counter((r[0], r[1], r[2]) for r in rows["spans"])
     produced = set(truth["spans"])
     lost = produced - set(stored)
@@ -242,7 +261,10 @@ def check_store(env: dict[str, str], conf: dict[str, Any], label: str, expect_fi
         "groups_re_emitted": sum(n - 1 for n in emitted.values() if n > 1),
         "dlq_by_reason": {r[0]: r[1] for r in rows["dlq"]},
     }
+    side = side_table_gaps(env, conf, rows)
+    figures["side_tables_missing"] = {k: len(v) for k, v in side.items()}
     print("FIGURES " + json.dumps(figures, sort_keys=True))
+    assert not any(side.values()), f"records on the topics without their row: { {k: sorted(v)[:3] for k, v in side.items() if v} }"
     assert not lost, f"{len(lost)} spans lost, e.g. {sorted(lost)[:3]}"
     assert not extra, f"{len(extra)} spans in ClickHouse that never reached the broker: {sorted(extra)[:3]}"
     assert dup_rows == 0 and rows["span_rows"] == [[len(produced)]]

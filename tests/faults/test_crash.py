@@ -62,6 +62,35 @@ class Poster(threading.Thread):
             time.sleep(0.05)
 
 
+class SidePublisher(threading.Thread):
+    """The trainer's and other processes' records the worker stores besides spans: a resource version, a
+    train step and a dead letter every 0.2 s until stopped (each must have its row however the worker dies)."""
+
+    def __init__(self, conf: dict[str, Any], topics: Any) -> None:
+        super().__init__(daemon=True)
+        self.producer, self.topics = Producer(conf), topics
+        self.stopped = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        from schemas.models import DeadLetter, ResourceVersion, TrainStep
+
+        n = 0
+        while not self.stopped.is_set():
+            n += 1
+            now = time.time_ns()
+            self.producer.produce(self.topics.resources, encode(ResourceVersion(name="policy", version=n, uri=f"/ckpt/{n}", created_ns=now)),
+                                  b"policy")
+            self.producer.produce(self.topics.metrics, encode(TrainStep(run_id="crash", step=n, time_ns=now, metrics={"loss": 1.0 / n})),
+                                  b"crash")
+            self.producer.produce(self.topics.dlq, encode(DeadLetter(source_topic=self.topics.spans, reason="test", detail=str(n), time_ns=now)),
+                                  b"x")
+            self.producer.poll(0)
+            self.sent = n
+            self.stopped.wait(0.2)
+        assert self.producer.flush(10) == 0
+
+
 def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path) -> None:
     r = rng("crash")
     scale = 3 if LONG else 1
@@ -101,6 +130,8 @@ def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, An
             time.sleep(0.3)
     poster = Poster(url, 150 * scale)
     poster.start()
+    side = SidePublisher(kafka_conf, topics)
+    side.start()
 
     # Seeded kill points (seconds into the workload), each followed by a restart a moment later.
     plan = sorted([(r.uniform(2, 10) * scale, "worker"), (r.uniform(2, 10) * scale, "gateway"), (r.uniform(2, 10) * scale, "runner")])
@@ -121,6 +152,8 @@ def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, An
 
     poster.join(120)
     assert not poster.is_alive(), "the OTLP client did not finish"
+    side.stopped.set()
+    side.join(20)
     assert em.wait(120) == 0, (logs / "emitter.log").read_text()[-2000:]
     wait_drained(kafka_conf, test_env, wk, timeout=120)
     rc, out = stop_worker(wk)

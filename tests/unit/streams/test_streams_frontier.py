@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -169,3 +169,51 @@ def test_an_entry_created_and_dropped_between_commit_points_never_reaches_the_ch
     w._put(t, 1, "span-b", None)
     w.flush()
     assert t.sent == [(1, b"span-b", b"y"), (1, b"span-b", None)]
+
+
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
+class FakeAioConsumer:
+    """aiokafka's consumer as the rewind guard uses it: committed offsets, seeks to the beginning."""
+
+    def __init__(self, committed: dict[Any, int], earliest: int) -> None:
+        self.committed, self.earliest = committed, earliest
+        self.to_beginning: list[Any] = []
+
+    async def seek_to_committed(self) -> dict[Any, int]:
+        return dict(self.committed)
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        self.to_beginning.extend(tps)
+
+    async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: self.earliest for tp in tps}
+
+
+def test_rewind_reads_uncommitted_strict_partitions_and_every_replay_partition_from_the_beginning() -> None:
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    faust_guards._patch_faust_seek_uncommitted()
+    spans, metrics, resources, other = (TP(t, 0) for t in ("x.spans", "x.metrics", "x.resources", "x.other"))
+    fake = FakeAioConsumer({spans: 0, metrics: 12, resources: 7, other: 5}, earliest=3)
+
+    async def call_thread(fn: Any) -> Any:
+        return await fn()
+
+    thread = SimpleNamespace(_ensure_consumer=lambda: fake, call_thread=call_thread)
+    faust_guards.STRICT_TOPICS.update({"x.spans", "x.metrics"})
+    faust_guards.REPLAY_TOPICS.add("x.resources")
+    try:
+        offsets = asyncio.run(faust_aiokafka.AIOKafkaConsumerThread.seek_to_committed(thread))
+    finally:
+        faust_guards.STRICT_TOPICS.difference_update({"x.spans", "x.metrics"})
+        faust_guards.REPLAY_TOPICS.discard("x.resources")
+    # spans: no commit → its beginning; resources: compacted, read again whatever was committed (faust
+    # must not drop what arrives below its commit: 0 returned); metrics and other: from their commits.
+    assert fake.to_beginning == [spans, resources]
+    assert offsets == {spans: 0, metrics: 12, resources: 0, other: 5}
+    assert faust_guards.START[("x.spans", 0)] == 3 and faust_guards.START[("x.metrics", 0)] == 12
+    assert ("x.resources", 0) not in faust_guards.START
