@@ -6,7 +6,9 @@
 #   commands: every container's command line parsed by the real `rolloutbus` parser, every ROLLOUTBUS_*
 #             variable checked against the settings classes, Kafka users' ACLs against the groups and
 #             topics the code uses, Service ports/probes against what each process serves, spools on
-#             volumes (deploy/validate/commands.py, with the project's Python)
+#             volumes, nothing on an open address without credentials (ports compose publishes on every
+#             interface, /metrics without ROLLOUTBUS_METRICS_TOKEN), the read-only analyst ClickHouse
+#             account (deploy/validate/commands.py and analyst.py, with the project's Python)
 #   DDL     : the cluster form of deploy/clickhouse/migrations/ parsed and run (localised) in chDB, compared with it
 # Installs its tools once into ~/.cache/rolloutbus/deploy-validate (a venv from PyPI; Kustomize from
 # kubectl, or `go install` from the Go module proxy when kubectl is absent).

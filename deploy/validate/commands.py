@@ -20,7 +20,19 @@ parser, the settings classes, the names the code derives its topics and groups f
    service (compose) that exists, unless it is a host outside the cluster;
 7. runners get the proxy's base URL as ``ROLLOUTBUS_LLM_PROXY_URL`` (agents build each attempt's
    ``/rollout/<id>/attempt/<id>/v1`` from it with ``producers.proxy.proxy_url``), pointing at a port the
-   proxy serves; an ``OPENAI_BASE_URL`` at the proxy is refused (it serves no bare ``/v1``: a 404).
+   proxy serves; an ``OPENAI_BASE_URL`` at the proxy is refused (it serves no bare ``/v1``: a 404);
+8. a server on an address other than loopback has its credential: the gateway's, proxy's, policy
+   server's, dashboard's tokens, the store's passwords (without them they refuse to start), and the
+   stream worker's and the trainer's ``ROLLOUTBUS_METRICS_TOKEN`` (without it their ``/metrics`` answers
+   anyone; they only log a WARNING);
+9. compose: a port published on every host interface (no host address, ``0.0.0.0`` or ``::``, with the
+   file's defaults) belongs to a service that asks for credentials there: a Kafka listener with SASL
+   (or TLS client certificates), a ClickHouse server whose passwords cannot be empty, a rolloutbus
+   server with its token / passwords (rule 8). Anything else is published on 127.0.0.1
+   (``"${KAFKA_BIND:-127.0.0.1}:29092:29092"``) until the operator opens it on purpose;
+10. the ClickHouse that deploy/ runs (compose's server, the local store, the operator's
+   ClickHouseInstallation) has the read-only ``analyst`` account, its password from a secret
+   (deploy/validate/analyst.py).
 
 Run: ``python deploy/validate/commands.py [--kustomize CMD] [--compose FILE ...]`` (deploy/validate.sh
 passes the Kustomize command it found). Needs the project's packages importable (the repository root
@@ -49,6 +61,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
+
+import analyst  # noqa: E402 - deploy/validate/analyst.py, on the path just above
 
 PACKAGES = ("foundation", "schemas", "producers", "streams", "trainer", "rolloutbus")
 COMPOSE_FILES = [ROOT / "deploy" / "docker-compose.yml", ROOT / "deploy" / "compose.local.yml"]
@@ -294,11 +308,14 @@ def _k8s_expand(text: str, env: dict[str, str]) -> str:
 
 
 def _compose_expand(text: str) -> str:
-    """Compose interpolation with the defaults written in the file (``${X:-d}`` → d; no default → ``x``)."""
+    """Compose interpolation with the defaults written in the file (``${X:-d}`` → d; a required ``${X:?msg}``
+    → ``x``, a value the operator must give; ``${X}`` → empty, as compose leaves an unset variable)."""
     def one(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
         default = m.group(3)
+        if m.group(2) is None:
+            return ""
         return default if m.group(2) in (":-", "-") and default is not None else "x"
 
     return re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\}", one, text)
@@ -615,8 +632,42 @@ EXPOSED = {
 }
 
 
+METRICS_TOKEN = "ROLLOUTBUS_METRICS_TOKEN"
+# Commands whose health server (foundation/health.py) serves /metrics: with METRICS_TOKEN it answers only
+# that bearer token; without it, bound beyond loopback, it answers anyone (the process only logs a WARNING).
+METRICS_SERVERS = ("process", "train")
+
+
+def _metrics_token(c: Container, s: Any) -> bool:
+    return bool(c.env.get(METRICS_TOKEN) or getattr(s, "metrics_token", None))
+
+
+def has_credential(c: Container, ns: argparse.Namespace, s: Any, port: int | None = None) -> bool:
+    """Whether the process asks every client for a credential (on ``port``, when its listener is that one)."""
+    if ns.command in EXPOSED:
+        credential = getattr(s, EXPOSED[ns.command][1], None)
+        if ns.command == "store":
+            try:
+                return bool(credential) and bool(s.has_credentials())
+            except Exception:  # noqa: BLE001 - users that do not parse are the store's own error
+                return False
+        return bool(credential)
+    if ns.command in METRICS_SERVERS:
+        served = listener(ns.command, s)
+        return served is not None and (port is None or port == served[1]) and _metrics_token(c, s)
+    return False
+
+
 def check_exposure(c: Container, ns: argparse.Namespace, s: Any) -> list[str]:
-    """A server on a non-loopback address has its credential (or says --insecure): else it would not start."""
+    """Rule 8: a server on a non-loopback address has its credential (or says --insecure): else it would
+    not start, or (metrics) would answer anyone."""
+    if ns.command in METRICS_SERVERS:
+        served = listener(ns.command, s)
+        if served is None or _loopback(served[0]) or _metrics_token(c, s):
+            return []
+        return [f"{c.where}: `{ns.command}` serves /metrics on {served[0]}:{served[1]} without {METRICS_TOKEN}: anyone "
+                "who reaches that address reads it (set the variable from a Secret, e.g. rolloutbus-http key "
+                "metrics-token, and scrape with its bearer token; or bind 127.0.0.1)"]
     if ns.command not in EXPOSED:
         return []
     host_field, credential, variable = EXPOSED[ns.command]
@@ -625,6 +676,100 @@ def check_exposure(c: Container, ns: argparse.Namespace, s: Any) -> list[str]:
         return []
     return [f"{c.where}: `{ns.command}` listens on {host} without {variable}: it refuses to start "
             "(set the variable from a Secret, or pass --insecure on purpose)"]
+
+
+# --------------------------------------------------------------------------- rule 9: published ports
+
+EVERY_INTERFACE = {"", "0.0.0.0", "::", "*"}
+
+
+def published_ports(service: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(host address, host port, container port) of each published port, with the file's defaults;
+    host address "" means every interface (what compose and podman do when none is given)."""
+    out = []
+    for p in service.get("ports") or []:
+        if isinstance(p, dict):
+            ip, host, target = (_compose_expand(str(p.get(k, ""))) for k in ("host_ip", "published", "target"))
+        else:
+            text, ip = _compose_expand(str(p)).split("/")[0], ""
+            if text.startswith("["):  # [::1]:8123:8123
+                ip, text = text[1:].split("]", 1)
+                text = text.lstrip(":")
+            parts = text.split(":")
+            if len(parts) >= 3:
+                ip, host, target = ":".join(parts[:-2]), parts[-2], parts[-1]
+            elif len(parts) == 2:
+                host, target = parts
+            else:
+                host, target = "", parts[0]
+        try:
+            out.append((ip.strip("[]"), host, int(target.split("-")[0])))
+        except ValueError:
+            continue  # not a port number: the schema check reports it
+    return out
+
+
+def _kafka_listener(env: dict[str, str], port: int) -> tuple[str, str] | None:
+    """(listener name, security protocol) of the broker's listener on ``port``, or None."""
+    protocols = dict(x.strip().split(":", 1) for x in env.get("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "").split(",") if ":" in x)
+    for item in env.get("KAFKA_LISTENERS", "").split(","):
+        m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)://[^,]*:(\d+)\s*$", item)
+        if m and int(m.group(2)) == port:
+            return m.group(1), protocols.get(m.group(1), m.group(1)).upper()
+    return None
+
+
+def _unguarded(svc: str, spec: dict[str, Any], port: int, rb: tuple[Container, argparse.Namespace, Any] | None) -> str | None:
+    """Why the service's ``port`` lets anyone in (None: it asks for credentials)."""
+    env = _compose_env(spec)
+    if rb is not None:
+        c, ns, s = rb
+        if has_credential(c, ns, s, port):
+            return None
+        if ns.command in EXPOSED:
+            return f"`rolloutbus {ns.command}` has no {EXPOSED[ns.command][2]} (or a user without a password)"
+        if ns.command in METRICS_SERVERS:
+            return f"`rolloutbus {ns.command}` serves /metrics without {METRICS_TOKEN}"
+        return f"`rolloutbus {ns.command}` asks no credentials"
+    if "KAFKA_LISTENERS" in env:
+        found = _kafka_listener(env, port)
+        if found is None:
+            return f"no Kafka listener is on port {port}"
+        name, protocol = found
+        client_auth = env.get(f"KAFKA_LISTENER_NAME_{name.upper()}_SSL_CLIENT_AUTH", env.get("KAFKA_SSL_CLIENT_AUTH", ""))
+        if protocol.startswith("SASL_") or (protocol == "SSL" and client_auth == "required"):
+            return None
+        return f"its Kafka listener {name} is {protocol}: anyone may produce and consume (use SASL_SSL or SASL_PLAINTEXT)"
+    if "clickhouse-server" in str(spec.get("image", "")):
+        passwords = {k: v for k, v in env.items() if "PASSWORD" in k}
+        if "CLICKHOUSE_PASSWORD" in passwords and all(passwords.values()) and env.get("CLICKHOUSE_SKIP_USER_SETUP") != "1":
+            return None
+        return "a ClickHouse user there may have no password (interpolate each from a required variable, ${VAR:?...})"
+    return "nothing there asks for credentials"
+
+
+def check_published_ports(doc: dict[str, Any], name: str, parsed: list[tuple[Container, argparse.Namespace, Any]],
+                          base: dict[str, Any] | None = None) -> list[str]:
+    """Rule 9: what compose publishes on every host interface asks for credentials. In an override, the
+    services whose ports or command it changes are checked as merged with ``base``."""
+    by_service = {c.where.rsplit(" ", 1)[1]: (c, ns, s) for c, ns, s in parsed}
+    problems = []
+    for svc, spec in (doc.get("services") or {}).items():
+        if base is not None:
+            if "ports" not in spec and "command" not in spec:
+                continue
+            under = (base.get("services") or {}).get(svc) or {}
+            spec = {**under, **spec, "environment": {**_compose_env(under), **_compose_env(spec)}}
+        for ip, host, target in published_ports(spec):
+            if ip not in EVERY_INTERFACE:
+                continue
+            why = _unguarded(svc, spec, target, by_service.get(svc))
+            if why:
+                problems.append(
+                    f"{name}: service {svc} publishes port {target} on every host interface "
+                    f"({ip or '*'}:{host or 'any'}), but {why}: publish it on 127.0.0.1 "
+                    f"(\"${{..._BIND:-127.0.0.1}}:{host or target}:{target}\") and open it only with credentials in place")
+    return problems
 
 
 def check_k8s(objs: list[dict[str, Any]], name: str) -> list[str]:
@@ -648,6 +793,7 @@ def check_k8s(objs: list[dict[str, Any]], name: str) -> list[str]:
             if ns.command in SPOOLERS:
                 problems += check_k8s_spool(c, ns, objs)
     problems += check_services(parsed, objs, name)
+    problems += analyst.check_k8s(objs, name)
     services = {o["metadata"]["name"]: {int(p["port"]) for p in o["spec"].get("ports", [])} for o in objs if o.get("kind") == "Service"}
     proxies = {svc["metadata"]["name"]: services[svc["metadata"]["name"]] for svc in objs if svc.get("kind") == "Service"
                and any(ns.command == "proxy" and _selects(svc, c) for c, ns, _ in parsed)}
@@ -664,7 +810,8 @@ def _selects(svc: dict[str, Any], c: Container) -> bool:
 
 
 def check_compose(path: Path, base: dict[str, Any] | None = None) -> list[str]:
-    """Rules 1, 2, 5 and 6 for a compose file (an override: its commands and variable names only)."""
+    """Rules 1, 2, 5, 6, 8, 9 and 10 for a compose file (an override: its commands, variable names, published
+    ports and ClickHouse users only)."""
     doc = load_compose(path)
     name = path.name
     problems: list[str] = []
@@ -676,6 +823,8 @@ def check_compose(path: Path, base: dict[str, Any] | None = None) -> list[str]:
         problems += [p for p in found if "is not a setting" not in p]  # names: reported per service above
         if ns is not None:
             parsed.append((c, ns, settings_for(ns.command, ns, c.env)))
+    problems += check_published_ports(doc, name, parsed, base)
+    problems += analyst.check_compose(doc, name, path.parent, base)
     if base is not None:
         return problems
     proxies = {c.where.rsplit(" ", 1)[1]: {listener("proxy", s)[1]} for c, ns, s in parsed  # type: ignore[index]
@@ -719,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commands: {p}", file=sys.stderr)
     if not problems:
         print(f"commands: {len(files)} compose files and {count} k8s containers: every command parses with the rolloutbus CLI, "
-              "every ROLLOUTBUS_* variable is a setting, Kafka users' ACLs cover their processes, ports and probes are served, spools persist")
+              "every ROLLOUTBUS_* variable is a setting, Kafka users' ACLs cover their processes, ports and probes are served, spools persist, "
+              "open addresses ask for credentials, the analyst account is read-only with a secret password")
     return 1 if problems else 0
 
 

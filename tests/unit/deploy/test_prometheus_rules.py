@@ -160,3 +160,47 @@ def test_the_rules_name_the_jobs_of_the_scrape_config() -> None:
     jobs = {c["job_name"] for c in config["scrape_configs"]}
     assert jobs == set(exported_metrics()), jobs
     assert config["rule_files"] == ["rolloutbus-rules.yml"]
+
+
+def _k8s_pod(path: Path) -> dict[str, Any]:
+    """The pod template of the workload in a deploy/k8s/base file."""
+    doc = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Deployment", "StatefulSet"))
+    return doc["spec"]["template"]
+
+
+def test_the_kubernetes_scrape_config_sends_each_pod_the_token_it_asks_for(promtool: str, tmp_path: Path) -> None:
+    """prometheus-k8s.yml: the same jobs; each keeps the pods and the port that serve /metrics, and sends the
+    bearer token those pods read from the Secret rolloutbus-http (same key)."""
+    text = (PROM / "prometheus-k8s.yml").read_text()
+    config = yaml.safe_load(text)
+    jobs = {c["job_name"]: c for c in config["scrape_configs"]}
+    assert set(jobs) == set(exported_metrics()) and config["rule_files"] == ["rolloutbus-rules.yml"]
+    base = ROOT / "deploy" / "k8s" / "base"
+    mount = "/etc/prometheus/secrets/rolloutbus-http/"
+    for job, file, variable in [("rolloutbus-streams", "stream-workers.yaml", "ROLLOUTBUS_METRICS_TOKEN"),
+                                ("rolloutbus-trainer", "trainer.yaml", "ROLLOUTBUS_METRICS_TOKEN"),
+                                ("rolloutbus-gateway", "gateway.yaml", "ROLLOUTBUS_GATEWAY_TOKEN")]:
+        pod = _k8s_pod(base / file)
+        container = pod["spec"]["containers"][0]
+        ref = next(e for e in container["env"] if e["name"] == variable)["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "rolloutbus-http"
+        assert jobs[job]["authorization"]["credentials_file"] == mount + ref["key"], job
+        keep = next(r for r in jobs[job]["relabel_configs"] if r.get("action") == "keep")
+        name, port = keep["regex"].split(";")
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == name, job
+        assert port in [p["name"] for p in container["ports"]], job
+    # Debian's promtool is built without Kubernetes discovery: the rest (authorization, relabeling) is
+    # checked with static targets in its place and the token files where the Secret would be mounted.
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for key in ("metrics-token", "gateway-token"):
+        (secrets / key).write_text("token\n")
+    for c in config["scrape_configs"]:
+        assert c.pop("kubernetes_sd_configs")[0]["namespaces"] == {"names": ["rolloutbus"]}
+        c["static_configs"] = [{"targets": ["127.0.0.1:9"]}]
+        if "authorization" in c:
+            c["authorization"]["credentials_file"] = c["authorization"]["credentials_file"].replace(mount, f"{secrets}/")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (tmp_path / "rolloutbus-rules.yml").write_text(RULES.read_text())
+    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
