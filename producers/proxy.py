@@ -13,7 +13,14 @@ recorded with status ERROR.
 
 Credentials: the client's ``Authorization`` is for the proxy and never goes upstream; the upstream gets
 the configured API key (``Bearer``), else the upstream URL's ``user:password`` (``Basic``), else none.
-Neither ever shows in a log line, an error or ``/healthz`` (which answers with counters only).
+Neither ever shows in a log line, an error, a header passed back (a redirect's ``Location`` is shown
+redacted) or ``/healthz`` (which answers with counters only).
+
+Telemetry never costs the agent its completion: when the span transport has stopped (a fatal Kafka error:
+ACL refusal, refused login), the call is answered all the same, one log line names the rollout and
+attempt whose span was not recorded, ``rolloutbus_proxy_spans_unrecorded_total`` counts it, and
+``/healthz`` and ``/readyz`` answer 503 (``/livez`` stays 200: the process is alive, restarting it
+loses nothing).
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from aiohttp import BasicAuth, ClientError, ClientResponse, ClientSession, ClientTimeout, web
 from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from foundation.errors import ConfigError, RolloutContextError
+from foundation.errors import ConfigError, RolloutContextError, ServiceError
 from foundation.redact import redact_url, scrub, url_secrets
 
 from producers.context import current_rollout, new_span_id, new_trace_id
@@ -49,6 +57,7 @@ VERSION_HEADER = "x-rolloutbus-resource-version"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade"})
 _REFRAMED = frozenset({"content-length", "content-encoding"})  # the body is decoded and re-framed here
+_URL_HEADERS = frozenset({"location", "content-location"})  # URLs an upstream may hand back: shown redacted
 UPSTREAM_KINDS = ("vllm", "rolloutbus-serve", "openai")
 TOKEN_ID_KINDS = frozenset({"vllm", "rolloutbus-serve"})  # accept return_token_ids / logprobs
 MAX_RESPONSE_BYTES = 16 << 20
@@ -227,7 +236,10 @@ def _sse_error(message: str) -> bytes:
 
 class LLMProxy:
     def __init__(self, upstream: str, transport: SpanTransport, *, api_key: str | None = None, timeout_s: float = 600.0,
-                 token: str | None = None, kind: str = "vllm", max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+                 token: str | None = None, kind: str = "vllm", max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 metrics_token: str | None = None) -> None:
+        """``metrics_token``: the bearer token ``/metrics`` needs (the command passes the proxy's token when it
+        listens beyond loopback); None: ``/metrics`` answers anyone who reaches it."""
         if kind not in UPSTREAM_KINDS:
             raise ConfigError(f"upstream kind must be one of {', '.join(UPSTREAM_KINDS)}, got {kind!r}")
         self.shown = redact_url(upstream.rstrip("/"))  # what logs and errors say
@@ -250,6 +262,18 @@ class LLMProxy:
         self._secrets = sorted({x for x in secrets if len(x) >= _MIN_SCRUBBED}, key=len, reverse=True)
         self.timeout = ClientTimeout(total=timeout_s)
         self._session: ClientSession | None = None
+        self.metrics_token = metrics_token
+        self.unrecorded = 0  # spans not handed to the transport, for /healthz (the metric says why)
+        self.registry = CollectorRegistry()
+        self.m_recorded = Counter("rolloutbus_proxy_spans_recorded", "LLM spans handed to the span transport",
+                                  registry=self.registry)
+        self.m_unrecorded = Counter("rolloutbus_proxy_spans_unrecorded", "LLM spans not recorded (transport_failed: a fatal "
+                                    "Kafka error stopped the transport; queue_full: its queue dropped them)", ["reason"],
+                                    registry=self.registry)
+        Gauge("rolloutbus_proxy_ready", "1 while the span transport takes records", registry=self.registry).set_function(
+            lambda: float(self.transport.accepting()))
+        Gauge("rolloutbus_proxy_spool_pending", "Records in the spool not yet delivered", registry=self.registry).set_function(
+            lambda: float(self.transport.stats()["spool_pending"]))
 
     def app(self) -> web.Application:
         # Request bodies are read as sent: a compressed one is refused (415), not inflated here.
@@ -257,6 +281,9 @@ class LLMProxy:
         app.router.add_post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions", self.chat)
         app.router.add_post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/completions", self.completions)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.healthz)
+        app.router.add_get("/livez", self.livez)
+        app.router.add_get("/metrics", self.metrics)
         app.on_cleanup.append(self._close)
         return app
 
@@ -265,8 +292,22 @@ class LLMProxy:
             await self._session.close()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        # Liveness and the spool's counters; no configuration (the upstream's address stays private).
-        return web.json_response({"status": "ok", **self.transport.stats()})
+        """Readiness and the spool's counters, no configuration (the upstream's address stays private): 503
+        ``degraded`` once the span transport stopped (calls are still answered, their spans not recorded)."""
+        ok = self.transport.accepting()
+        return web.json_response({"status": "ok" if ok else "degraded", **self.transport.stats(), "unrecorded": self.unrecorded},
+                                 status=200 if ok else 503)
+
+    async def livez(self, request: web.Request) -> web.Response:
+        """Liveness: 200 ``ok`` while the server answers (no token needed, nothing told)."""
+        return web.Response(text="ok\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if self.metrics_token is not None and not hmac.compare_digest(given, f"Bearer {self.metrics_token}".encode()):
+            return web.Response(status=401, text="/metrics needs Authorization: Bearer <the proxy token>",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat/completions", chat=True)
@@ -277,6 +318,17 @@ class LLMProxy:
     def _scrub(self, text: str) -> str:
         """``text`` (an upstream's message, an exception's) with the upstream credentials masked."""
         return scrub(text, self._secrets)
+
+    def _passed_back(self, headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+        """The upstream's headers as the client gets them: end to end only, a redirect's ``Location`` with its
+        credentials hidden, no value quoting the upstream's credentials."""
+        out = end_to_end(headers, drop=_REFRAMED)
+        for name, value in list(out.items()):
+            shown = self._scrub(redact_url(value) if name.lower() in _URL_HEADERS else value)
+            if shown != value:
+                out.popall(name)
+                out.add(name, shown)
+        return out
 
     def _too_large(self) -> str:
         return (f"rolloutbus proxy: the upstream's answer is larger than the bound of {self.max_response_bytes} bytes "
@@ -336,7 +388,7 @@ class LLMProxy:
             async with self._session.post(f"{self.upstream}/{path}", data=data, headers=headers, allow_redirects=False) as up:
                 version = up.headers.get(VERSION_HEADER)
                 meta["version"] = int(version) if version and _INT.fullmatch(version.removeprefix("-")) else None
-                out_headers = end_to_end(up.headers.items(), drop=_REFRAMED)
+                out_headers = self._passed_back(up.headers.items())
                 if stream and up.status < 300 and up.content_type == "text/event-stream":
                     return await self._relay_sse(request, up, out_headers, call, meta)
                 raw = await self._read_bounded(up)
@@ -417,6 +469,7 @@ class LLMProxy:
         end = time.time_ns()
         choices = call.choices or {0: {"ids": [], "logprobs": [], "text": [], "finish": None}}
         seq = meta["seq"]
+        spans = []
         for i in sorted(choices):
             c = choices[i]
             attrs = {
@@ -461,7 +514,26 @@ class LLMProxy:
                 "tool": None,
                 "agent_name": meta.get("agent_name"),
             }
-            self.transport.emit(meta["rollout_id"], SPAN, span)
+            spans.append(span)
+        self._emit(spans, meta)
+
+    def _emit(self, spans: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        """Hand ``spans`` to the transport. A stopped transport costs the agent nothing: the call is answered,
+        and the loss is one log line and a count (``/healthz`` and ``/readyz`` answer 503 meanwhile)."""
+        for n, span in enumerate(spans):
+            try:
+                recorded = self.transport.emit(meta["rollout_id"], SPAN, span)
+            except ServiceError as exc:
+                self.unrecorded += len(spans) - n
+                self.m_unrecorded.labels("transport_failed").inc(len(spans) - n)
+                log.error("proxy: the LLM span of rollout %s attempt %s (sequence %s) was not recorded, the call was answered: %s",
+                          meta["rollout_id"], meta["attempt_id"], meta["seq"], exc)
+                return
+            if recorded:
+                self.m_recorded.inc()
+            else:  # dropped by a full queue: the transport warns of it
+                self.unrecorded += 1
+                self.m_unrecorded.labels("queue_full").inc()
 
 
 __all__ = ["LLMProxy", "proxy_url", "proxy_headers", "proxy_token", "parse_request", "end_to_end", "SEQUENCE_HEADER",

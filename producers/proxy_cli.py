@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from producers.settings import ProxySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
-    from foundation.exposure import check_listen
+    from foundation.exposure import check_listen, is_loopback
     from foundation.errors import ConfigError
 
     s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port",
@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         max_response_bytes=s.proxy_max_response_bytes,
         token=s.proxy_token.get_secret_value() if s.proxy_token else None,
         api_key=s.proxy_upstream_api_key.get_secret_value() if s.proxy_upstream_api_key else None,
+        # Beyond loopback /metrics needs the token too (Prometheus: authorization: {credentials: <token>}).
+        metrics_token=None if is_loopback(s.proxy_host) or s.proxy_token is None else s.proxy_token.get_secret_value(),
     )
     logging.getLogger(__name__).info("proxy on %s://%s:%d → %s (%s)", tls.scheme(ssl_context), s.proxy_host, s.proxy_port,
                                      proxy.shown, s.proxy_upstream_kind)
