@@ -719,7 +719,7 @@ def _kafka_listener(env: dict[str, str], port: int) -> tuple[str, str] | None:
     return None
 
 
-def _unguarded(svc: str, spec: dict[str, Any], port: int, rb: tuple[Container, argparse.Namespace, Any] | None) -> str | None:
+def _unguarded(spec: dict[str, Any], port: int, rb: tuple[Container, argparse.Namespace, Any] | None) -> str | None:
     """Why the service's ``port`` lets anyone in (None: it asks for credentials)."""
     env = _compose_env(spec)
     if rb is not None:
@@ -763,7 +763,7 @@ def check_published_ports(doc: dict[str, Any], name: str, parsed: list[tuple[Con
         for ip, host, target in published_ports(spec):
             if ip not in EVERY_INTERFACE:
                 continue
-            why = _unguarded(svc, spec, target, by_service.get(svc))
+            why = _unguarded(spec, target, by_service.get(svc))
             if why:
                 problems.append(
                     f"{name}: service {svc} publishes port {target} on every host interface "
