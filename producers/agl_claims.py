@@ -68,9 +68,14 @@ def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
     return items
 
 
-def task_from_request(req: Mapping[str, Any], *, rollout_id: str, resources_id: str | None, now_ns: int) -> Task:
-    """One enqueued rollout → the task record on rb.tasks (keyed by its ``task_id``, the rollout id)."""
-    config = {**DEFAULT_CONFIG, **(req.get("config") or {})}
+def task_from_request(req: Mapping[str, Any], *, rollout_id: str, resources_id: str | None, now_ns: int,
+                      defaults: Mapping[str, Any] | None = None) -> Task:
+    """One enqueued rollout → the task record on rb.tasks (keyed by its ``task_id``, the rollout id). Its config
+    is the request's, what it leaves out taken from ``defaults`` (the gateway's: :meth:`ClaimBook.defaults`),
+    then from Agent Lightning's own defaults; a null ``max_attempts`` or ``timeout_seconds`` is the default's."""
+    given = {k: v for k, v in (req.get("config") or {}).items()
+             if v is not None or k not in ("max_attempts", "timeout_seconds")}
+    config = {**DEFAULT_CONFIG, **(defaults or {}), **given}
     metadata = {ROLLOUT_ID: rollout_id, CONFIG: json.dumps(config), METADATA: json.dumps(req.get("metadata") or {})}
     if resources_id is not None:
         metadata[RESOURCES_ID] = resources_id
@@ -123,6 +128,35 @@ def read_mark(metadata: str | None) -> tuple[int, float]:
         return -1, 0.0
 
 
+RETRIED = ("failed", "timeout")  # the ends offered again when a rollout's config names no retry_condition
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How a rollout's claims end: its attempts, each claim's time, the ends that are offered again."""
+
+    max_attempts: int
+    timeout_s: float
+    retry_on: tuple[str, ...] = RETRIED
+
+
+def limits_of(task: Task, default: Limits) -> Limits:
+    """The rollout's own config (``max_attempts``, ``timeout_seconds``, ``retry_condition``, as enqueued), each
+    field the gateway's ``default`` where the task has none (a task of ``rolloutbus tasks publish``) or a bad one."""
+    try:
+        config = json.loads(task.metadata[CONFIG]) if CONFIG in task.metadata else {}
+    except ValueError:
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    attempts, timeout, retry = config.get("max_attempts"), config.get("timeout_seconds"), config.get("retry_condition")
+    good_attempts = isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1
+    good_timeout = (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < float("inf"))
+    good_retry = isinstance(retry, list) and all(isinstance(r, str) for r in retry)
+    return Limits(attempts if good_attempts else default.max_attempts, float(timeout) if good_timeout else default.timeout_s,
+                  tuple(retry) if good_retry else default.retry_on)
+
+
 @dataclass
 class Slot:
     """One rollout of a task at (partition, offset)."""
@@ -132,6 +166,7 @@ class Slot:
     index: int
     task: Task
     rollout_id: str
+    limits: Limits
     attempts: int = 0  # attempts handed out so far (held ones count as one)
     done: bool = False
 
@@ -149,7 +184,8 @@ class Claim:
 
 @dataclass
 class ClaimBook:
-    """The tasks of the partitions this replica owns: offered, claimed, done."""
+    """The tasks of the partitions this replica owns: offered, claimed, done. ``claim_timeout_s`` and
+    ``max_attempts`` are the gateway's, for rollouts whose config does not set their own (:func:`limits_of`)."""
 
     claim_timeout_s: float
     max_attempts: int = 2
@@ -159,6 +195,10 @@ class ClaimBook:
     _held: list[Claim] = field(default_factory=list)
     _marks: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition → (claimed_to, until)
     _highest: dict[int, int] = field(default_factory=dict)
+
+    def defaults(self) -> dict[str, Any]:
+        """The config an enqueued rollout gets for what its request leaves out (:func:`task_from_request`)."""
+        return {"max_attempts": self.max_attempts, "timeout_seconds": self.claim_timeout_s, "retry_condition": list(RETRIED)}
 
     # ------------------------------------------------------------------ partitions
 
@@ -183,7 +223,9 @@ class ClaimBook:
         if (partition, offset) in self._slots:
             return
         self._highest[partition] = max(self._highest.get(partition, -1), offset)
-        slots = [Slot(partition, offset, i, task, rollout_id_of(task, partition, offset, i)) for i in range(rollout_count(task))]
+        limits = limits_of(task, Limits(self.max_attempts, self.claim_timeout_s))
+        slots = [Slot(partition, offset, i, task, rollout_id_of(task, partition, offset, i), limits)
+                 for i in range(rollout_count(task))]
         self._slots[(partition, offset)] = slots
         claimed_to, until = self._marks.get(partition, (-1, 0.0))
         for s in slots:
@@ -212,7 +254,7 @@ class ClaimBook:
             if slot.done or (slot.partition, slot.offset) not in self._slots:
                 continue
             slot.attempts += 1
-            claim = Claim(slot, new_attempt_id(), slot.attempts, worker_id, now, now + self.claim_timeout_s)
+            claim = Claim(slot, new_attempt_id(), slot.attempts, worker_id, now, now + slot.limits.timeout_s)
             self._claims[claim.attempt_id] = claim
             return claim
         return None
@@ -228,8 +270,9 @@ class ClaimBook:
         return [*self._claims.values(), *self._held]
 
     def end(self, claim: Claim, status: str) -> bool:
-        """The claim's attempt ended with ``status``. A ``succeeded`` one finishes its rollout; another
-        (failed, timeout) is offered again while attempts are left. True when it was offered again."""
+        """The claim's attempt ended with ``status``. A ``succeeded`` one finishes its rollout; another (failed,
+        timeout) is offered again while its rollout has attempts left and its config retries that end (its
+        ``retry_condition``). True when it was offered again."""
         if claim.held:
             if not any(c is claim for c in self._held):
                 return False  # ended already
@@ -239,7 +282,7 @@ class ClaimBook:
         slot = claim.slot
         if (slot.partition, slot.offset) not in self._slots or slot.done:
             return False
-        if status != "succeeded" and slot.attempts < self.max_attempts:
+        if status != "succeeded" and slot.attempts < slot.limits.max_attempts and status in slot.limits.retry_on:
             self._offers.append(slot)
             return True
         slot.done = True
@@ -292,6 +335,6 @@ def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
     return reply
 
 
-__all__ = ["ClaimBook", "Claim", "Slot", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
+__all__ = ["ClaimBook", "Claim", "Slot", "Limits", "limits_of", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
            "attempted_rollout", "rollout_count", "rollout_id_of", "claim_mark", "read_mark", "new_rollout_id",
            "new_attempt_id", "DEFAULT_CONFIG"]

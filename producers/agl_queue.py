@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from foundation.config import Topics
-from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import DecodeError, KafkaUnavailable, ServiceError, ValidationError
 from producers.agl_claims import (
     Claim,
     ClaimBook,
@@ -198,7 +198,7 @@ class TaskQueue:
             for c in self.book.expired(now):
                 if not c.held:
                     self._emit(self._event(c, "FINISHED", status="timeout",
-                                           error=f"no terminal update_attempt within {self.book.claim_timeout_s:g}s"))
+                                           error=f"no terminal update_attempt within {c.deadline - c.started:g}s"))
                 again = self.book.end(c, "timeout")
                 log.info("claim of %s (attempt %d) timed out%s", c.slot.rollout_id, c.attempt,
                          ": offered again" if again else ": no attempts left")
@@ -232,13 +232,23 @@ class TaskQueue:
     def _emit(self, event: RolloutEvent) -> bool:
         return self.transport.emit_encoded(event.rollout_id.encode(), encode(event))
 
+    def _record(self, event: RolloutEvent) -> bool:
+        """:meth:`_emit`, False also when the transport stopped on a fatal error (it says so in its log)."""
+        try:
+            return self._emit(event)
+        except ServiceError:
+            return False
+
     def dequeue(self, worker_id: str | None, limit: int = 1) -> list[dict[str, Any]]:
         """Up to ``limit`` rollouts for ``worker_id`` as ``AttemptedRollout`` dicts; [] when this replica
-        has none to offer. Each is committed (with its claim's mark) before it is handed out, and its
-        attempt STARTED on rb.spans."""
+        has none to offer. Each is committed (with its claim's mark) before it is handed out, and handed out
+        only once its attempt's STARTED is on its way to rb.spans: one the transport cannot take is offered
+        again, first. Raises :class:`KafkaUnavailable` when no STARTED could be recorded (the route's 503)."""
         self.start()
         now = time.time()
         with self._lock:
+            if not self.transport.accepting():
+                raise KafkaUnavailable("Kafka is unreachable and the local spool is full: no attempt can be started")
             taken = []
             while len(taken) < limit and (claim := self.book.take(worker_id, now=now)) is not None:
                 taken.append(claim)
@@ -248,8 +258,18 @@ class TaskQueue:
                 for c in reversed(taken):
                     self.book.untake(c)
                 return []
+            started, unrecorded = [], []
             for c in taken:
-                self._emit(self._event(c, "STARTED"))
+                (started if self._record(self._event(c, "STARTED")) else unrecorded).append(c)
+            for c in reversed(unrecorded):
+                self.book.untake(c)  # its commit's mark holds it a claim's time at most, should this replica stop
+        if unrecorded:
+            log.warning("%d rollouts not handed out: their STARTED could not be recorded (transport full or stopped)",
+                        len(unrecorded))
+            if not started:
+                raise KafkaUnavailable("the attempt's STARTED could not be recorded: Kafka is unreachable and the "
+                                       "local queue or spool is full")
+        taken = started
         for c in taken:
             log.info("rollout %s attempt %d (%s) handed to worker %s", c.slot.rollout_id, c.attempt, c.attempt_id, worker_id)
         return [attempted_rollout(c, now=now) for c in taken]
@@ -264,7 +284,8 @@ class TaskQueue:
         now = time.time_ns()
         for req in requests:
             rid = new_rollout_id()
-            task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or resources_id, now_ns=now)
+            task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or resources_id, now_ns=now,
+                                     defaults=self.book.defaults())
             self._producer.produce(self.topics.tasks, encode(task), rid.encode(),
                                    on_delivery=lambda err, _msg: failed.append(err) if err else None)
             replies.append(rollout_reply(task, rid))

@@ -141,3 +141,54 @@ def test_an_enqueued_rollout_comes_back_as_its_store_answers() -> None:
 def test_bad_enqueue_requests_say_why(body: object, reason: str) -> None:
     with pytest.raises(EnqueueError, match=reason):
         enqueue_requests(body)
+
+
+def enqueued(rid: str, config: dict | None, b: ClaimBook) -> Task:
+    [req] = enqueue_requests({"rollouts": [{"input": 1, "config": config}]})
+    return task_from_request(req, rollout_id=rid, resources_id=None, now_ns=0, defaults=b.defaults())
+
+
+def test_a_rollout_s_own_config_sets_its_attempts_and_its_claim_time() -> None:
+    b = book(timeout=10, max_attempts=2)
+    b.add(0, 0, enqueued("ro-own", {"max_attempts": 3, "timeout_seconds": 2.5, "retry_condition": ["timeout"]}, b), now=0)
+    b.add(0, 1, task("plain"), now=0)  # published by `rolloutbus tasks publish`: no config, the gateway's
+    own, plain = b.take("w", now=0), b.take("w", now=0)
+    assert (own.deadline, plain.deadline) == (2.5, 10.0)
+    assert b.expired(2.5) == [own]
+    for n in (1, 2):
+        assert b.end(own, "timeout") is True, f"attempt {n} of 3"
+        own = b.take("w", now=3)
+        assert own.attempt == n + 1 and own.deadline == 5.5
+    assert b.end(own, "timeout") is False, "three attempts, as its config says"
+    assert b.end(plain, "timeout") is True and b.end(b.take("w", now=11), "timeout") is False, "the gateway's two"
+
+
+def test_its_retry_condition_says_which_ends_are_offered_again() -> None:
+    b = book(max_attempts=2)
+    b.add(0, 0, enqueued("ro-t", {"max_attempts": 3, "retry_condition": ["timeout"]}, b), now=0)
+    b.add(0, 1, enqueued("ro-none", {"max_attempts": 3, "retry_condition": []}, b), now=0)  # RolloutConfig(max_attempts=3)
+    t, none = b.take("w", now=0), b.take("w", now=0)
+    assert b.end(t, "failed") is False, "a failed attempt is not in its retry_condition"
+    assert b.end(none, "timeout") is False, "an empty retry_condition retries nothing, as its store does"
+    assert b.committable(0) == 2
+
+
+def test_what_a_request_leaves_out_of_its_config_is_the_gateway_s_and_said_so() -> None:
+    b = book(timeout=10, max_attempts=2)
+    gateway = {"timeout_seconds": 10, "unresponsive_seconds": None, "max_attempts": 2, "retry_condition": ["failed", "timeout"]}
+    assert rollout_reply(enqueued("ro-1", None, b), "ro-1")["config"] == gateway
+    assert rollout_reply(enqueued("ro-2", {"max_attempts": 4, "timeout_seconds": None}, b), "ro-2")["config"] == {
+        **gateway, "max_attempts": 4}
+
+
+@pytest.mark.parametrize("config", [{"max_attempts": 0}, {"max_attempts": True}, {"max_attempts": "3"},
+                                    {"timeout_seconds": -1}, {"timeout_seconds": "1"}, {"retry_condition": "failed"}])
+def test_a_config_value_that_cannot_be_used_is_the_gateway_s(config: dict) -> None:
+    from producers.agl_claims import CONFIG
+
+    b = book(timeout=10, max_attempts=2)
+    t = task("x")
+    t.metadata[CONFIG] = json.dumps(config)
+    b.add(0, 0, t, now=0)
+    c = b.take("w", now=0)
+    assert c.deadline == 10 and c.slot.limits.max_attempts == 2 and c.slot.limits.retry_on == ("failed", "timeout")
