@@ -25,8 +25,9 @@ What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; t
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from producers.mapping import Attribution, MappingError, otel_to_span
@@ -148,10 +149,75 @@ def _resource(rv: ResourceVersion) -> dict[str, Any] | None:
     if rv.kind == "model":
         # An LLM the agent calls per rollout: with the proxy's base URL as its endpoint, Agent
         # Lightning's ProxyLLM makes {endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1 — the
-        # proxy's own route.
-        return {"resource_type": "proxy_llm", "endpoint": cfg.get("endpoint") or rv.uri,
-                "model": cfg.get("model") or rv.base_model or rv.name, "sampling_parameters": {}}
+        # proxy's own route. A plain ``llm`` is one add_resources published as such.
+        try:
+            sampling = json.loads(cfg["sampling_parameters"]) if cfg.get("sampling_parameters") else {}
+        except ValueError:
+            sampling = {}
+        out = {"resource_type": "llm" if cfg.get("resource_type") == "llm" else "proxy_llm",
+               "endpoint": cfg.get("endpoint") or rv.uri, "model": cfg.get("model") or rv.base_model or rv.name,
+               "sampling_parameters": sampling if isinstance(sampling, dict) else {}}
+        if cfg.get("api_key"):
+            out["api_key"] = cfg["api_key"]
+        return out
     return None  # Agent Lightning has no resource type for it
+
+
+ENGINES = ("jinja", "f-string", "poml")
+
+
+def versions_from_agl(body: Any, current: Mapping[str, ResourceVersion], *, now_ns: int) -> list[ResourceVersion]:
+    """``add_resources`` / ``update_resources``: Agent Lightning's ``NamedResources`` → the next version of each
+    named resource for rb.resources (one above the newest in ``current``, 1 for a new name). An LLM is a
+    ``model`` version (its endpoint, model, sampling parameters and API key in ``config``), a prompt template
+    a ``prompt_template`` one; the checkpoint (``uri``, ``base_model``, ``step``) of a model's previous
+    version is kept, so a serving process that follows rb.resources keeps its weights.
+
+    Raises :class:`MappingError` naming the first resource that is not one of its types."""
+    resources = _dict(body, "the request (NamedResources: {name: resource})")
+    if not resources:
+        raise MappingError("no resources given: the request is {name: resource}")
+    out = []
+    for name, res in resources.items():
+        res = _dict(res, f"resource {name!r}")
+        rtype = res.get("resource_type")
+        prev = current.get(name)
+        version = prev.version + 1 if prev is not None else 1
+        if rtype in ("llm", "proxy_llm"):
+            endpoint, model, key = res.get("endpoint"), res.get("model"), res.get("api_key")
+            if not isinstance(endpoint, str) or not isinstance(model, str):
+                raise MappingError(f"resource {name!r}: an {rtype} has a string endpoint and model")
+            if key is not None and not isinstance(key, str):
+                raise MappingError(f"resource {name!r}: api_key must be a string")
+            sampling = _dict(res.get("sampling_parameters"), f"resource {name!r}: sampling_parameters")
+            config = {"resource_type": rtype, "endpoint": endpoint, "model": model}
+            if sampling:
+                config["sampling_parameters"] = json.dumps(sampling)
+            if key:
+                config["api_key"] = key
+            kept = prev if prev is not None and prev.kind == "model" else None
+            out.append(ResourceVersion(name=name, version=version, kind="model", uri=kept.uri if kept else "",
+                                       base_model=kept.base_model if kept and kept.base_model else model,
+                                       step=kept.step if kept else 0, created_ns=now_ns, config=config))
+        elif rtype == "prompt_template":
+            template, engine = res.get("template"), res.get("engine")
+            if not isinstance(template, str) or engine not in ENGINES:
+                raise MappingError(f"resource {name!r}: a prompt_template has a string template and an engine, "
+                                   f"one of {list(ENGINES)}")
+            out.append(ResourceVersion(name=name, version=version, kind="prompt_template", created_ns=now_ns,
+                                       config={"template": template, "engine": engine}))
+        else:
+            raise MappingError(f"resource {name!r}: resource_type {rtype!r} is not one of llm, proxy_llm, prompt_template")
+    return out
+
+
+def newest(current: Mapping[str, ResourceVersion], versions: Iterable[ResourceVersion]) -> dict[str, ResourceVersion]:
+    """``current`` with each of ``versions`` that is newer than the one it has."""
+    out = dict(current)
+    for rv in versions:
+        if rv.name not in out or out[rv.name].version < rv.version:
+            out[rv.name] = rv
+    return out
 
 
 def resources_id(current: Mapping[str, ResourceVersion]) -> str:
@@ -209,6 +275,29 @@ def rollouts_from_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "metadata": {"task_id": latest["task_id"], "final_reward": latest["final_reward"]},
                     "attempt": attempt})
     return out
+
+
+FINISHED = ("succeeded", "failed", "cancelled")  # its is_finished()
+WAIT_CAP_S = 25.0  # a wait with no timeout: below its client's 30 s request timeout, so it gets an answer
+
+
+def check_wait(body: Any) -> tuple[list[str], float]:
+    """A ``WaitForRolloutsRequest`` → (rollout ids, seconds to wait: its timeout, at most :data:`WAIT_CAP_S`)."""
+    body = _dict(body, "the request")
+    ids, timeout = body.get("rollout_ids"), body.get("timeout")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise MappingError("rollout_ids must be a list of strings")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout)):
+        raise MappingError(f"timeout must be a number of seconds or null, got {timeout!r}")
+    return ids, WAIT_CAP_S if timeout is None else max(0.0, min(float(timeout), WAIT_CAP_S))
+
+
+def finished_rollouts(items: list[dict[str, Any]], rollout_ids: list[str]) -> list[dict[str, Any]]:
+    """``wait_for_rollouts``' answer: of ``rollout_ids``, in that order, the rollouts that finished, as its
+    ``Rollout`` (no attempt); unknown and unfinished ones are left out, as its store leaves them."""
+    by_id = {i["rollout_id"]: i for i in items if i["status"] in FINISHED}
+    return [{k: v for k, v in by_id[r].items() if k != "attempt"} for r in rollout_ids if r in by_id]
 
 
 def _matches(item: Mapping[str, Any], exact: Mapping[str, Any], contains: Mapping[str, Any], logic: str) -> bool:
@@ -304,4 +393,5 @@ def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = ["PREFIX", "TERMINAL", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
            "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
-           "worker_reply", "resources_update", "resources_id"]
+           "worker_reply", "resources_update", "resources_id", "versions_from_agl", "newest", "check_wait",
+           "finished_rollouts", "WAIT_CAP_S"]

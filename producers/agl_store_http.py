@@ -3,8 +3,9 @@
 The attempt-level calls its runner makes — health, spans, sequence ids, attempt updates, resources,
 worker heartbeats — mapped by :mod:`producers.agl_store`. Its OTLP endpoint (``/v1/traces``) is the
 gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``) is rb.tasks, claimed through
-:mod:`producers.agl_queue`; ``start_rollout`` starts an attempt the caller runs at once (no task). The
-other calls answer 501 naming the call.
+:mod:`producers.agl_queue`; ``start_rollout`` starts an attempt the caller runs at once (no task);
+``add_resources`` / ``update_resources`` publish versions on rb.resources; the reads and
+``wait_for_rollouts`` answer from ClickHouse. The other calls answer 501 naming the call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from aiohttp import web
 from foundation.errors import EncodeError, KafkaUnavailable
 from producers.agl_claims import EnqueueError, enqueue_requests, new_attempt_id, new_rollout_id
 from producers.agl_store import (
+    newest,
     PREFIX,
     ROLLOUT_COLUMNS,
     check_query,
@@ -33,8 +35,11 @@ from producers.agl_store import (
     attempt_from_row,
     attempt_reply,
     check_attempt_update,
+    check_wait,
     finished_from_update,
+    finished_rollouts,
     resources_update,
+    versions_from_agl,
     span_from_agl,
     worker_reply,
 )
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Resources = Callable[[], "dict[str, ResourceVersion] | None"]  # None: rb.resources not read to its end yet
+Publish = Callable[[Sequence[ResourceVersion]], None]  # onto rb.resources, delivered; raises KafkaUnavailable
 MAX_ROWS = 100_000  # rows one read takes from ClickHouse (filters it cannot push down run here)
 
 
@@ -67,6 +73,8 @@ class LightningStoreRoutes:
         self.resources = resources
         self.queue = queue  # None: the queue calls answer 501 (a gateway built without Kafka consumer settings)
         self.clickhouse: ClickHouseReader | None = None  # None: the reads answer 501
+        self.publish: Publish | None = None  # None: add_resources / update_resources answer 501
+        self.wait_poll_s = 0.5  # how often wait_for_rollouts reads ClickHouse
         self.token = token
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
@@ -90,6 +98,9 @@ class LightningStoreRoutes:
         r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}", self.update_attempt)
         r.add_get(f"{PREFIX}/resources/latest", self.latest_resources)
         r.add_get(f"{PREFIX}/resources/{{resources_id}}", self.resources_by_id)
+        r.add_post(f"{PREFIX}/resources", self.add_resources)
+        r.add_post(f"{PREFIX}/resources/{{resources_id}}", self.add_resources)  # update_resources: the same on the bus
+        r.add_post(f"{PREFIX}/waits/rollouts", self.wait_for_rollouts)
         r.add_post(f"{PREFIX}/workers/{{worker_id}}", self.update_worker)
         r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
 
@@ -207,7 +218,10 @@ class LightningStoreRoutes:
             return self._error(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
         if limit <= 0:
             return web.json_response([])
-        got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
+        except KafkaUnavailable as exc:
+            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
         return web.json_response(got)
 
     async def start_rollout(self, request: web.Request) -> web.Response:
@@ -372,6 +386,44 @@ class LightningStoreRoutes:
         wanted = request.match_info["resources_id"]
         return web.json_response(update if update is not None and update["resources_id"] == wanted else None)
 
+    async def add_resources(self, request: web.Request) -> web.Response:
+        """``add_resources`` and ``update_resources``: the next version of each named resource on rb.resources;
+        answers the ``ResourcesUpdate`` of the newest set (its id names the versions: ``policy=4,prompt=2``)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.publish is None:
+            return await self.not_on_the_bus(request)
+        current = self.resources()
+        if current is None:
+            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+        try:
+            versions = versions_from_agl(await self._json(request), current, now_ns=time.time_ns())
+        except MappingError as exc:
+            return self._error(422, f"not Agent Lightning's NamedResources: {exc}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.publish, versions)
+        except KafkaUnavailable as exc:
+            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+        log.info("published through the store API: %s", ", ".join(f"{v.name} v{v.version}" for v in versions))
+        update = resources_update(newest(current, versions))
+        return web.json_response(update, status=201 if "resources_id" not in request.match_info else 200)
+
+    async def wait_for_rollouts(self, request: web.Request) -> web.Response:
+        """``wait_for_rollouts``: the named rollouts that finished (ClickHouse's rollouts, read until all did
+        or its timeout passed; no timeout waits :data:`WAIT_CAP_S`)."""
+        async def answer(q: dict[str, Any]) -> Any:
+            ids, wait_s = check_wait(q)
+            deadline = time.monotonic() + wait_s
+            while True:
+                rows = await self._rollouts("rollout_id IN {ids:Array(String)}", {"ids": sorted(set(ids))}) if ids else []
+                done = finished_rollouts(rollouts_from_rows(rows), ids)
+                left = deadline - time.monotonic()
+                if len({r["rollout_id"] for r in done}) == len(set(ids)) or left <= 0:
+                    return done
+                await asyncio.sleep(min(self.wait_poll_s, left))
+
+        return await self._read(request, answer)
+
     async def update_worker(self, request: web.Request) -> web.Response:
         if (refused := self._refused(request)) is not None:
             return refused
@@ -386,8 +438,9 @@ class LightningStoreRoutes:
         call = f"{request.method} {request.path}"
         return self._error(501, f"{call} is not served by rolloutbus: the gateway serves the queue (queues/rollouts/enqueue, "
                                 "dequeue; rb.tasks), start_rollout, the calls of an attempt (spans, spans/next, "
-                                "rollouts/{id}/attempts/{id}, resources, workers/{id}), the reads of rollouts, attempts "
-                                "and spans (ClickHouse) and OTLP /v1/traces")
+                                "rollouts/{id}/attempts/{id}, resources, workers/{id}), add_resources and update_resources "
+                                "(rb.resources), the reads of rollouts, attempts and spans and wait_for_rollouts "
+                                "(ClickHouse) and OTLP /v1/traces")
 
 
 class FollowedResources:
@@ -397,17 +450,40 @@ class FollowedResources:
     def __init__(self, kafka_conf: dict[str, Any], topic: str) -> None:
         self.kafka_conf, self.topic = kafka_conf, topic
         self._follower: Any = None
+        self._producer: Any = None
+        self._published: dict[str, ResourceVersion] = {}  # what this replica published, until the follower reads it
 
     def __call__(self) -> dict[str, ResourceVersion] | None:
         if self._follower is None:
             from producers.runner import ResourceFollower
 
             self._follower = ResourceFollower(self.kafka_conf, self.topic).start()
-        return self._follower.current() if self._follower.ready.is_set() else None
+        if not self._follower.ready.is_set():
+            return None
+        return newest(self._follower.current(), list(self._published.values()))
+
+    def publish(self, versions: Sequence[ResourceVersion]) -> None:
+        """Each version onto rb.resources (keyed by its name), delivered before it returns; this replica answers
+        with them at once. Raises :class:`KafkaUnavailable` when Kafka did not take them."""
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer({**self.kafka_conf, "enable.idempotence": True, "log_level": 0})
+        failed: list[Any] = []
+        for rv in versions:
+            self._producer.produce(self.topic, encode(rv), rv.name.encode(),
+                                   on_delivery=lambda err, _msg: failed.append(err) if err else None)
+        left = self._producer.flush(30)
+        if left or failed:
+            raise KafkaUnavailable(f"{left or len(failed)} resource versions not delivered to {self.topic}: "
+                                   f"{failed[0] if failed else 'timed out'}")
+        self._published = newest(self._published, versions)
 
     def close(self) -> None:
         if self._follower is not None:
             self._follower.stop()
+        if self._producer is not None:
+            self._producer.flush(10)
 
 
 __all__ = ["LightningStoreRoutes", "FollowedResources"]

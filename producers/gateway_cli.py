@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
                       ended=clickhouse_ended(clickhouse) if clickhouse is not None else None)
     gw.agl_store.queue = queue
     gw.agl_store.clickhouse = clickhouse  # the reads (query_rollouts, get_rollout_by_id, ...) answer from ClickHouse
+    gw.agl_store.publish = resources.publish  # add_resources / update_resources: versions on rb.resources
     logging.getLogger(__name__).info(
         "gateway on %s://%s:%d/v1/traces → %s at %s", tls.scheme(ssl_context), s.gateway_host, s.gateway_port, s.topics.spans,
         s.bootstrap

@@ -7,7 +7,8 @@ more (tasks the test published on rb.tasks), fetches the latest resources, trace
 to the store's OTLP endpoint), turns the float the agent returns into a reward span (``/spans/next`` +
 ``/spans``) and ends each attempt (``update_attempt``). Then the client reads every rollout back
 (``get_rollout_by_id`` until it ended, ``query_rollouts``, ``query_attempts``, ``get_latest_attempt``,
-``query_spans``): the gateway answers them from ClickHouse.
+``query_spans``, ``wait_for_rollouts``): the gateway answers them from ClickHouse. Last it publishes an LLM
+(``add_resources``, then ``update_resources``) and reads the latest set back.
 
     python al_store_driver.py STORE_URL OUT EXTRA REWARD ...
 
@@ -28,7 +29,7 @@ from agentlightning.litagent import LitAgent
 from agentlightning.runner.agent import LitAgentRunner
 from agentlightning.store.client_server import LightningStoreClient
 from agentlightning.tracer.otel import OtelTracer
-from agentlightning.types import EnqueueRolloutRequest
+from agentlightning.types import LLM, EnqueueRolloutRequest
 
 SEEN: dict[str, dict[str, object]] = {}
 TURNS: dict[str, int] = {}
@@ -92,6 +93,15 @@ async def main(url: str, out: str, extra: int, rewards: list[float]) -> None:
         result["reads"][rid] = await reads(store, rid)
     page = await store.query_rollouts(rollout_id_in=list(SEEN), status_in=["succeeded"], sort_by="rollout_id")
     result["query_rollouts"] = {"ids": [r.rollout_id for r in page], "total": page.total}
+    waited = await store.wait_for_rollouts(rollout_ids=[*SEEN, "ro-unknown"], timeout=0.1)
+    result["waited"] = [(r.rollout_id, r.status) for r in waited]
+    judge = LLM(endpoint="http://judge:8000/v1", model="judge")
+    added = await store.add_resources({"judge": judge})
+    updated = await store.update_resources(added.resources_id, {"judge": judge})
+    result["added"] = [added.resources_id, added.version, added.resources["judge"].model_dump(mode="json")]
+    result["updated"] = [updated.resources_id, updated.version, updated.resources["judge"].model_dump(mode="json")]
+    latest = await store.get_latest_resources()
+    result["latest_after"] = latest.resources_id if latest else None
     json.dump(result, open(out, "w"))
     runner.teardown()
     await store.close()

@@ -1,10 +1,12 @@
 """Agent Lightning 0.3's own client and runner against the gateway as its LightningStore (``/v1/agl``): the
-store URL is the only change. Its client enqueues rollouts (task records on rb.tasks), its runner dequeues
+store URL is the only change, ``http://agl:<token>@gateway:port`` for a gateway with a token (its aiohttp
+client and its OTLP exporter send the URL's userinfo as HTTP Basic). Its client enqueues rollouts (task records on rb.tasks), its runner dequeues
 them and a group task published on rb.tasks, fetches resources from rb.resources; its tracer's spans and
 the reward span it makes of the agent's returned float land on rb.spans, its ``update_attempt`` ends each
 attempt; the stream worker stores them, the group task's two rollouts form a GRPO group whose rewards are
 those floats, and its client reads every rollout back, ended with its reward, from ClickHouse through the
-gateway.
+gateway, waits for them (``wait_for_rollouts``), and publishes resources (``add_resources``,
+``update_resources``) that the gateway then answers as the latest.
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ def env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
     proc.wait(30)
 
 
+TOKEN = "s3cret-agl"
+
+
 @pytest.fixture
 def store_url(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    # Its LightningStoreClient sends no token: this gateway has none (see README).
-    base, proc = start_gateway(env, tmp_path / "gw")
-    yield base
+    """The one URL its client is given: the gateway's, with the token as the password of its userinfo."""
+    base, proc = start_gateway(env, tmp_path / "gw", token=TOKEN)
+    yield base.replace("http://", f"http://agl:{TOKEN}@")
     proc.terminate()
     proc.wait(30)
 
@@ -66,8 +71,11 @@ def test_agent_lightning_client_and_runner_with_the_gateway_as_its_store(
                              config={"endpoint": PROXY})
     produce(kafka_conf, topics.resources, [("policy", codec.encode(policy))])
     assert requests.get(f"{agl}/health", timeout=5).json() == {"status": "ok"}
+    bare = agl.replace(f"agl:{TOKEN}@", "")
+    assert requests.get(f"{bare}/resources/latest", timeout=5).status_code == 401, "the token is needed"
     deadline = time.monotonic() + 30
-    while (resp := requests.get(f"{agl}/resources/latest", timeout=5)).status_code == 503:  # rb.resources being read
+    # rb.resources being read (503); null while its follower, ready after a first empty poll, has not fetched yet
+    while (resp := requests.get(f"{agl}/resources/latest", timeout=5)).status_code == 503 or resp.json() is None:
         assert time.monotonic() < deadline, resp.text
         time.sleep(0.5)
     assert resp.status_code == 200 and resp.json()["resources_id"] == "policy=1"
@@ -128,6 +136,18 @@ def test_agent_lightning_client_and_runner_with_the_gateway_as_its_store(
     want = [[r, "succeeded", "agl-store-task" if r in grouped else r, seen[r]["reward"], 3, []] for r in sorted(seen)]
     assert rows["ro"] == want, "each rollout finished with its reward in ClickHouse (an enqueued one is its own task)"
 
+    # It waited for them: all four finished (an unknown id is left out, as its store leaves it).
+    assert sorted(got["waited"]) == sorted([r, "succeeded"] for r in seen)
+    # Its add_resources / update_resources published versions on rb.resources, answered as the newest set.
+    assert got["added"][:2] == ["judge=1,policy=1", 1] and got["updated"][:2] == ["judge=2,policy=1", 2]
+    assert got["added"][2] == got["updated"][2] == {"resource_type": "llm", "endpoint": "http://judge:8000/v1",
+                                                    "model": "judge", "api_key": None, "sampling_parameters": {}}
+    assert got["latest_after"] == "judge=2,policy=1"
+    judged = [rec for _k, name, rec, _p in consume_all(kafka_conf, topics.resources, expect=3, timeout=30)
+              if rec["name"] == "judge"]
+    assert [(r["version"], r["kind"], r["config"]["endpoint"]) for r in judged] == [
+        (1, "model", "http://judge:8000/v1"), (2, "model", "http://judge:8000/v1")]
+
     # Calls with no meaning on the bus say so, naming the call.
-    resp = requests.post(f"{agl}/resources", json={}, timeout=5)
-    assert resp.status_code == 501 and "POST /v1/agl/resources" in resp.json()["detail"]
+    resp = requests.get(f"{agl}/resources", timeout=5)
+    assert resp.status_code == 501 and "GET /v1/agl/resources" in resp.json()["detail"]

@@ -8,7 +8,7 @@ import pytest
 
 from producers.agl_store import attempt_reply, check_attempt_update, finished_from_update, resources_update, span_from_agl
 from producers.mapping import MappingError
-from schemas.codec import decode, encode_raw
+from schemas.codec import decode, encode, encode_raw
 from schemas.models import ResourceVersion, Span
 
 # What its runner sends for a rollout that returned 0.5: Span.from_core_fields(emit_reward(0.5, propagate=False),
@@ -98,3 +98,58 @@ def test_resources_are_its_resources_update() -> None:
         "policy": {"resource_type": "proxy_llm", "endpoint": "http://proxy:8788/v1", "model": "tiny", "sampling_parameters": {}},
         "prompt": {"resource_type": "prompt_template", "template": "Q: {question}", "engine": "f-string"},
     }
+
+
+def test_add_resources_is_the_next_version_of_each_name_and_reads_back_as_given() -> None:
+    from producers.agl_store import newest, versions_from_agl
+
+    current = {"policy": ResourceVersion(name="policy", version=3, kind="model", uri="/ckpt/3", base_model="tiny", step=30,
+                                         created_ns=1, config={"endpoint": "http://proxy:8788/v1"})}
+    # What its client posts: TypeAdapter(NamedResources).dump_python(...), agentlightning 0.3.0.
+    body = {"policy": {"resource_type": "proxy_llm", "endpoint": "http://vllm:8000/v1", "model": "tiny-2", "api_key": None,
+                       "sampling_parameters": {"temperature": 0.7}},
+            "judge": {"resource_type": "llm", "endpoint": "http://judge/v1", "model": "big", "api_key": "k",
+                      "sampling_parameters": {}},
+            "prompt": {"resource_type": "prompt_template", "template": "Q: {q}", "engine": "jinja"}}
+    versions = versions_from_agl(body, current, now_ns=5 * 10**9)
+    assert [(v.name, v.version, v.kind) for v in versions] == [("policy", 4, "model"), ("judge", 1, "model"),
+                                                             ("prompt", 1, "prompt_template")]
+    policy = versions[0]
+    assert (policy.uri, policy.base_model, policy.step) == ("/ckpt/3", "tiny", 30), "its checkpoint is kept"
+    up = resources_update(newest(current, versions))
+    assert up is not None and up["resources_id"] == "judge=1,policy=4,prompt=1" and up["version"] == 4
+    no_key = {k: v for k, v in body["policy"].items() if k != "api_key"}  # a null api_key is not stored (its default)
+    assert up["resources"] == {**body, "policy": no_key}
+    for rv in versions:  # through the real codec
+        assert decode(encode(rv)) == rv
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({}, "no resources"),
+    ([], "JSON object"),
+    ({"m": {"resource_type": "tool"}}, "resource_type 'tool'"),
+    ({"m": {"resource_type": "llm", "endpoint": 1, "model": "x"}}, "string endpoint"),
+    ({"m": {"resource_type": "llm", "endpoint": "e", "model": "x", "sampling_parameters": [1]}}, "sampling_parameters"),
+    ({"p": {"resource_type": "prompt_template", "template": "t"}}, "engine"),
+    ({"p": 3}, "resource 'p'"),
+])
+def test_resources_that_are_not_its_types_say_why(body: Any, reason: str) -> None:
+    from producers.agl_store import versions_from_agl
+
+    with pytest.raises(MappingError, match=reason):
+        versions_from_agl(body, {}, now_ns=1)
+
+
+def test_a_wait_answers_the_finished_ones_in_the_order_asked_as_rollouts() -> None:
+    from producers.agl_store import WAIT_CAP_S, check_wait, finished_rollouts
+
+    items = [{"rollout_id": "a", "status": "succeeded", "attempt": {}}, {"rollout_id": "b", "status": "running", "attempt": {}},
+             {"rollout_id": "c", "status": "failed", "attempt": {}}]
+    assert finished_rollouts(items, ["c", "x", "b", "a"]) == [{"rollout_id": "c", "status": "failed"},
+                                                            {"rollout_id": "a", "status": "succeeded"}]
+    assert check_wait({"rollout_ids": ["a"], "timeout": 0.1}) == (["a"], 0.1)
+    assert check_wait({"rollout_ids": [], "timeout": None}) == ([], WAIT_CAP_S)
+    assert check_wait({"rollout_ids": ["a"], "timeout": -1}) == (["a"], 0.0)
+    for bad in ({"rollout_ids": "a"}, {"rollout_ids": ["a"], "timeout": "soon"}, {"rollout_ids": ["a"], "timeout": True}):
+        with pytest.raises(MappingError):
+            check_wait(bad)
