@@ -98,7 +98,7 @@ def extract_transitions(
     llm_call_match: str | re.Pattern[str] | None = None,
     exclude_llm_call_in_reward: bool = True,
 ) -> list[Step]:
-    """Each LLM call of the trajectory, in trajectory order, becomes one :class:`Step`.
+    """Each LLM call of the trajectory becomes one :class:`Step`, in ``sequence_id`` order.
 
     Which spans are LLM calls follows Agent Lightning's ``TracerTraceToTriplet``:
 
@@ -106,11 +106,21 @@ def extract_transitions(
     * one step per response id: a later span with the same ``request_id`` (a duplicate export, or the
       instrumentation's span of a call the proxy also recorded) is the same call; it only fills in
       token ids the first one lacks;
-    * an LLM span nested in a counted LLM call, with no response id of its own, is the same call;
+    * an LLM span nested in an LLM call, with no response id of its own, is that call (its outermost
+      one), whichever of the two came first: a nested span ends, so is exported and numbered, before
+      its parent;
+    * LLM spans without a response id that are not nested in one another (concurrent calls, siblings)
+      are separate calls, each its own step, whatever their token ids;
     * with ``exclude_llm_call_in_reward`` (default), an LLM call inside a reward span or reward
       operation (an LLM-as-judge) is not a step;
     * the agent of a step is its own ``agent_name`` or that of the nearest enclosing span that names
       one; ``agent_match`` (``re.search``) decides ``trained``.
+
+    Steps come in the order of their calls' ``sequence_id`` (a call nested in another: the outer one's),
+    not of their start times: sequence ids are the one order every producer and the span stage agree
+    on (the proxy numbers a call when it starts, the span stage numbers spans as they arrive), while
+    start times come from different clocks. Concurrent calls whose spans end out of order therefore
+    come out in the order they were numbered.
 
     An empty ``response_mask`` means every response token came from the policy (all ones).
     """
@@ -118,9 +128,7 @@ def extract_transitions(
     llm_pattern = _resolve(llm_call_match, llm_call_matcher)
     spans = trajectory.spans
     by_id = {s.span_id: s for s in spans} if any(s.parent_id for s in spans) else {}
-    steps: list[Step] = []
-    by_response: dict[str, Step] = {}
-    counted: set[str] = set()
+    calls: list[tuple[Span, list[Span]]] = []  # (an LLM call's span, its ancestors), in sequence order
     for span in spans:
         llm = span.llm
         if llm is None or (llm_pattern is not None and llm_pattern.search(span.name) is None):
@@ -128,18 +136,15 @@ def extract_transitions(
         ancestors = _ancestors(span, by_id) if by_id else []
         if exclude_llm_call_in_reward and any(is_reward_span(a) for a in ancestors):
             continue
-        rid = llm.request_id
-        same = by_response.get(rid) if rid else None
-        if same is None and not rid:
-            same = next((st for a in ancestors if (st := _step_of(a.span_id, steps, counted)) is not None), None)
-        if same is not None:
-            # The same call seen again: keep the first step, take token ids it does not have.
-            if not len(same.prompt_token_ids) and len(llm.prompt_token_ids):
-                same.prompt_token_ids = llm.prompt_token_ids
-            if not len(same.response_token_ids) and len(llm.response_token_ids):
-                same.response_token_ids, same.response_logprobs = llm.response_token_ids, llm.response_logprobs
-                same.response_mask = list(llm.response_mask) or [1] * len(llm.response_token_ids)
+        calls.append((span, ancestors))
+    owner = _owners(calls)
+    steps: list[Step] = []
+    step_of: dict[str, Step] = {}
+    for span, ancestors in calls:
+        if owner[span.span_id] is not span:
             continue
+        llm = span.llm
+        assert llm is not None
         agent = span.agent_name or next((a.agent_name for a in ancestors if a.agent_name), None)
         mask = list(llm.response_mask) or [1] * len(llm.response_token_ids)
         step = Step(
@@ -159,16 +164,50 @@ def extract_transitions(
             trained=is_trained(agent, pattern),
         )
         steps.append(step)
-        counted.add(span.span_id)
-        if rid:
-            by_response[rid] = step
+        step_of[span.span_id] = step
+    for span, _ in calls:
+        same = step_of[owner[span.span_id].span_id]
+        llm = span.llm
+        assert llm is not None
+        # The same call seen again: its step keeps its own, and takes token ids it does not have.
+        if not len(same.prompt_token_ids) and len(llm.prompt_token_ids):
+            same.prompt_token_ids = llm.prompt_token_ids
+        if not len(same.response_token_ids) and len(llm.response_token_ids):
+            same.response_token_ids, same.response_logprobs = llm.response_token_ids, llm.response_logprobs
+            same.response_mask = list(llm.response_mask) or [1] * len(llm.response_token_ids)
     return steps
 
 
-def _step_of(span_id: str, steps: list[Step], counted: set[str]) -> Step | None:
-    if span_id not in counted:
-        return None
-    return next((st for st in reversed(steps) if st.span_id == span_id), None)
+def _owners(calls: list[tuple[Span, list[Span]]]) -> dict[str, Span]:
+    """The span whose step each LLM call span is: the first with its response id; for one without, the
+    call it is nested in (the outermost); else itself."""
+    call_ids = {span.span_id for span, _ in calls}
+    first_with: dict[str, Span] = {}
+    for span, _ in calls:
+        rid = span.llm.request_id if span.llm is not None else None
+        if rid:
+            first_with.setdefault(rid, span)
+    ancestors_of = {span.span_id: ancestors for span, ancestors in calls}
+    spans = {span.span_id: span for span, _ in calls}
+    owner: dict[str, Span] = {}
+
+    def resolve(span_id: str) -> Span:
+        if span_id in owner:
+            return owner[span_id]
+        span = spans[span_id]
+        owner[span_id] = span  # for now: a parent cycle (broken ids) ends here instead of recursing forever
+        rid = span.llm.request_id if span.llm is not None else None
+        if rid:
+            got = first_with[rid]
+        else:
+            outer = next((a for a in ancestors_of[span_id] if a.span_id in call_ids), None)
+            got = resolve(outer.span_id) if outer is not None else span
+        owner[span_id] = got
+        return got
+
+    for span_id in spans:
+        resolve(span_id)
+    return owner
 
 
 __all__ = [

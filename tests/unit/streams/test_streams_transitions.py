@@ -1,5 +1,8 @@
+from typing import Any
+
 import pytest
 
+from schemas.models import Span
 from streams.assembly import assemble
 from streams.transitions import extract_transitions
 from tests.unit.streams.spans import llm, span, tool
@@ -25,3 +28,58 @@ def test_agent_match_marks_other_agents_untrained_but_keeps_them():
 def test_bad_agent_match_is_a_clear_error():
     with pytest.raises(ValueError, match="not a valid regular expression"):
         extract_transitions(assemble([llm(1)]), "t", agent_match="(")
+
+
+def call(seq: int, span_id: str, rid: str | None = None, **kw: Any) -> Span:
+    """An LLM call's span, with response id ``rid`` (None: the instrumentation recorded none)."""
+    s = llm(seq, span_id=span_id, **kw)
+    assert s.llm is not None
+    return s.model_copy(update={"llm": s.llm.model_copy(update={"request_id": rid})})
+
+
+def test_concurrent_calls_whose_spans_end_out_of_order_come_out_in_sequence_order() -> None:
+    # Two calls of one agent at once: B started after A (start 1010 > 1005) but ended first, so it was
+    # exported and numbered first (seq 2). Steps follow the numbering, each with its own tokens.
+    agent = span(4, span_id="agent", name="agent", agent_name="solver")
+    a = call(3, "A", "resp-a", prompt=[1, 2], response=[10], parent_id="agent", start_time_ns=1005)
+    b = call(2, "B", "resp-b", prompt=[1, 3], response=[20], parent_id="agent", start_time_ns=1010)
+    steps = extract_transitions(assemble([a, agent, b]), "t")
+    assert [(s.span_id, s.turn, s.sequence_id) for s in steps] == [("B", 0, 2), ("A", 1, 3)]
+    assert [list(s.response_token_ids) for s in steps] == [[20], [10]]
+    # Numbered when they started (the proxy with its sequence header): start order, by the same rule.
+    a2, b2 = a.model_copy(update={"sequence_id": 2}), b.model_copy(update={"sequence_id": 3})
+    assert [s.span_id for s in extract_transitions(assemble([a2, agent, b2]), "t")] == ["A", "B"]
+
+
+@pytest.mark.parametrize("parent_is_llm_call", [False, True])
+def test_sibling_calls_without_a_response_id_are_neither_merged_nor_dropped(parent_is_llm_call: bool) -> None:
+    parent = call(9, "turn", "resp-turn") if parent_is_llm_call else span(9, span_id="turn", name="agent.turn")
+    calls = [call(seq, f"c{seq}", prompt=[1, 2], response=[7], parent_id="turn") for seq in (1, 2, 3)]
+    steps = extract_transitions(assemble([*calls, parent]), "t")
+    if parent_is_llm_call:  # nested in a call: that call, as its adapter counts them (within_llm_call)
+        assert [s.span_id for s in steps] == ["turn"]
+    else:
+        assert [s.span_id for s in steps] == ["c1", "c2", "c3"], "the same tokens, three calls"
+
+
+def test_a_nested_span_of_one_call_is_that_call_even_when_it_was_numbered_first() -> None:
+    # The instrumented client's span (no response id) inside the framework's span of the call: it ends, so it
+    # is numbered, before its parent; it is still one call, the outer span's, filled in with the inner's tokens.
+    inner = call(3, "inner", None, prompt=[5, 6], response=[8, 9], parent_id="outer")
+    outer = call(4, "outer", "resp-1", prompt=[], response=[])
+    sibling = call(5, "next", "resp-2")
+    steps = extract_transitions(assemble([inner, outer, sibling]), "t")
+    assert [(s.span_id, s.sequence_id, s.turn) for s in steps] == [("outer", 4, 0), ("next", 5, 1)]
+    assert (list(steps[0].prompt_token_ids), list(steps[0].response_token_ids)) == ([5, 6], [8, 9])
+    assert steps[0].response_mask == [1, 1]
+
+
+def test_a_nested_span_with_a_response_id_of_its_own_is_its_own_call() -> None:
+    outer = call(2, "outer", None)
+    inner = call(1, "inner", "resp-in", parent_id="outer")
+    assert [s.span_id for s in extract_transitions(assemble([inner, outer]), "t")] == ["inner", "outer"]
+
+
+def test_spans_whose_parents_form_a_cycle_end_without_recursing_forever() -> None:
+    a, b = call(1, "x", None, parent_id="y"), call(2, "y", None, parent_id="x")
+    assert 1 <= len(extract_transitions(assemble([a, b]), "t")) <= 2
