@@ -177,7 +177,7 @@ def versions_from_agl(body: Any, current: Mapping[str, ResourceVersion], *, now_
     resources = _dict(body, "the request (NamedResources: {name: resource})")
     if not resources:
         raise MappingError("no resources given: the request is {name: resource}")
-    out = []
+    out: list[ResourceVersion] = []
     for name, res in resources.items():
         res = _dict(res, f"resource {name!r}")
         rtype = res.get("resource_type")

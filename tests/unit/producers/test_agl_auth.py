@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
 
 import pytest
 from aiohttp import encode_basic_auth
@@ -13,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from producers.gateway import SERVER_OPTIONS, Gateway
 from producers.gateway_auth import authorized
+from tests.unit.producers.memory_transport import MemoryTransport
 
 
 def basic(user: str, password: str) -> str:
@@ -44,23 +44,6 @@ def test_the_token_as_bearer_or_as_a_basic_password(header: str, ok: bool) -> No
 
 def test_a_token_with_a_colon_is_the_whole_password() -> None:
     assert authorized(basic("agl", "a:b"), "a:b") and not authorized(basic("agl", "a"), "a:b")
-
-
-class MemoryTransport:
-    kafka_up = True
-
-    def __init__(self) -> None:
-        self.records: list[tuple[bytes, bytes]] = []
-
-    def accepting(self, nbytes: int = 0) -> bool:
-        return True
-
-    def emit_encoded(self, key: bytes, value: bytes) -> bool:
-        self.records.append((key, value))
-        return True
-
-    def stats(self) -> dict[str, Any]:
-        return {"spool_pending": 0}
 
 
 OTLP = b'{"resourceSpans": []}'

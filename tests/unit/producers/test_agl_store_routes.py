@@ -14,20 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from foundation.errors import KafkaUnavailable
 from producers.agl_store_http import LightningStoreRoutes
 from schemas.models import ResourceVersion
-
-
-class MemoryTransport:
-    kafka_up = True
-
-    def __init__(self) -> None:
-        self.records: list[tuple[bytes, bytes]] = []
-
-    def accepting(self, nbytes: int = 0) -> bool:
-        return True
-
-    def emit_encoded(self, key: bytes, value: bytes) -> bool:
-        self.records.append((key, value))
-        return True
+from tests.unit.producers.memory_transport import MemoryTransport
 
 
 class Rollouts:

@@ -1,0 +1,24 @@
+"""An in-memory stand-in for the gateway's span transport (no broker), for the route tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MemoryTransport:
+    """Takes every record (kept in ``records``); Kafka is up."""
+
+    kafka_up = True
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+
+    def accepting(self, nbytes: int = 0) -> bool:
+        return True
+
+    def emit_encoded(self, key: bytes, value: bytes) -> bool:
+        self.records.append((key, value))
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"spool_pending": 0}
