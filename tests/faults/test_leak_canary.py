@@ -2,11 +2,13 @@
 
 Every secret the processes hold is set to a unique random string: the ClickHouse writer's and analyst's
 passwords, a wrong password given on purpose, the Kafka SASL password, the gateway token, the metrics
-token, the LLM proxy's token and its upstream key (in the upstream URL as ``user:key@``). Then the
-store, the gateway, the stream worker and the proxy run for real and are driven through what works and
-what fails: right and wrong tokens, bad bodies, SQL errors, a wrong ClickHouse password, Kafka
-unreachable, a dead upstream. Every answer (status line, headers, body) and every line each process
-wrote is kept; none may contain any canary.
+token, the LLM proxy's token and its upstream key (in the upstream URL as ``user:key@``), the policy
+server's and the dashboard's tokens. Then the store, the gateway, the stream worker, the proxy, the
+policy server (``rolloutbus serve``) and the dashboard run for real and are driven through what works
+and what fails: right and wrong tokens, bad bodies, SQL errors, a wrong ClickHouse password (in the
+DSN's ``user:password@`` and ``?password=`` forms, and a lone ``token@``), Kafka unreachable, a dead
+upstream. Every answer (status line, headers, body) and every line each process wrote is kept; none may
+contain any canary.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from tests.integration.serverprocs import wait_http
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 CANARY = {name: f"canary-{name}-{secrets.token_hex(8)}" for name in
-          ("ch-writer", "ch-analyst", "ch-wrong", "kafka-sasl", "gateway-token", "metrics-token", "proxy-token", "upstream-key")}
+          ("ch-writer", "ch-analyst", "ch-wrong", "kafka-sasl", "gateway-token", "metrics-token", "proxy-token", "upstream-key",
+           "serve-token", "dashboard-token")}
 # The forms they travel in count too: the upstream's user:key as Basic auth, the writer's as Basic auth.
 BASIC_UPSTREAM = base64.b64encode(f"user:{CANARY['upstream-key']}".encode()).decode()
 DERIVED = {"upstream-key as Basic": BASIC_UPSTREAM,
@@ -274,3 +277,77 @@ def _cli() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "rolloutbus.cli"]  # run in ROOT: the package is importable there
+
+
+def test_no_secret_leaks_from_serve_or_the_dashboard(secret_env: dict[str, str], the_store: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    SEEN.clear()
+    # The store's password only in each DSN tried below (a password variable would override the DSN's).
+    env = {k: v for k, v in secret_env.items() if k not in ("ROLLOUTBUS_CLICKHOUSE_DSN", "ROLLOUTBUS_CLICKHOUSE_PASSWORD")}
+    port = the_store.rsplit(":", 1)[1]
+
+    # ---- the policy server with the tiny model: a token, bad tokens, bad bodies
+    sport, slog = free_port(), tmp_path / "serve.log"
+    serve = py({**env, "ROLLOUTBUS_SERVE_TOKEN": CANARY["serve-token"], "ROLLOUTBUS_SERVE_PORT": str(sport)},
+               "-m", "rolloutbus.cli", "serve", "--model", "tiny", "--no-follow", "--threads", "1", log=slog)
+    sbase = f"http://127.0.0.1:{sport}"
+    wait_http(sbase + "/healthz", serve, slog, timeout=120)
+    good = {"Authorization": f"Bearer {CANARY['serve-token']}"}
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "5 3 gain"}], "max_tokens": 3}
+    r = answer("serve chat", requests.post(sbase + "/v1/chat/completions", json=chat, headers=good, timeout=60))
+    assert r.status_code == 200, r.text
+    answer("serve stream", requests.post(sbase + "/v1/completions", json={"prompt": "5 3", "max_tokens": 2, "stream": True},
+                                         headers=good, timeout=60))
+    for label, headers in (("no token", {}), ("wrong token", {"Authorization": "Bearer nope"}),
+                           ("token as Basic", {"Authorization": f"Basic {CANARY['serve-token']}"})):
+        answer(f"serve {label}", requests.post(sbase + "/v1/chat/completions", json=chat, headers=headers, timeout=30))
+    for label, body in (("not JSON", b"{"), ("nested", b"[" * 100_000), ("bad n", b'{"messages": [], "n": 1000}'),
+                        ("bad prompt", b'{"prompt": [-1, 99999999999]}'), ("NaN", b'{"prompt": "x", "temperature": NaN}')):
+        for route in ("/v1/chat/completions", "/v1/completions"):
+            answer(f"serve {label} {route}", requests.post(sbase + route, data=body, timeout=30,
+                                                           headers={**good, "Content-Type": "application/json"}))
+    for path in ("/healthz", "/v1/models", "/metrics", "/nowhere"):
+        answer(f"serve GET {path}", requests.get(sbase + path, headers=good, timeout=30))
+    stop(serve, slog, "serve log")
+
+    # ---- the dashboard: its token, the store's passwords in the DSN (each form), the analyst's password,
+    # a scrape target and Kafka (SASL) it cannot reach
+    dead = free_port()
+    dsns = {"password in the DSN": f"http://rolloutbus:{CANARY['ch-writer']}@127.0.0.1:{port}",
+            "wrong password as ?password=": f"http://127.0.0.1:{port}/?user=rolloutbus&password={CANARY['ch-wrong']}",
+            "a lone token@": f"http://{CANARY['ch-wrong']}@127.0.0.1:{port}"}
+    dtok = {"Authorization": f"Bearer {CANARY['dashboard-token']}"}
+    from foundation.clickhouse import open_store
+
+    open_store(dsns["password in the DSN"], "rolloutbus").close()  # the tables, so that the panels and SQL answer
+    for label, dsn in dsns.items():
+        dport, dlog = free_port(), tmp_path / f"dashboard-{len(SEEN)}.log"
+        dash = py({**env, "ROLLOUTBUS_CLICKHOUSE_DSN": dsn,
+                   "ROLLOUTBUS_DASHBOARD_TOKEN": CANARY["dashboard-token"], "ROLLOUTBUS_DASHBOARD_PORT": str(dport),
+                   "ROLLOUTBUS_DASHBOARD_ANALYST_USER": "analyst", "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD": CANARY["ch-analyst"],
+                   "ROLLOUTBUS_DASHBOARD_SCRAPE": f"http://127.0.0.1:{dead}/metrics?token={CANARY['metrics-token']}",
+                   "ROLLOUTBUS_KAFKA_BOOTSTRAP": f"127.0.0.1:{dead}", "ROLLOUTBUS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                   "ROLLOUTBUS_KAFKA_SASL_MECHANISM": "PLAIN"},
+                  "-m", "rolloutbus.cli", "-v", "dashboard", log=dlog)
+        dbase = f"http://127.0.0.1:{dport}"
+        wait_http(dbase + "/healthz", dash, dlog)
+        config = answer(f"dashboard ({label}) config", requests.get(dbase + "/api/config", headers=dtok, timeout=30))
+        assert config.status_code == 200 and "127.0.0.1" in config.json()["clickhouse"], config.text
+        for path in ("/", "/healthz", "/api/learning", "/api/pipeline", "/api/rollouts", "/api/rollouts?limit=abc",
+                     "/api/rollout/ro-canary", "/static/../settings.py", "/nowhere"):
+            answer(f"dashboard ({label}) GET {path}", requests.get(dbase + path, headers=dtok, timeout=30))
+        for sql in ("SELECT currentUser()", "SELECT * FROM nowhere WHERE", "CREATE TABLE t (a Int8) ENGINE = Memory",
+                    "SELECT name, value FROM system.settings WHERE changed"):
+            r = answer(f"dashboard ({label}) SQL {sql}", requests.post(dbase + "/api/sql", json={"sql": sql}, headers=dtok,
+                                                                       timeout=30))
+            if sql == "SELECT currentUser()" and label == "password in the DSN":
+                assert r.status_code == 200, r.text  # the SQL box works as the analyst
+        answer(f"dashboard ({label}) SQL bad body", requests.post(dbase + "/api/sql", data=b"{", headers=dtok, timeout=30))
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            answer(f"dashboard ({label}) {headers or 'no token'}", requests.get(dbase + "/api/config", headers=headers, timeout=30))
+        stop(dash, dlog, f"dashboard ({label}) log")
+
+    assert_no_canary()
+    with capsys.disabled():
+        print(f"\ncanary leak check (serve, dashboard): {len(SEEN)} answers and logs "
+              f"({sum(len(t) for _w, t in SEEN)} characters), none leaked")
