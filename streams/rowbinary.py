@@ -29,6 +29,9 @@ _TRUE = b"\x01"
 _EMPTY = b"\x00"  # an empty array or map: length 0
 _I64_2 = struct.Struct("<qq").pack
 _TAIL = struct.Struct("<?iqq").pack  # late, kafka_partition, kafka_offset, ingested_ns
+# The last four columns of a ``spans`` row (late, kafka_partition, kafka_offset, ingested_ns): the
+# compiled decoder (native/) builds the rest of the row, the stage appends these once it knows them.
+span_tail = _TAIL
 _NO_LLM = _NULL + _EMPTY * 3 + _NULL  # model, prompt/response ids, logprobs, resource_version
 _NO_REWARD = _NULL + _EMPTY  # reward, reward_dimensions
 _NO_TOOL = _NULL * 5
@@ -151,4 +154,4 @@ def transition(step: Any, group: str, credit: str, updated_ns: int) -> bytes:
     ))
 
 
-__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "span", "transition", "varint"]
+__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "span", "span_tail", "transition", "varint"]

@@ -5,6 +5,10 @@ the faust worker's event loop, and keeps each partition's in-flight attempts in 
 (:mod:`streams.attempts`, which explains why that is durable). A completed attempt's summary goes,
 keyed by its group id, to ``<prefix>rollouts-done``, where the faust group stage picks it up.
 
+Per record, the common span takes the compiled decoder (``native/``, :func:`native_decoder`): decode,
+checks, span view and ``spans`` row in one pass. Everything else, and everything where it is not
+installed, takes the Python path, the reference for its results and for every dead letter.
+
 Delivery: offsets are committed only at a commit point, after the sink flushed every row the
 records below them produced and the producer delivered every summary, dead letter and changelog
 entry they caused. A crash replays from the last commit; see :mod:`streams.attempts`.
@@ -24,7 +28,7 @@ from prometheus_client import Counter, Gauge
 from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.checks import check_span
-from schemas.models import DeadLetter, RolloutEventType
+from schemas.models import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, UNNUMBERED, DeadLetter, RolloutEventType
 from streams.attempts import Attempt, Key, PartitionState, span_view
 from streams.grouping import group_id
 from streams.rollout import RolloutResult, Settings, finish_attempt
@@ -45,6 +49,38 @@ _EVENT_COUNTERS = {e: EVENTS_IN.labels(e.value) for e in RolloutEventType}
 SEP = "\x1f"
 _SPAN = "rolloutbus.Span"
 _NAMES = (_SPAN, "rolloutbus.RolloutEvent")
+
+
+def native_decoder() -> Any | None:
+    """The compiled span decoder (``native/``, import name ``rolloutbus_native``), or ``None``.
+
+    It does the per-record work of the common span (decode, checks, view, ``spans`` row head) in one
+    pass; every other record, and any span it finds unusual or refused, takes the Python path,
+    which stays the reference (tests compare the two). Without it (no Rust toolchain where the
+    project was set up) the stage runs the Python path and says so once."""
+    global _NATIVE_SAID
+    try:
+        import rolloutbus_native
+    except ImportError as exc:
+        if not _NATIVE_SAID:
+            _NATIVE_SAID = True
+            log.warning("span stage: the compiled decoder is not installed (%s); spans take the Python path, "
+                        "about twice the CPU per span (make setup builds it with cargo: see native/README.md)", exc)
+        return None
+    import array
+    import types
+
+    try:  # built for another Span schema (span.avsc changed, native/ not rebuilt): refused
+        return rolloutbus_native.SpanDecoder(codec.schema_set().fingerprints[_SPAN], MAX_ATTRIBUTES,
+                                             MAX_ATTRIBUTE_VALUE_BYTES, types.SimpleNamespace, array.array)
+    except ValueError as exc:
+        if not _NATIVE_SAID:
+            _NATIVE_SAID = True
+            log.warning("span stage: %s; spans take the Python path until it is (make setup)", exc)
+        return None
+
+
+_NATIVE_SAID = False
 
 
 def dead_letter_reason(exc: Exception) -> str:
@@ -101,6 +137,7 @@ class SpanStage:
         completed_retention_s: float = 3600.0,
         session_timeout_s: float = 10.0,
         batch: int = 5000,
+        native: bool = True,
     ) -> None:
         self.kafka_conf = kafka_conf
         self.group = group
@@ -112,6 +149,8 @@ class SpanStage:
         self.rollout_timeout_s = rollout_timeout_s
         self.retention_ns = int(completed_retention_s * 1e9)
         self.batch = batch
+        # native=False: the Python path only (the reference; tests compare the two)
+        self.decoder = native_decoder() if native else None
         self.parts: dict[int, PartitionState] = {}
         self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0, "assigned": 0}
         self.consumer = Consumer({
@@ -227,7 +266,9 @@ class SpanStage:
         now = time.monotonic()
         ingested_ns = time.time_ns()
         spans = late = 0
-        for msg in msgs:
+        # The compiled decoder's (span view, row head) per record, None where the Python path does it.
+        fast: list[Any] = self.decoder.decode([m.value() for m in msgs]) if self.decoder is not None else [None] * len(msgs)
+        for msg, done in zip(msgs, fast):
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.spans_topic, msg.error())
@@ -236,24 +277,33 @@ class SpanStage:
             if st is None:  # revoked while this batch was fetched
                 continue
             offset = msg.offset()
-            try:
-                name, d = codec.decode_raw(msg.value(), _NAMES)
-                if name == _SPAN:
-                    check_span(d)
-                    record: Any = span_view(d)
-                else:
-                    record = codec.from_avro(name, d)
-            except (DecodeError, ValidationError) as exc:
-                if offset >= st.sunk_below:
-                    self.dead_letter(msg, dead_letter_reason(exc), str(exc))
-                st.skip(offset)
-                continue
+            record: Any
+            head: bytes | None = None
+            if done is not None:
+                name = _SPAN
+                record, head = done
+                if record.sequence_id == UNNUMBERED:
+                    head = None  # the stage may number it (sequence id, attribute): its row is built below
+            else:
+                try:
+                    name, d = codec.decode_raw(msg.value(), _NAMES)
+                    if name == _SPAN:
+                        check_span(d)
+                        record = span_view(d)
+                    else:
+                        record = codec.from_avro(name, d)
+                except (DecodeError, ValidationError) as exc:
+                    if offset >= st.sunk_below:
+                        self.dead_letter(msg, dead_letter_reason(exc), str(exc))
+                    st.skip(offset)
+                    continue
             try:
                 if name == _SPAN:
                     write, is_late, ready = st.on_span(record, offset, now)
                     if write:
-                        self.sink.add_encoded("spans", rowbinary.span(record, st.partition, offset, is_late, ingested_ns),
-                                              (self.spans_topic, st.partition, offset))
+                        row = (head + rowbinary.span_tail(is_late, st.partition, offset, ingested_ns) if head is not None
+                               else rowbinary.span(record, st.partition, offset, is_late, ingested_ns))
+                        self.sink.add_encoded("spans", row, (self.spans_topic, st.partition, offset))
                     else:
                         self.stats["replayed"] += 1
                     spans += 1
