@@ -43,7 +43,12 @@ BENCHES = [
     Bench("ingest", "bench_streams.py", ["--json", "--ingest-workload"], ["--json", "--ingest-workload"], timeout_s=120),
     Bench("agentlightning", "agentlightning_store.py", ["--json"], ["--json"], timeout_s=420),
     Bench("paths", "bench_paths.py", ["--json", "--sizes", "1000,10000,100000"], ["--json", "--quick"], timeout_s=420),
+    # rolloutbus (gateway + stream worker + store) against Agent Lightning 1.0.2's server and 0.3.0's store, CPU until
+    # queryable. The full run (1k/10k/100k, both mixes, three systems) takes about an hour on 2 busy cores.
+    Bench("e2e", "bench_e2e.py", ["--json", "--sizes", "1000,10000,100000", "--mixes", "default,llm"],
+          ["--json", "--sizes", "1000", "--mixes", "default"], timeout_s=7200),
 ]
+E2E_SIZES = (1000, 10_000)  # with --spans N the e2e bench runs these below N, then N: how cost per span grows
 SPANS_PER_ROLLOUT = 16  # bench/workload.py's rollouts, as the ingest and Agent Lightning benches send them
 
 
@@ -54,6 +59,9 @@ def sized_args(b: Bench, quick: bool, spans: int | None) -> list[str]:
         return args
     if b.name == "paths":
         return ["--json", "--spans", str(spans)] + (["--repeat", "1"] if quick else [])
+    if b.name == "e2e":
+        sizes = [n for n in E2E_SIZES if n < spans] + [spans]
+        return ["--json", "--sizes", ",".join(map(str, sizes)), "--mixes", "default" if quick else "default,llm"]
     if b.name in ("ingest", "agentlightning"):
         return [*args, "--rollouts", str(max(1, round(spans / SPANS_PER_ROLLOUT))), "--spans-per-rollout", str(SPANS_PER_ROLLOUT)]
     return args
@@ -78,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_one(b: Bench, quick: bool, env: dict[str, str], spans: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(BENCH / b.file), *sized_args(b, quick, spans)]
-    if spans and b.name in ("ingest", "agentlightning", "paths"):
+    if spans and b.name in ("ingest", "agentlightning", "paths", "e2e"):
         b = Bench(b.name, b.file, b.args, b.quick_args, b.json, max(b.timeout_s, int(b.timeout_s * spans / 10_000)))
     started = time.monotonic()
     print(f"rolloutbus bench: {b.name} ({' '.join(cmd[1:])}) ...", file=sys.stderr, flush=True)
@@ -204,6 +212,21 @@ def build_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, 
         add("ingest per CPU-s: our producer vs Agent Lightning's server", ratio, shown, "≥ 50×",
             ratio is not None and ratio >= 50, "ingest")
 
+    e2e = results.get("e2e", {}).get("json", {})
+    em = e2e.get("metrics", {})
+    if "e2e" in results:
+        ours, al1, al03 = (em.get(f"e2e_{k}_spans_per_cpu_s") for k in ("rolloutbus", "al1", "al03"))
+        n = em.get("e2e_spans")
+        r1 = ours / al1 if ours and al1 else None
+        r3 = ours / al03 if ours and al03 else None
+        add(f"end to end per CPU-s vs Agent Lightning 1.0.2's server ({_fmt(n)} spans, default mix)", r1,
+            f"{_fmt(r1, '×', 1)} ({_fmt(ours)} vs {_fmt(al1)} spans per CPU-s; vs 0.3.0's store {_fmt(r3, '×', 1)}, {_fmt(al03)})",
+            "≥ 50×", r1 is not None and r1 >= 50, "e2e")
+        v = em.get("e2e_finished_to_queryable_p99_s")
+        add(f"FINISHED → queryable p50 / p99 under the e2e load (s, {_fmt(n)} spans)", v,
+            f"{_fmt(em.get('e2e_finished_to_queryable_p50_s'), digits=2)} / {_fmt(v, digits=2)}", "p99 ≤ 2",
+            v is not None and v <= 2, "e2e")
+
     paths = results.get("paths", {}).get("json", {}).get("metrics", {})
     for key, label, target in (("sdk", "SDK emit + encode", 100_000), ("gateway", "gateway OTLP → Avro", 60_000),
                                ("stage", "span stage Avro → rows", 60_000)):
@@ -288,7 +311,9 @@ def write_results(out_dir: Path, rows: list[tuple[str, str, str, str]], info: di
         j = r.get("json")
         if j:
             parts += [f"- {n}" for n in j.get("notes", [])]
-            parts += ["", "```json", json.dumps(j, indent=1, default=str)[:6000], "```"]
+            if j.get("table"):
+                parts += ["", j["table"]]
+            parts += ["", "```json", json.dumps({k: v for k, v in j.items() if k != "table"}, indent=1, default=str)[:20000], "```"]
         elif r.get("text"):
             parts += ["```", r["text"][-4000:], "```"]
         parts.append("")

@@ -1,0 +1,693 @@
+"""End to end, side by side: the same workload's spans into rolloutbus (gateway + stream worker + store),
+Agent Lightning 1.0.2's server and Agent Lightning 0.3.0's store, each charged the CPU of all its
+processes from the first request until every span can be read back. Prints a table; not a timed test.
+
+    python bench/bench_e2e.py [--sizes 1000,10000,100000] [--mixes default,llm]
+                              [--systems rolloutbus,al1,al03] [--json]
+
+For each size N (whole rollouts of 16 spans) and each mix (``default``: bench/workload.py's quarter-LLM
+mix with 1,000-token prompts; ``llm``: every span between the user message and the reward an LLM call,
+14 of 16), the same seeded workload goes to:
+
+- **rolloutbus** — ``rolloutbus store`` (ClickHouse engine over HTTP), ``rolloutbus process`` (the stream
+  worker, writing to that store) and ``rolloutbus gateway``, three processes on one Kafka broker.
+  A load generator (its own process, not charged) posts the workload as OTLP/HTTP protobuf bodies of
+  512 spans (32 whole rollouts, as an OpenTelemetry batch exporter sends them) over 4 connections, and
+  after each body's 200 ends those 32 attempts the Agent Lightning 0.3 way (``POST
+  /v1/agl/rollouts/{id}/attempts/{id}`` ``{"status": "succeeded"}``). Charged: utime+stime of the three
+  processes and their children, from the first request until ``SELECT count() FROM spans FINAL`` reaches
+  N and every rollout's row is in ``rollouts``. The broker's CPU over the same window is shown beside.
+  FINISHED → queryable: from the 200 of a rollout's update to the poll that first saw its ``rollouts``
+  row (polled every 0.2 s: an upper bound by up to one poll).
+- **Agent Lightning 1.0.2** — ``agl-server`` (its store: module-level dicts), fed by its own
+  ``AgentLightningAsyncClient``, one event per span (it has no OTLP or batch endpoint), 16 runners at
+  once (``agentlightning_store.py``'s driver). Charged: the server's CPU until the last event's reply
+  (its events are readable once answered); then every rollout's events are read back and counted.
+- **Agent Lightning 0.3.0** — ``agl store --backend memory`` (``LightningStoreServer`` over
+  ``InMemoryLightningStore``), fed the same OTLP bodies at its ``/v1/traces`` by the same load generator,
+  and the same attempt updates. Its store only takes spans of rollouts it created, so the rollouts are
+  created first (``POST /v1/agl/rollouts``, not charged) and the bodies carry its rollout and attempt ids
+  instead of ours (same lengths within a few bytes). Charged: the server's CPU until the last reply; then
+  every rollout's spans are read back (``GET /v1/agl/spans``) and counted.
+
+Neither Agent Lightning store keeps anything across a restart (both in memory); rolloutbus's spans are in
+Kafka (replayable) and in ClickHouse's MergeTree files. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+
+from workload import SynthSpan, WorkloadSpec, iter_rollouts  # noqa: E402
+
+SPANS_PER_ROLLOUT = 16
+BODY_ROLLOUTS = 32  # 512 spans per OTLP request
+CONNECTIONS = 4
+MIXES = {"default": 0.25, "llm": 1.0}
+SYSTEMS = ("rolloutbus", "al1", "al03")
+LABELS = {"rolloutbus": "rolloutbus (gateway + worker + store)", "al1": "Agent Lightning 1.0.2 server",
+          "al03": "Agent Lightning 0.3.0 store"}
+AL03_VERSION = "0.3.0"
+AL03_PINS = [f"agentlightning=={AL03_VERSION}", "opentelemetry-api==1.44.*", "opentelemetry-sdk==1.44.*",
+             "opentelemetry-exporter-otlp-proto-http==1.44.*"]  # OTel 1.45 breaks 0.3.0 (tests/integration/producers/al_venv.py)
+AL03_VENV = Path.home() / ".cache" / "rolloutbus" / f"bench-agentlightning-{AL03_VERSION}"
+FINISH_GRACE_S = 0.5
+POLL_S = 0.2
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """A step that cannot go on; the message is the one line shown."""
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def spec_for(spans: int, mix: str, seed: int = 7) -> WorkloadSpec:
+    """The workload with ``spans`` spans (whole rollouts of 16) in the named mix."""
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}: choose from {', '.join(MIXES)}")
+    return WorkloadSpec(seed=seed, rollouts=max(1, round(spans / SPANS_PER_ROLLOUT)), spans_per_rollout=SPANS_PER_ROLLOUT,
+                        llm_fraction=MIXES[mix])
+
+
+def cost_growth(us_per_span: dict[int, float]) -> str:
+    """How CPU per span moves from the smallest N to the largest: ``flat`` within ±15 %, else the factor.
+    ``{1000: 100.0, 100000: 104.0}`` → ``'flat (×1.04)'``; ``{1000: 100.0, 100000: 250.0}`` → ``'grows ×2.50'``."""
+    sizes = sorted(n for n, v in us_per_span.items() if v and v == v)
+    if len(sizes) < 2:
+        return "—"
+    factor = us_per_span[sizes[-1]] / us_per_span[sizes[0]]
+    if 1 / 1.15 <= factor <= 1.15:
+        return f"flat (×{factor:.2f})"
+    return f"{'grows' if factor > 1 else 'falls'} ×{factor:.2f}"
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank q-quantile; NaN when empty."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def parse_stat(text: str) -> tuple[int, float]:
+    """``/proc/<pid>/stat`` → (parent pid, utime+stime+cutime+cstime in seconds)."""
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
+
+
+# --------------------------------------------------------------------------- CPU of a process tree
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant (each with its waited-for children's)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stats[int(d)] = parse_stat(Path(f"/proc/{d}/stat").read_text())
+            except (OSError, ValueError):
+                continue
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        total += stats[p][1]
+        todo += [c for c, (pp, _) in stats.items() if pp == p]
+    return total
+
+
+def find_broker_pid(bootstrap: str) -> int | None:
+    """The pid of the local broker listening on ``bootstrap``'s port (its ``server.properties`` names it),
+    or None (a remote cluster, or not found)."""
+    port = bootstrap.rsplit(":", 1)[-1]
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for a in args:
+            if a.endswith(b"server.properties"):
+                try:
+                    text = Path(a.decode()).read_text()
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if any(ln.startswith("listeners=") and f":{port}," in ln + "," for ln in text.splitlines()):
+                    return int(d)
+    return None
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------- the OTLP load generator
+
+
+def otlp_chunks(spec: WorkloadSpec, ids: dict[str, list[str]] | None = None,
+                tokens_sent: list[int] | None = None) -> Iterator[tuple[bytes, list[tuple[str, str]]]]:
+    """(OTLP body of 32 whole rollouts, their (rollout id, attempt id)) in workload order; ``ids`` renames
+    ours to another store's ids; ``tokens_sent[0]`` counts the prompt token ids put in."""
+    tokens_sent = tokens_sent if tokens_sent is not None else [0]
+    from bench_paths import otlp_bodies
+
+    chunk: list[list[SynthSpan]] = []
+
+    def body() -> tuple[bytes, list[tuple[str, str]]]:
+        bodies, _ = otlp_bodies(chunk)
+        assert len(bodies) == 1
+        return bodies[0], [(r[0].rollout_id, r[0].attempt_id) for r in chunk]
+
+    for spans in iter_rollouts(spec):
+        tokens_sent[0] += sum(len(s.prompt_token_ids) for s in spans)
+        if ids:
+            rid, aid = ids[spans[0].rollout_id]
+            spans = [dataclasses.replace(s, rollout_id=rid, attempt_id=aid) for s in spans]
+        chunk.append(spans)
+        if len(chunk) == BODY_ROLLOUTS:
+            yield body()
+            chunk = []
+    if chunk:
+        yield body()
+
+
+def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, connections: int) -> dict[str, Any]:
+    """Build the bodies (untimed), say ``ready``, wait for a line on stdin, post them; after each body's
+    200, end its rollouts' attempts. Returns counts and the wall time of each attempt update's reply."""
+    u = urllib.parse.urlparse(url)
+    tokens = [0]
+    chunks = list(otlp_chunks(spec, ids, tokens))
+    print("ready", flush=True)
+    sys.stdin.readline()
+    lock = threading.Lock()
+    it = iter(chunks)
+    out: dict[str, Any] = {"ok": 0, "http_errors": 0, "rejected": 0, "first_error": None, "finished": {}, "sent_bytes": 0,
+                           "prompt_tokens_sent": tokens[0]}
+    update = json.dumps({"status": "succeeded"}).encode()
+
+    def fail(msg: str) -> None:
+        with lock:
+            out["http_errors"] += 1
+            out["first_error"] = out["first_error"] or msg
+
+    def worker() -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+        while True:
+            with lock:
+                item = next(it, None)
+            if item is None:
+                break
+            data, attempts = item
+            conn.request("POST", "/v1/traces", body=data, headers={"Content-Type": "application/x-protobuf"})
+            resp = conn.getresponse()
+            raw = resp.read()
+            if resp.status != 200:
+                fail(f"/v1/traces HTTP {resp.status}: {raw[:200]!r}")
+                continue
+            r = ExportTraceServiceResponse()
+            r.ParseFromString(raw)
+            with lock:
+                out["ok"] += 1
+                out["sent_bytes"] += len(data)
+                out["rejected"] += r.partial_success.rejected_spans
+            for rid, aid in attempts:
+                conn.request("POST", f"/v1/agl/rollouts/{rid}/attempts/{aid}", body=update,
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read()
+                if resp.status != 200:
+                    fail(f"update_attempt HTTP {resp.status}: {raw[:200]!r}")
+                    continue
+                with lock:
+                    out["finished"][rid] = time.time()
+        conn.close()
+
+    out["started"] = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["ended"] = time.time()
+    return out
+
+
+class LoadGen:
+    """The load generator as a child process (this file with ``--loadgen``): bodies are built before
+    :meth:`go`, so their building is never in anyone's CPU window."""
+
+    def __init__(self, url: str, spec: WorkloadSpec, scratch: Path, ids: dict[str, list[str]] | None = None) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", url, "--rollouts", str(spec.rollouts),
+               "--llm-fraction", str(spec.llm_fraction), "--seed", str(spec.seed)]
+        if ids:
+            path = scratch / "ids.json"
+            path.write_text(json.dumps(ids))
+            cmd += ["--ids", str(path)]
+        self.err = open(scratch / "loadgen.err", "w+")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise BenchError(f"the load generator failed: {self._tail()}")
+
+    def _tail(self) -> str:
+        self.err.seek(0)
+        lines = [ln for ln in self.err.read().strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else f"exit {self.proc.poll()}"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            self.proc.kill()
+            self.proc.wait()
+            raise BenchError(f"the load generator took over {timeout:.0f}s") from exc
+        if self.proc.returncode != 0:
+            raise BenchError(f"the load generator failed: {self._tail()}")
+        self.err.close()
+        return json.loads(out.strip().splitlines()[-1])
+
+    def done(self) -> bool:
+        return self.proc.poll() is not None
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _wait(what: str, ok: Any, proc: subprocess.Popen[Any], log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            raise BenchError(f"{what} exited with {proc.returncode}: {' | '.join(tail)}")
+        try:
+            if ok():
+                return
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.2)
+    raise BenchError(f"{what} did not answer within {timeout:.0f}s; see {log}")
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return bool(r.status == 200)
+
+
+def _start(cmd: list[str], env: dict[str, str] | None, log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen[Any] | None, timeout: float = 60) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Store:
+    """ClickHouse's HTTP interface of ``rolloutbus store``: one query, TSV rows back."""
+
+    def __init__(self, port: int, database: str) -> None:
+        self.url = f"http://127.0.0.1:{port}/?database={database}"
+
+    def rows(self, sql: str) -> list[list[str]]:
+        req = urllib.request.Request(self.url, data=sql.encode(), method="POST", headers={"Content-Type": "text/plain"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise BenchError(f"the store refused {sql[:60]!r}: HTTP {exc.code} {exc.read()[:300]!r}") from exc
+        return [ln.split("\t") for ln in text.splitlines() if ln]
+
+
+# --------------------------------------------------------------------------- (a) rolloutbus
+
+
+def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, scratch: Path, timeout: float) -> dict[str, Any]:
+    from common import child_env, free_port, fresh_topics
+
+    from foundation.clickhouse import connect, migrate
+
+    n = spec.total_spans
+    topics = fresh_topics(bootstrap, "e2e")
+    database = f"bench_e2e_{os.getpid()}_{int(time.time())}"
+    store_port, gw_port, metrics_port = free_port(), free_port(), free_port()
+    dsn = f"http://127.0.0.1:{store_port}"
+    cli = [sys.executable, "-m", "rolloutbus.cli"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        env = child_env(scratch / "store", bootstrap, topics)
+        procs["store"] = _start([*cli, "--data-dir", str(scratch / "store"), "store", "--port", str(store_port)], env,
+                                scratch / "store.log", scratch)
+        _wait("rolloutbus store", lambda: _http_ok(f"{dsn}/ping"), procs["store"], scratch / "store.log")
+        client = connect(dsn, database=database)
+        migrate(client, database)
+        client.close()
+        env = child_env(scratch / "worker", bootstrap, topics, ROLLOUTBUS_CLICKHOUSE_DSN=dsn,
+                        ROLLOUTBUS_CLICKHOUSE_DATABASE=database)
+        procs["worker"] = _start([*cli, "--data-dir", str(scratch / "worker"), "process", "--metrics-port", str(metrics_port),
+                                  "--finish-grace", str(FINISH_GRACE_S)], env, scratch / "worker.log", scratch)
+        _wait("rolloutbus process", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), procs["worker"],
+              scratch / "worker.log")
+        env = child_env(scratch / "gateway", bootstrap, topics, ROLLOUTBUS_CLICKHOUSE_DSN=dsn,
+                        ROLLOUTBUS_CLICKHOUSE_DATABASE=database)
+        procs["gateway"] = _start([*cli, "--data-dir", str(scratch / "gateway"), "gateway", "--port", str(gw_port)], env,
+                                  scratch / "gateway.log", scratch)
+        _wait("rolloutbus gateway", lambda: _http_ok(f"http://127.0.0.1:{gw_port}/healthz"), procs["gateway"],
+              scratch / "gateway.log")
+
+        lg = LoadGen(f"http://127.0.0.1:{gw_port}", spec, scratch)
+        time.sleep(1.0)  # let start-up work settle before the window opens
+        cpu0 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
+        broker0 = tree_cpu_s(broker_pid) if broker_pid else None
+        t0 = time.time()
+        lg.go()
+        store = Store(store_port, database)
+        seen: dict[str, float] = {}
+        count, last_ns = 0, 0
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, p in procs.items():
+                if p.poll() is not None:
+                    raise BenchError(f"rolloutbus {name} exited with {p.returncode}; see {scratch / (name + '.log')}")
+            now = time.time()
+            for rid, upd in store.rows(f"SELECT rollout_id, updated_ns FROM rollouts WHERE updated_ns >= {last_ns}"):
+                seen.setdefault(rid, now)
+                last_ns = max(last_ns, int(upd) - 5_000_000_000)  # rows of one flush can carry earlier stamps
+            count = int(store.rows("SELECT count() FROM spans FINAL")[0][0])
+            if count >= n and len(seen) >= spec.rollouts and lg.done():
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"rolloutbus: {count:,} of {n:,} spans and {len(seen):,} of {spec.rollouts:,} rollouts "
+                                 f"queryable after {timeout:.0f}s")
+            time.sleep(POLL_S)
+        t1 = time.time()
+        cpu1 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
+        broker1 = tree_cpu_s(broker_pid) if broker_pid else None
+        res = lg.result(60)
+        rss = {k: peak_rss_mib(p.pid) for k, p in procs.items()}
+        tokens = int(store.rows("SELECT sum(length(prompt_token_ids)) FROM spans FINAL")[0][0])
+        finished = res["finished"]
+        lat = [seen[r] - t for r, t in finished.items() if r in seen]
+        cpu = {k: cpu1[k] - cpu0[k] for k in procs}
+        total = sum(cpu.values())
+        out = {
+            "system": "rolloutbus", "spans": n, "queryable": count, "prompt_tokens": tokens,
+            "wall_s": t1 - t0, "cpu_s": total, "cpu_by_process": cpu,
+            "broker_cpu_s": (broker1 - broker0) if broker0 is not None and broker1 is not None else None,
+            "http_errors": res["http_errors"], "rejected": res["rejected"], "first_error": res["first_error"],
+            "sent_bytes": res["sent_bytes"], "prompt_tokens_sent": res["prompt_tokens_sent"],
+            "finished_to_queryable_p50_s": pct(lat, 0.5), "finished_to_queryable_p99_s": pct(lat, 0.99),
+            "finished_to_queryable_max_s": max(lat) if lat else float("nan"),
+            "last_reply_to_all_queryable_s": t1 - res["ended"], "peak_rss_mib": rss,
+            "finish_grace_s": FINISH_GRACE_S,
+        }
+        return out
+    finally:
+        for name in ("gateway", "worker", "store"):
+            _stop(procs.get(name))
+
+
+# --------------------------------------------------------------------------- (b) Agent Lightning 1.0.2
+
+
+def run_al1(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]:
+    import agentlightning_store as al
+
+    class TreeServer(al.Server):
+        def cpu_seconds(self) -> float:
+            return tree_cpu_s(self.proc.pid) if self.proc is not None else 0.0
+
+    python = al.ensure_venv(al.DEFAULT_VENV, quiet=True)
+    server = TreeServer(al.DEFAULT_VENV, al._free_port(), scratch)
+    try:
+        server.start()
+        cmd = [str(python), str(_HERE / "agentlightning_store.py"), "--driver", "--url", server.url,
+               "--seed", str(spec.seed), "--rollouts", str(spec.rollouts), "--spans-per-rollout", str(spec.spans_per_rollout),
+               "--llm-fraction", str(spec.llm_fraction), "--concurrency", "16"]
+        drive, cpu = al._run_driver(cmd, server)
+        rss = peak_rss_mib(server.proc.pid) if server.proc else None
+        events, tokens = al.count_queryable(server.url, spec)
+    finally:
+        server.stop()
+    return {"system": "al1", "version": al.AL_VERSION, "spans": spec.total_spans, "queryable": events, "prompt_tokens": tokens,
+            "wall_s": drive["seconds"], "cpu_s": cpu, "client_cpu_s": drive["client_cpu_s"], "http_errors": drive["errors"],
+            "first_error": drive["first_error"], "sent_bytes": drive["sent_bytes"], "peak_rss_mib": {"server": rss},
+            "request_p99_ms": drive["request_p99_ms"]}
+
+
+# --------------------------------------------------------------------------- (c) Agent Lightning 0.3.0
+
+
+def ensure_al03(venv: Path = AL03_VENV) -> Path:
+    """Agent Lightning 0.3.0 (Python 3.11, the OTel pin) in its own venv, installed once."""
+    python = venv / "bin" / "python"
+    marker = venv / f".installed-agentlightning-{AL03_VERSION}"
+    if marker.exists() and python.exists():
+        return python
+    base = os.environ.get("ROLLOUTBUS_BENCH_AL03_PYTHON") or sys.executable
+    try:
+        if not python.exists():
+            subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, text=True, timeout=120)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *AL03_PINS], check=True, capture_output=True, text=True,
+                       timeout=900)
+    except subprocess.CalledProcessError as exc:
+        last = (exc.stderr or exc.stdout or "").strip().splitlines()
+        raise BenchError(f"installing agentlightning=={AL03_VERSION} failed: {last[-1] if last else exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"installing agentlightning=={AL03_VERSION} took over {exc.timeout:.0f}s") from exc
+    marker.write_text(f"{AL03_VERSION}\n")
+    return python
+
+
+def _json(method: str, url: str, body: Any = None, timeout: float = 120) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+def run_al03(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]:
+    python = ensure_al03()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = scratch / "al03.log"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "AGENTOPS_API_KEY": ""}
+    proc = _start([str(python), "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port),
+                   "--backend", "memory", "--log-level", "WARNING"], env, log, scratch)
+    try:
+        _wait("agl store (0.3.0)", lambda: _http_ok(f"{url}/v1/agl/health"), proc, log)
+        ids: dict[str, list[str]] = {}
+        for i in range(spec.rollouts):  # not charged: its store takes spans only for rollouts it created
+            ours = f"ro-{spec.seed}-{i:06d}"
+            r = _json("POST", f"{url}/v1/agl/rollouts", {"input": {"data_id": ours}})
+            ids[ours] = [r["rollout_id"], r["attempt"]["attempt_id"]]
+        lg = LoadGen(url, spec, scratch, ids)
+        time.sleep(1.0)
+        cpu0 = tree_cpu_s(proc.pid)
+        lg.go()
+        res = lg.result(timeout)
+        cpu1 = tree_cpu_s(proc.pid)
+        rss = peak_rss_mib(proc.pid)
+        spans = tokens = 0
+        for rid, _aid in ids.values():  # read back: every span and its prompt token ids
+            page = _json("GET", f"{url}/v1/agl/spans?rollout_id={rid}&limit=1000")
+            items = page["items"] if isinstance(page, dict) else page
+            spans += len(items)
+            tokens += sum(len(s["attributes"].get("prompt_token_ids") or []) for s in items)
+        if proc.poll() is not None:
+            raise BenchError(f"agl store exited with {proc.returncode}; see {log}")
+    finally:
+        _stop(proc)
+    return {"system": "al03", "version": AL03_VERSION, "spans": spec.total_spans, "queryable": spans, "prompt_tokens": tokens,
+            "wall_s": res["ended"] - res["started"], "cpu_s": cpu1 - cpu0, "http_errors": res["http_errors"],
+            "rejected": res["rejected"], "first_error": res["first_error"], "sent_bytes": res["sent_bytes"],
+            "prompt_tokens_sent": res["prompt_tokens_sent"], "peak_rss_mib": {"server": rss}}
+
+
+def _free_port() -> int:
+    from common import free_port
+
+    return free_port()
+
+
+# --------------------------------------------------------------------------- orchestration and table
+
+
+def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: float) -> dict[str, Any]:
+    from common import broker, log
+
+    results: list[dict[str, Any]] = []
+    loads: list[list[float]] = []
+    scratch_root = Path(tempfile.mkdtemp(prefix="rb-bench-e2e-"))
+    try:
+        with broker(scratch_root) as bootstrap:
+            broker_pid = find_broker_pid(bootstrap)
+            for mix in mixes:
+                for n in sizes:
+                    spec = spec_for(n, mix)
+                    for system in systems:
+                        scratch = scratch_root / f"{system}-{mix}-{n}"
+                        scratch.mkdir()
+                        load0 = os.getloadavg()
+                        log(f"{LABELS[system]}: {spec.total_spans:,} spans, mix {mix} (load {load0[0]:.1f})")
+                        try:
+                            if system == "rolloutbus":
+                                r = run_rolloutbus(spec, bootstrap, broker_pid, scratch, timeout)
+                            elif system == "al1":
+                                r = run_al1(spec, scratch, timeout)
+                            else:
+                                r = run_al03(spec, scratch, timeout)
+                        except BenchError as exc:
+                            r = {"system": system, "spans": spec.total_spans, "error": str(exc)}
+                            log(f"  failed: {exc}")
+                        r.update(mix=mix, n=n, load_1min=[round(load0[0], 2), round(os.getloadavg()[0], 2)])
+                        if r.get("cpu_s"):
+                            r["spans_per_cpu_s"] = r["spans"] / r["cpu_s"]
+                            r["us_per_span"] = r["cpu_s"] / r["spans"] * 1e6
+                            log(f"  {r['spans_per_cpu_s']:,.0f} spans per CPU-s ({r['cpu_s']:.1f} CPU-s, "
+                                f"{r['queryable']:,} queryable, wall {r['wall_s']:.1f} s)")
+                        loads.append(list(os.getloadavg()))
+                        results.append(r)
+    finally:
+        shutil.rmtree(scratch_root, ignore_errors=True)
+    return {"results": results, "cores": os.cpu_count()}
+
+
+def _f(v: Any, digits: int = 0, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "—"
+    return f"{v:,.{digits}f}{unit}"
+
+
+def table(out: dict[str, Any]) -> str:
+    """The per-run table, then per-mix growth and the ratios at the largest N."""
+    rs = out["results"]
+    lines = ["| N | mix | system | spans per CPU-s | µs CPU per span | CPU-s (by process) | queryable | "
+             "FINISHED→queryable p50 / p99 s | wall s | load 1-min |", "|" + " --- |" * 10]
+    for r in rs:
+        if "error" in r:
+            lines.append(f"| {r['spans']:,} | {r['mix']} | {LABELS[r['system']]} | failed: {r['error'][:120]} | | | | | | |")
+            continue
+        by = ", ".join(f"{k} {v:.1f}" for k, v in r.get("cpu_by_process", {}).items())
+        if r.get("broker_cpu_s") is not None:
+            by += f"; broker {r['broker_cpu_s']:.1f} not incl."
+        lat = (f"{_f(r.get('finished_to_queryable_p50_s'), 2)} / {_f(r.get('finished_to_queryable_p99_s'), 2)}"
+               if r["system"] == "rolloutbus" else "at the reply (memory)")
+        lines.append(f"| {r['spans']:,} | {r['mix']} | {LABELS[r['system']]} | {_f(r['spans_per_cpu_s'])} | "
+                     f"{_f(r['us_per_span'], 1)} | {_f(r['cpu_s'], 1)}{' (' + by + ')' if by else ''} | "
+                     f"{r['queryable']:,} / {r['spans']:,} ({r['prompt_tokens'] / 1e6:.2f} M prompt tokens) | {lat} | {_f(r['wall_s'], 1)} | "
+                     f"{r['load_1min'][0]:.1f} → {r['load_1min'][1]:.1f} |")
+    lines += ["", "| mix | system | CPU per span, smallest → largest N |", "| --- | --- | --- |"]
+    for mix in dict.fromkeys(r["mix"] for r in rs):
+        for system in dict.fromkeys(r["system"] for r in rs):
+            us = {r["n"]: r["us_per_span"] for r in rs if r["mix"] == mix and r["system"] == system and "us_per_span" in r}
+            lines.append(f"| {mix} | {LABELS[system]} | {cost_growth(us)} "
+                         f"({', '.join(f'{n:,}: {v:.0f} µs' for n, v in sorted(us.items()))}) |")
+    lines += ["", "| N | mix | rolloutbus vs AL 1.0.2 (target ≥ 50×) | rolloutbus vs AL 0.3.0 | FINISHED→queryable p99 (≤ 2 s) |",
+              "| --- | --- | --- | --- | --- |"]
+    for key in dict.fromkeys((r["n"], r["mix"]) for r in rs):
+        by = {r["system"]: r for r in rs if (r["n"], r["mix"]) == key and "spans_per_cpu_s" in r}
+        ours = by.get("rolloutbus")
+        if not ours:
+            continue
+        r1 = ours["spans_per_cpu_s"] / by["al1"]["spans_per_cpu_s"] if "al1" in by else None
+        r3 = ours["spans_per_cpu_s"] / by["al03"]["spans_per_cpu_s"] if "al03" in by else None
+        p99 = ours.get("finished_to_queryable_p99_s")
+        lines.append(f"| {key[0]:,} | {key[1]} | {_f(r1, 1, '×')}{'' if r1 is None else (' met' if r1 >= 50 else ' NOT met')} | "
+                     f"{_f(r3, 1, '×')} | {_f(p99, 2)}{'' if p99 is None or p99 != p99 else (' met' if p99 <= 2 else ' NOT met')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000", help="comma-separated span counts (whole rollouts of 16)")
+    ap.add_argument("--spans", type=int, default=None, help="one size (overrides --sizes)")
+    ap.add_argument("--mixes", default="default,llm", help=f"comma-separated: {', '.join(MIXES)}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated: {', '.join(SYSTEMS)}")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one system may take at one size")
+    ap.add_argument("--json", action="store_true", help="print one JSON object after the table")
+    ap.add_argument("--loadgen", help=argparse.SUPPRESS)
+    ap.add_argument("--rollouts", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--llm-fraction", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=7, help=argparse.SUPPRESS)
+    ap.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.loadgen:
+        spec = WorkloadSpec(seed=args.seed, rollouts=args.rollouts, spans_per_rollout=SPANS_PER_ROLLOUT,
+                            llm_fraction=args.llm_fraction)
+        ids = json.loads(args.ids.read_text()) if args.ids else None
+        print(json.dumps(loadgen(args.loadgen, spec, ids, CONNECTIONS)))
+        return 0
+    sizes = [args.spans] if args.spans else [int(x) for x in args.sizes.split(",") if x.strip()]
+    mixes = [m for m in args.mixes.split(",") if m]
+    systems = [s for s in args.systems.split(",") if s]
+    bad = [m for m in mixes if m not in MIXES] + [s for s in systems if s not in SYSTEMS]
+    if bad:
+        print(f"bench_e2e: unknown mix or system {', '.join(bad)}", file=sys.stderr)
+        return 2
+    out = run_all(sizes, mixes, systems, args.timeout)
+    print(table(out))
+    if args.json:
+        from common import emit_json
+
+        metrics: dict[str, Any] = {}
+        rs = out["results"]
+        big = max(sizes)
+        for r in rs:
+            if r["n"] == big and r["mix"] == "default" and "spans_per_cpu_s" in r:
+                metrics[f"e2e_{r['system']}_spans_per_cpu_s"] = r["spans_per_cpu_s"]
+                if r["system"] == "rolloutbus":
+                    metrics["e2e_finished_to_queryable_p50_s"] = r["finished_to_queryable_p50_s"]
+                    metrics["e2e_finished_to_queryable_p99_s"] = r["finished_to_queryable_p99_s"]
+        metrics["e2e_spans"] = big
+        emit_json("e2e", metrics, [f"rolloutbus runs its worker with --finish-grace {FINISH_GRACE_S}"], table=table(out), **out)
+    return 0 if all("error" not in r for r in out["results"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
