@@ -65,3 +65,26 @@ def test_arrays_and_lists_encode_alike() -> None:
 @pytest.mark.parametrize(("n", "encoded"), [(0, b"\x00"), (127, b"\x7f"), (128, b"\x80\x01"), (300, b"\xac\x02"), (2**21, b"\x80\x80\x80\x01")])
 def test_varint(n: int, encoded: bytes) -> None:
     assert rowbinary.varint(n) == encoded
+
+
+def test_compiled_decoder_rows_read_back_as_the_python_rows(ch: Any) -> None:
+    """The span stage's compiled path (native/): ClickHouse reads its rows as it reads the Python path's."""
+    pytest.importorskip("rolloutbus_native", reason="the compiled decoder is not built (make setup builds it)")
+    from streams.spans_stage import native_decoder
+
+    dec = native_decoder()
+    sink = ClickHouseSink(ch)
+    selects = []
+    for compiled in (False, True):
+        for i, s in enumerate(SPANS):
+            value = codec.encode(s)
+            if compiled:
+                view, head = dec.decode_one(value)
+                row = head + rowbinary.span_tail(i == 3, 2, 100 + i, 42)
+            else:
+                row = rowbinary.span(span_view(codec.decode_raw(value)[1]), 2, 100 + i, i == 3, 42)
+            sink.add_encoded("spans", row)
+        assert sink.flush() == {"spans": 4}
+        selects.append(_select(ch, "spans", "span_id"))
+        ch.command("TRUNCATE TABLE spans")
+    assert selects[0] == selects[1] and len(selects[1]) == 4
