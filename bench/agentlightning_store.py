@@ -215,7 +215,11 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))] if values else 0.0
 
 
-async def _drive(url: str, spec: WorkloadSpec, concurrency: int) -> dict[str, Any]:
+async def _drive(url: str, spec: WorkloadSpec, concurrency: int, *, setup: bool = True, finish: bool = False) -> dict[str, Any]:
+    """Post every span as an event, ``concurrency`` rollouts at once. ``setup``: create the rollouts and mark
+    them running first (untimed; its controller's job). ``finish``: end each rollout after its last span
+    (``PATCH /api/rollouts/{id}`` to ``succeeded``, what its controller does when the agent returns) and
+    report when each reply came (wall clock), for bench_e2e.py."""
     import asyncio
 
     import httpx
@@ -225,11 +229,13 @@ async def _drive(url: str, spec: WorkloadSpec, concurrency: int) -> dict[str, An
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with AgentLightningAsyncClient(base_url=url, limits=limits, timeout=120.0) as client:
         # Not timed: the rollouts exist and are running before an agent starts (its controller's job).
-        body = [{"rollout_id": r[0].rollout_id, "input": {"data_id": r[0].rollout_id}} for r in rollouts]
-        (await client.post("/api/rollouts", json=body)).raise_for_status()
-        for r in rollouts:
-            patch = {"status": {"state": "running", "last_attempt_id": r[0].attempt_id}}
-            (await client.patch(f"/api/rollouts/{r[0].rollout_id}", json=patch)).raise_for_status()
+        if setup:
+            body = [{"rollout_id": r[0].rollout_id, "input": {"data_id": r[0].rollout_id}} for r in rollouts]
+            (await client.post("/api/rollouts", json=body)).raise_for_status()
+            for r in rollouts:
+                patch = {"status": {"state": "running", "last_attempt_id": r[0].attempt_id}}
+                (await client.patch(f"/api/rollouts/{r[0].rollout_id}", json=patch)).raise_for_status()
+        finished: dict[str, float] = {}
 
         queue: asyncio.Queue[list[Any]] = asyncio.Queue()
         for r in rollouts:
@@ -251,6 +257,13 @@ async def _drive(url: str, spec: WorkloadSpec, concurrency: int) -> dict[str, An
                     latencies.append(time.perf_counter() - t0)
                     if resp.status_code >= 300:
                         errors.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                if finish:
+                    patch = {"status": {"state": "succeeded", "last_attempt_id": spans[0].attempt_id}}
+                    resp = await client.patch(f"/api/rollouts/{spans[0].rollout_id}", json=patch)
+                    if resp.status_code >= 300:
+                        errors.append(f"PATCH HTTP {resp.status_code}: {resp.text[:200]}")
+                    else:
+                        finished[spans[0].rollout_id] = time.time()
 
         print("ready", flush=True)  # the parent samples the server's CPU counter here
         sys.stdin.readline()
@@ -259,14 +272,15 @@ async def _drive(url: str, spec: WorkloadSpec, concurrency: int) -> dict[str, An
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"spans": spec.total_spans, "seconds": seconds, "client_cpu_s": cpu, "sent_bytes": sent_bytes, "errors": len(errors),
             "first_error": errors[0] if errors else None,
-            "request_p50_ms": _pct(latencies, 0.5) * 1000, "request_p99_ms": _pct(latencies, 0.99) * 1000}
+            "request_p50_ms": _pct(latencies, 0.5) * 1000, "request_p99_ms": _pct(latencies, 0.99) * 1000,
+            **({"finished": finished} if finish else {})}
 
 
 def _driver_main(args: argparse.Namespace) -> int:
     import asyncio
 
     spec = _spec(args)
-    print(json.dumps(asyncio.run(_drive(args.url, spec, args.concurrency))))
+    print(json.dumps(asyncio.run(_drive(args.url, spec, args.concurrency, setup=not args.no_setup, finish=args.finish))))
     return 0
 
 
@@ -385,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--no-setup", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--finish", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
         return _driver_main(args)

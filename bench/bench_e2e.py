@@ -63,9 +63,10 @@ SPANS_PER_ROLLOUT = 16
 BODY_ROLLOUTS = 32  # 512 spans per OTLP request
 CONNECTIONS = 4
 MIXES = {"default": 0.25, "llm": 1.0}
-SYSTEMS = ("rolloutbus", "al1", "al03")
+SYSTEMS = ("rolloutbus", "al1", "al03", "rbev")  # rbev: rolloutbus fed the way al1 is (not run unless asked)
+DEFAULT_SYSTEMS = ("rolloutbus", "al1", "al03")
 LABELS = {"rolloutbus": "rolloutbus (gateway + worker + store)", "al1": "Agent Lightning 1.0.2 server",
-          "al03": "Agent Lightning 0.3.0 store"}
+          "al03": "Agent Lightning 0.3.0 store", "rbev": "rolloutbus fed as 1.0.2 is (one event per span)"}
 AL03_VERSION = "0.3.0"
 AL03_PINS = [f"agentlightning=={AL03_VERSION}", "opentelemetry-api==1.44.*", "opentelemetry-sdk==1.44.*",
              "opentelemetry-exporter-otlp-proto-http==1.44.*"]  # OTel 1.45 breaks 0.3.0 (tests/integration/producers/al_venv.py)
@@ -268,13 +269,15 @@ class LoadGen:
     """The load generator as a child process (this file with ``--loadgen``): bodies are built before
     :meth:`go`, so their building is never in anyone's CPU window."""
 
-    def __init__(self, url: str, spec: WorkloadSpec, scratch: Path, ids: dict[str, list[str]] | None = None) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", url, "--rollouts", str(spec.rollouts),
-               "--llm-fraction", str(spec.llm_fraction), "--seed", str(spec.seed)]
-        if ids:
-            path = scratch / "ids.json"
-            path.write_text(json.dumps(ids))
-            cmd += ["--ids", str(path)]
+    def __init__(self, url: str, spec: WorkloadSpec, scratch: Path, ids: dict[str, list[str]] | None = None,
+                 cmd: list[str] | None = None) -> None:
+        if cmd is None:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", url, "--rollouts", str(spec.rollouts),
+                   "--llm-fraction", str(spec.llm_fraction), "--seed", str(spec.seed)]
+            if ids:
+                path = scratch / "ids.json"
+                path.write_text(json.dumps(ids))
+                cmd += ["--ids", str(path)]
         self.err = open(scratch / "loadgen.err", "w+")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
         assert self.proc.stdout is not None
@@ -366,7 +369,21 @@ class Store:
 # --------------------------------------------------------------------------- (a) rolloutbus
 
 
-def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, scratch: Path, timeout: float) -> dict[str, Any]:
+def al1_driver(url: str, spec: WorkloadSpec, *, setup: bool, finish: bool) -> list[str]:
+    """The command of agentlightning_store.py's client (Agent Lightning 1.0.2's own, 16 runners) at ``url``."""
+    import agentlightning_store as al
+
+    python = al.ensure_venv(al.DEFAULT_VENV, quiet=True)
+    return [str(python), str(_HERE / "agentlightning_store.py"), "--driver", "--url", url,
+            "--seed", str(spec.seed), "--rollouts", str(spec.rollouts), "--spans-per-rollout", str(spec.spans_per_rollout),
+            "--llm-fraction", str(spec.llm_fraction), "--concurrency", "16",
+            *([] if setup else ["--no-setup"]), *(["--finish"] if finish else [])]
+
+
+def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, scratch: Path, timeout: float,
+                   events: bool = False) -> dict[str, Any]:
+    """``events``: fed as Agent Lightning 1.0.2's client feeds its server (one event per span, 16 runners,
+    ``PATCH`` to succeeded after each rollout) instead of OTLP bodies."""
     from common import child_env, free_port, fresh_topics
 
     from foundation.clickhouse import connect, migrate
@@ -399,7 +416,8 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
         _wait("rolloutbus gateway", lambda: _http_ok(f"http://127.0.0.1:{gw_port}/healthz"), procs["gateway"],
               scratch / "gateway.log")
 
-        lg = LoadGen(f"http://127.0.0.1:{gw_port}", spec, scratch)
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        lg = LoadGen(gw_url, spec, scratch, cmd=al1_driver(gw_url, spec, setup=False, finish=True) if events else None)
         time.sleep(1.0)  # let start-up work settle before the window opens
         cpu0 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
         broker0 = tree_cpu_s(broker_pid) if broker_pid else None
@@ -428,6 +446,9 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
         cpu1 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
         broker1 = tree_cpu_s(broker_pid) if broker_pid else None
         res = lg.result(60)
+        if events:  # the driver's result, in the load generator's terms
+            res = {"http_errors": res["errors"], "rejected": 0, "first_error": res["first_error"], "sent_bytes": res["sent_bytes"],
+                   "prompt_tokens_sent": None, "finished": res["finished"], "ended": res["seconds"] + t0}
         rss = {k: peak_rss_mib(p.pid) for k, p in procs.items()}
         tokens = int(store.rows("SELECT sum(length(prompt_token_ids)) FROM spans FINAL")[0][0])
         finished = res["finished"]
@@ -435,7 +456,7 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
         cpu = {k: cpu1[k] - cpu0[k] for k in procs}
         total = sum(cpu.values())
         out = {
-            "system": "rolloutbus", "spans": n, "queryable": count, "prompt_tokens": tokens,
+            "system": "rbev" if events else "rolloutbus", "spans": n, "queryable": count, "prompt_tokens": tokens,
             "wall_s": t1 - t0, "cpu_s": total, "cpu_by_process": cpu,
             "broker_cpu_s": (broker1 - broker0) if broker0 is not None and broker1 is not None else None,
             "http_errors": res["http_errors"], "rejected": res["rejected"], "first_error": res["first_error"],
@@ -576,8 +597,8 @@ def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: flo
                         load0 = os.getloadavg()
                         log(f"{LABELS[system]}: {spec.total_spans:,} spans, mix {mix} (load {load0[0]:.1f})")
                         try:
-                            if system == "rolloutbus":
-                                r = run_rolloutbus(spec, bootstrap, broker_pid, scratch, timeout)
+                            if system in ("rolloutbus", "rbev"):
+                                r = run_rolloutbus(spec, bootstrap, broker_pid, scratch, timeout, events=system == "rbev")
                             elif system == "al1":
                                 r = run_al1(spec, scratch, timeout)
                             else:
@@ -617,7 +638,7 @@ def table(out: dict[str, Any]) -> str:
         if r.get("broker_cpu_s") is not None:
             by += f"; broker {r['broker_cpu_s']:.1f} not incl."
         lat = (f"{_f(r.get('finished_to_queryable_p50_s'), 2)} / {_f(r.get('finished_to_queryable_p99_s'), 2)}"
-               if r["system"] == "rolloutbus" else "at the reply (memory)")
+               if r["system"] in ("rolloutbus", "rbev") else "at the reply (memory)")
         lines.append(f"| {r['spans']:,} | {r['mix']} | {LABELS[r['system']]} | {_f(r['spans_per_cpu_s'])} | "
                      f"{_f(r['us_per_span'], 1)} | {_f(r['cpu_s'], 1)}{' (' + by + ')' if by else ''} | "
                      f"{r['queryable']:,} / {r['spans']:,} ({r['prompt_tokens'] / 1e6:.2f} M prompt tokens) | {lat} | {_f(r['wall_s'], 1)} | "
@@ -642,6 +663,9 @@ def table(out: dict[str, Any]) -> str:
         if ours.get("broker_cpu_s") is not None:
             b = ours["spans"] / (ours["cpu_s"] + ours["broker_cpu_s"])
             with_broker = " / ".join(_f(b / by[k]["spans_per_cpu_s"], 1, "×") if k in by else "—" for k in ("al1", "al03"))
+        if "rbev" in by and "al1" in by:  # the OTLP figure stays the headline; the like-for-like one goes beside it
+            ev = by["rbev"]["spans_per_cpu_s"] / by["al1"]["spans_per_cpu_s"]
+            with_broker += f"; fed as 1.0.2 is: {ev:.1f}×"
         lines.append(f"| {key[0]:,} | {key[1]} | {_f(r1, 1, '×')}{'' if r1 is None else (' met' if r1 >= 50 else ' NOT met')} | "
                      f"{_f(r3, 1, '×')} | {with_broker} | {_f(p99, 2)}{'' if p99 is None or p99 != p99 else (' met' if p99 <= 2 else ' NOT met')} |")
     return "\n".join(lines)
@@ -652,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,10000", help="comma-separated span counts (whole rollouts of 16)")
     ap.add_argument("--spans", type=int, default=None, help="one size (overrides --sizes)")
     ap.add_argument("--mixes", default="default,llm", help=f"comma-separated: {', '.join(MIXES)}")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated: {', '.join(SYSTEMS)}")
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated: {', '.join(SYSTEMS)}")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one system may take at one size")
     ap.add_argument("--json", action="store_true", help="print one JSON object after the table")
     ap.add_argument("--loadgen", help=argparse.SUPPRESS)
