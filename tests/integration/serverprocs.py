@@ -1,9 +1,11 @@
-"""Starting and stopping one of our HTTP servers as its own process, for the tests that talk to it as a client.
+"""Starting and stopping one of our HTTP servers as its own process, for the tests that talk to it as a client,
+and how much memory it holds.
 
 ``free_port`` and ``stop`` are the benchmarks' own (``bench/common.py``)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +16,11 @@ import requests
 from bench.common import free_port
 from bench.common import stop_process as stop
 
-__all__ = ["free_port", "stop", "wait_http"]
+__all__ = ["free_port", "stop", "wait_http", "rss_mib", "assert_memory_bounded", "RSS_GROWTH_MIB"]
+
+# How much more resident memory a server may hold after fuzzing than before: generous (bodies of a few MiB,
+# the allocator keeping freed arenas), but a leak per request (thousands of requests) passes it.
+RSS_GROWTH_MIB = 256.0
 
 
 def wait_http(url: str, proc: subprocess.Popen[Any], log: Path | None = None, timeout: float = 60, **kwargs: Any) -> None:
@@ -28,3 +34,18 @@ def wait_http(url: str, proc: subprocess.Popen[Any], log: Path | None = None, ti
         except requests.RequestException:
             time.sleep(0.2)
     raise AssertionError(f"{url} never answered: {log.read_text(errors='replace')[-3000:] if log else ''}")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (``VmRSS`` of ``/proc/<pid>/status``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    assert match is not None, f"no VmRSS for process {pid}"
+    return int(match.group(1)) / 1024
+
+
+def assert_memory_bounded(what: str, pid: int, before_mib: float, bound_mib: float = RSS_GROWTH_MIB) -> str:
+    """Fails when ``pid`` grew by ``bound_mib`` or more since ``before_mib``; else says how much it holds."""
+    after = rss_mib(pid)
+    assert after - before_mib < bound_mib, f"{what}: resident memory grew {before_mib:.0f} -> {after:.0f} MiB while fuzzed"
+    return f"{what} {before_mib:.0f} -> {after:.0f} MiB"

@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from schemas.codec import decode_raw
-from tests.integration.serverprocs import free_port, stop
+from tests.integration.serverprocs import assert_memory_bounded, free_port, rss_mib, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -50,6 +50,7 @@ TRIED: Counter[str] = Counter()
 # What the gateway must have counted, from its own answers: spans accepted and rejected, AL events too.
 LEDGER: Counter[str] = Counter()
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
+RSS: dict[str, tuple[int, float]] = {}  # the gateway's pid and resident MiB before fuzzing
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,7 @@ def gateway(kafka_bootstrap: str, fuzz_topics: Any, tmp_path_factory: pytest.Tem
         while requests.get(f"{base}/v1/agl/resources/latest", headers=auth, timeout=5).status_code == 503:
             assert time.monotonic() < deadline + 30, "the gateway's rb.resources follower never caught up"
             time.sleep(0.2)
+        RSS["gateway"] = (proc.pid, rss_mib(proc.pid))
         yield base
         text = (data / "gateway.log").read_text(errors="replace")
         assert "Traceback" not in text, text[-4000:]
@@ -611,6 +613,7 @@ def test_the_gateway_is_healthy_and_its_counters_add_up_after_fuzzing(gateway: s
     m = metrics(gateway)
     assert m["accepted"] == LEDGER["accepted"], (m, LEDGER)
     assert m["rejected"] == LEDGER["rejected"], (m, LEDGER)
+    memory = assert_memory_bounded("gateway", *RSS["gateway"])
     with capsys.disabled():
         print(f"\ngateway fuzz cases tried: {dict(TRIED)} (total {sum(v for k, v in TRIED.items() if k != 'accounting spans')}); "
-              f"spans accepted {LEDGER['accepted']}, rejected {LEDGER['rejected']} (= /metrics), 0 x 5xx")
+              f"spans accepted {LEDGER['accepted']}, rejected {LEDGER['rejected']} (= /metrics), 0 x 5xx; resident {memory}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
+
+from tests.integration.serverprocs import assert_memory_bounded, rss_mib
 
 pytest.importorskip("chdb")
 torch = pytest.importorskip("torch")
@@ -82,6 +85,14 @@ def dashboard(store: int) -> Iterator[int]:
     yield srv.port
     srv.close()
     dash.close()
+
+
+@pytest.fixture(scope="module")
+def rss_before(store: int, serve: int, dashboard: int) -> float:
+    """This process's resident MiB with the three apps up (they serve from its threads), taken when the table
+    of nasty bodies starts: after the random cases (run first), which warm the store's engine caches and the
+    allocator's arenas (about 300 MiB); what grows after that grows with the number of requests."""
+    return rss_mib(os.getpid())
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +277,7 @@ CTYPES = ["application/json", "application/x-www-form-urlencoded"]
 
 
 @pytest.mark.parametrize("app", ["store", "serve", "dashboard"])
-def test_every_route_with_every_nasty_body(app: str, request: pytest.FixtureRequest) -> None:
+def test_every_route_with_every_nasty_body(app: str, rss_before: float, request: pytest.FixtureRequest) -> None:
     """The table behind the random cases: each known route, POST and GET, each nasty body and content type."""
     port = request.getfixturevalue(app)
     paths = {"store": STORE_PATHS, "serve": SERVE_PATHS, "dashboard": DASH_PATHS}[app]
@@ -277,14 +288,16 @@ def test_every_route_with_every_nasty_body(app: str, request: pytest.FixtureRequ
                     check(app, port, (method, path, {"Content-Type": ctype, "Authorization": f"Bearer {TOKEN}"}, body))
 
 
-def test_each_app_still_answers_after_fuzzing(store: int, serve: int, dashboard: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_app_still_answers_after_fuzzing(store: int, serve: int, dashboard: int, rss_before: float,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert send(store, "GET", "/ping", {}, b"")[0] == 200
     assert send(serve, "GET", "/healthz", {}, b"")[0] == 200
     assert send(serve, "GET", "/v1/models", {"Authorization": f"Bearer {TOKEN}"}, b"")[0] == 200
     assert send(dashboard, "GET", "/healthz", {}, b"")[0] == 200
     status, _ = send(dashboard, "GET", "/api/learning", {"Authorization": f"Bearer {TOKEN}"}, b"")
     assert status == 200
+    memory = assert_memory_bounded("the three apps' process", os.getpid(), rss_before)
     with capsys.disabled():
-        print(f"\nHTTP fuzz cases tried: {TRIED} (total {sum(TRIED.values())}), 0 x 5xx")
+        print(f"\nHTTP fuzz cases tried: {TRIED} (total {sum(TRIED.values())}), 0 x 5xx; resident {memory}")
 
 

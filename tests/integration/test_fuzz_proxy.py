@@ -30,11 +30,14 @@ import requests
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
+from tests.integration.serverprocs import assert_memory_bounded, rss_mib
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "fuzz-proxy-tok-5a1e"
 TRIED: dict[str, int] = {}
+RSS: dict[str, tuple[int, float]] = {}  # each proxy's pid and resident MiB before fuzzing
 ROUTES = ["/rollout/r1/attempt/a1/v1/chat/completions", "/rollout/r1/attempt/a1/v1/completions"]
 PATHS = ROUTES + ["/healthz", "/metrics", "/rollout/r1/attempt/a1/v1", "/v1/chat/completions",
                   "/rollout/%ff%00/attempt/%2e%2e/v1/chat/completions", "/rollout//attempt/a/v1/completions"]
@@ -130,6 +133,7 @@ def proxies(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
                     env={**env, "ROLLOUTBUS_DATA_DIR": str(tmp / name)}, stdout=f, stderr=subprocess.STDOUT))
             _up(f"http://127.0.0.1:{port}/healthz", procs[-1])
             out[name] = (port, log)
+            RSS[name] = (procs[-1].pid, rss_mib(procs[-1].pid))
         yield out
     finally:
         for proc in reversed(procs):
@@ -255,5 +259,6 @@ def test_both_proxies_still_healthy_with_clean_logs(proxies: dict[str, tuple[int
         ours = re.search(rf'File "{re.escape(str(REPO))}/(?!\.venv/).*', text)
         assert ours is None and "cannot encode" not in text, f"{name}: {text[max(0, ours.start() - 2000 if ours else -3000):][:4000]}"
         assert f"pw-{name}" not in text
+    memory = ", ".join(assert_memory_bounded(f"{name} proxy", *RSS[name]) for name in proxies)
     with capsys.disabled():
-        print(f"\nproxy fuzz cases tried: {TRIED} (total {sum(TRIED.values())}), 0 unintended 5xx")
+        print(f"\nproxy fuzz cases tried: {TRIED} (total {sum(TRIED.values())}), 0 unintended 5xx; resident {memory}")
