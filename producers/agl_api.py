@@ -1,34 +1,39 @@
-"""Agent Lightning 1.x's server API (``/api/...``) on the bus: rollouts created and ended, models listed. Pure.
+"""Agent Lightning 1.x's server API (``/api/...``) on the bus: its controllers' queue on rb.tasks, rollouts ended,
+models listed, its agents' LLM route. Pure.
 
-What its callers send (its trainer's rollout manager, its controllers), mapped onto our records; the
-routes are in :mod:`producers.agl_api_http`:
+What its callers send (its trainer's rollout manager, its controllers, its agents), mapped onto our records;
+the routes are in :mod:`producers.agl_api_http`:
 
 * ``POST /api/rollouts`` (a list of its ``RolloutCreate``: ``input``, ``is_train``, ``config``, ``metadata``,
   an optional caller-chosen ``rollout_id``) → its ``Rollout`` per item, ``queuing``, the id the caller's
-  or a new one (as its server does), and a STARTED event per rollout (:func:`started_from_create`) for
-  attempt ``"0"``: its controllers give every agent that attempt id (``DEFAULT_ATTEMPT_ID``; the
-  server makes none), so the agent's event URL is ``/api/rollouts/{rollout_id}/attempt/0/events``.
-  The task is the input's ``data_id`` (or ``instance_id``, as its terminal-rollout listing reads it),
-  else a digest of the input: the rollouts its trainer makes of one sample share one task, so they
-  form one GRPO group.
-* ``PATCH /api/rollouts/{rollout_id}`` (its ``RolloutPatch``, ``{"status": {"state": ...}}``) with a
-  terminal state (``succeeded``, ``failed``) → the FINISHED event (:func:`finished_from_patch`). Its
-  patch carries no reward (its trainer takes the last ``reward`` event): the attempt's last reward span
-  is the reward, as the span stage already does for a FINISHED naming none; the stream worker waits
-  its finish grace for events still on their way. ``queuing``/``running`` publish nothing.
-* ``GET /api/models`` → the newest version of each model resource on ``rb.resources`` (latest first)
-  as its ``Model`` records ``{"model", "endpoint", "version"}`` (:func:`models_reply`).
+  or a new one (as its server does), and a task record per rollout on rb.tasks (:func:`task_from_create`):
+  the task is the input's ``data_id`` (or ``instance_id``, as its terminal-rollout listing reads it), else
+  a digest of the input, so the rollouts its trainer makes of one sample are one GRPO group, under the
+  policy version of their creation. One attempt each, attempt ``"0"``: its controllers give every agent
+  that attempt id (``DEFAULT_ATTEMPT_ID``) and its states are final, so a rollout is never retried.
+* ``GET /api/rollouts?state_in=queuing&state_in=running`` (its controllers' poll) → the rollouts a gateway
+  replica offers (``queuing``) and has claimed (``running``), as its ``Rollout`` (:func:`listing`).
+* ``PATCH /api/rollouts/{rollout_id}`` (its ``RolloutPatch``, ``{"status": {"state": ...}}``): ``running`` is
+  the claim (the queue's STARTED); a terminal state (``succeeded``, ``failed``) the FINISHED event
+  (:func:`finished_from_patch`). Its patch carries no reward (its trainer takes the last ``reward``
+  event): the attempt's last reward span is the reward; the stream worker waits its finish grace for
+  events still on their way.
+* ``GET /api/models`` → the newest version of each model resource on ``rb.resources`` (latest first) as
+  its ``Model`` records ``{"model", "endpoint", "version"}`` (:func:`models_reply`).
+* its server's LLM route, which its controllers hand every agent as ``AGL_OPENAI_BASE_URL`` → ``rolloutbus
+  proxy``'s route for the attempt, at the endpoint the policy's version names (:func:`llm_upstream`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from producers.agl_claims import AGL1_ROLLOUT, CONFIG, ROLLOUT_ID
 from producers.mapping import MappingError, attr_str
-from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent
+from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent, Task
 
 PREFIX = "/api"
 DEFAULT_ATTEMPT_ID = "0"  # what its controllers hand every agent (agentlightning.schemas.DEFAULT_ATTEMPT_ID)
@@ -36,6 +41,9 @@ STATES = ("queuing", "running", "succeeded", "failed")
 TERMINAL = ("succeeded", "failed")
 MAX_DEPTH = 64  # JSON nesting a body may have; deeper is refused (400) before anything reads it
 PATCH_FIELDS = ("state", "k8s_job_name", "last_attempt_id", "error_message")  # its RolloutStatusPatch (extra: forbid)
+LIST_LIMIT = 500  # its list_rollouts' default limit
+CLAIM_GRACE_S = 30  # a claim outlives its rollout's timeout_seconds by this: its controller's own FAILED patch comes first
+LLM_PATHS = ("chat/completions", "completions")  # what its server's LLM proxy forwards
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
@@ -127,16 +135,6 @@ def task_id_of(task_input: Any) -> str:
     return "agl1-" + hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
 
 
-def started_from_create(rollout: Mapping[str, Any], *, resource_version: int | None, now_ns: int) -> RolloutEvent:
-    """The STARTED event of a created rollout's attempt ``"0"``: the stream worker knows its task and mode
-    from it (a FINISHED from a patch names only the ids). ``resource_version``: the policy's newest."""
-    metadata = {f"agentlightning.metadata.{key}": attr_str(value) for key, value in rollout["metadata"].items()
-                if value is not None}
-    return RolloutEvent(rollout_id=rollout["rollout_id"], attempt_id=DEFAULT_ATTEMPT_ID, event="STARTED", time_ns=now_ns,
-                        task_id=task_id_of(rollout["input"]), mode="train" if rollout["is_train"] else "val", attempt=1,
-                        resource_version=resource_version, metadata=metadata)
-
-
 def check_rollout_patch(body: Any) -> dict[str, Any]:
     """The ``PATCH /api/rollouts/{id}`` body (its ``RolloutPatch``) → the status fields it sets;
     :class:`MappingError` with the reason otherwise."""
@@ -206,6 +204,81 @@ def policy_version(current: Mapping[str, ResourceVersion] | None, name: str = "p
     return None if rv is None else rv.version
 
 
+# ---------------------------------------------------------------------------- its controllers' queue (rb.tasks)
+
+
+def task_from_create(rollout: Mapping[str, Any], *, resource_version: int | None, now_ns: int) -> Task:
+    """A created rollout (:func:`new_rollout`) → its task record on rb.tasks, keyed by its rollout id: the task
+    is the sample's (:func:`task_id_of`, one GRPO group), the version the policy's newest at creation. One
+    attempt, never retried (its states are final), claimed for its ``timeout_seconds`` (+ a grace)."""
+    limits = {"max_attempts": 1, "timeout_seconds": rollout["config"]["timeout_seconds"] + CLAIM_GRACE_S,
+              "retry_condition": []}
+    kept = {"is_train": rollout["is_train"], "config": rollout["config"], "metadata": rollout["metadata"],
+            "created_at": rollout["status"]["created_at"]}
+    metadata = {f"agentlightning.metadata.{key}": attr_str(value) for key, value in rollout["metadata"].items()
+                if value is not None}
+    metadata.update({ROLLOUT_ID: rollout["rollout_id"], CONFIG: json.dumps(limits), AGL1_ROLLOUT: json.dumps(kept)})
+    return Task(task_id=task_id_of(rollout["input"]), input=json.dumps(rollout["input"]),
+                mode="train" if rollout["is_train"] else "val", group_size=1, created_ns=now_ns,
+                resource_version=resource_version, metadata=metadata)
+
+
+def rollout_of_task(task: Task, rollout_id: str, *, state: str = "queuing", attempt_id: str | None = None,
+                    updated_at: float | None = None) -> dict[str, Any]:
+    """Its ``Rollout`` (as JSON) of a task :func:`task_from_create` made: ``queuing`` while offered, ``running``
+    (its ``last_attempt_id``, version 2) once claimed."""
+    kept = json.loads(task.metadata[AGL1_ROLLOUT])
+    created = kept["created_at"]
+    return {"rollout_id": rollout_id, "input": json.loads(task.input), "is_train": kept["is_train"], "config": kept["config"],
+            "metadata": kept["metadata"],
+            "status": {"state": state, "k8s_job_name": None, "last_attempt_id": attempt_id, "error_message": None,
+                       "version": 1 if state == "queuing" else 2, "created_at": created,
+                       "updated_at": created if updated_at is None else updated_at}}
+
+
+def check_list_query(states: Sequence[str], limit: str | None) -> tuple[tuple[str, ...], int]:
+    """``GET /api/rollouts``'s ``state_in`` (repeated, at least one) and ``limit`` (its default 500), checked."""
+    if not states:
+        raise MappingError("state_in is required (?state_in=queuing&state_in=running)")
+    bad = [s for s in states if s not in STATES]
+    if bad:
+        raise MappingError(f"state_in {bad[0]!r} is not one of {list(STATES)}")
+    try:
+        n = LIST_LIMIT if limit is None else int(limit)
+    except ValueError:
+        raise MappingError(f"limit {limit!r} is not an integer") from None
+    return tuple(dict.fromkeys(states)), n
+
+
+def listing(offered: Sequence[tuple[str, Task]], running: Sequence[tuple[str, Task, str, float]], states: Sequence[str],
+            limit: int) -> list[dict[str, Any]]:
+    """``GET /api/rollouts``: the rollouts in ``states`` of a replica's queue, claimed ones ``running`` ((rollout
+    id, task, attempt id, claimed at)) first — a controller finishes only those it is shown, so a long queue
+    must not hide them — then offered ones ``queuing``, in the order they are handed out; at most ``limit``
+    (a negative one as Python slices, as its server does)."""
+    out = []
+    if "running" in states:
+        out += [rollout_of_task(task, rid, state="running", attempt_id=aid, updated_at=at) for rid, task, aid, at in running]
+    if "queuing" in states:
+        out += [rollout_of_task(task, rid) for rid, task in offered]
+    return out[:limit]
+
+
+def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rollout_id: str, attempt_id: str,
+                 path: str) -> str | None:
+    """Where its agent's LLM call goes (its controllers hand every agent the server's LLM proxy route): the
+    per-attempt route of the endpoint the policy's newest version names (``config.endpoint``, the base URL of
+    ``rolloutbus proxy``, as ``rolloutbus train --llm-endpoint`` publishes it), else of the newest model
+    version that names one; None when none does."""
+    versions = [rv for rv in (current or {}).values() if rv.kind == "model" and rv.config.get("endpoint")]
+    versions.sort(key=lambda rv: (rv.name != policy, -rv.version, -rv.created_ns))
+    if not versions:
+        return None
+    endpoint = str(versions[0].config["endpoint"]).rstrip("/").removesuffix("/v1")
+    return f"{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1/{path}"
+
+
 __all__ = ["PREFIX", "DEFAULT_ATTEMPT_ID", "STATES", "TERMINAL", "MAX_DEPTH", "check_depth", "check_rollout_creates",
-           "new_rollout", "task_id_of", "started_from_create", "check_rollout_patch", "finished_from_patch",
-           "patched_rollout", "models_reply", "policy_version"]
+           "new_rollout", "task_id_of", "check_rollout_patch", "finished_from_patch",
+           "patched_rollout", "models_reply", "policy_version", "LIST_LIMIT", "LLM_PATHS", "task_from_create", "rollout_of_task",
+           "check_list_query", "listing", "llm_upstream"]

@@ -1,36 +1,51 @@
-"""The routes of Agent Lightning 1.x's server API (``/api/...``) that the gateway serves.
+"""The routes of Agent Lightning 1.x's server API (``/api/...``) that the gateway serves, so its controllers
+(``LocalReconciler``, ``K8sReconciler``) run against the gateway with only its URL (and key) changed.
 
-Rollouts created (``POST /api/rollouts``: a STARTED per rollout on rb.spans) and ended (``PATCH
-/api/rollouts/{id}`` to a terminal state: its FINISHED), and ``GET /api/models`` (the model versions on
-rb.resources), mapped by :mod:`producers.agl_api`. Its events route is the gateway's own
-(:mod:`producers.agl_events`). Its calls that read or change a rollout table — listing and getting
-rollouts, querying events, deleting, registering model servers — answer 501 naming the call: they need a
-table the gateway replicas share, not built yet; rollouts are read from ClickHouse.
+Its queue is rb.tasks, through the gateway's :class:`producers.agl_queue.TaskQueue` (one owner per task
+partition, at most one live claim per rollout): ``POST /api/rollouts`` puts a task per rollout on rb.tasks;
+``GET /api/rollouts?state_in=queuing&state_in=running`` (what its controllers poll) lists the rollouts this
+replica offers (``queuing``) and has claimed (``running``); ``PATCH /api/rollouts/{id}`` to ``running`` is
+the claim (the attempt's STARTED on rb.spans; 409 when this replica does not offer it), to a terminal
+state its FINISHED. ``GET /api/models`` lists the model versions on rb.resources. The LLM route its
+controllers hand every agent (``/proxy/rollout/{id}/attempt/{id}/mode/{mode}/openai/v1/...``) is forwarded
+to ``rolloutbus proxy``'s route for the attempt, at the endpoint the policy's version names. Mapped by
+:mod:`producers.agl_api`; its events route is the gateway's own (:mod:`producers.agl_events`). Its calls
+with no meaning on the bus — reading one rollout, terminal pages, events, deleting, registering model
+servers — answer 501 naming the call; rollouts and their steps are read from ClickHouse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from foundation.errors import EncodeError
+from foundation.errors import EncodeError, KafkaUnavailable
 from producers.agl_api import (
+    DEFAULT_ATTEMPT_ID,
+    LLM_PATHS,
     PREFIX,
+    TERMINAL,
     check_depth,
+    check_list_query,
     check_rollout_creates,
     check_rollout_patch,
     finished_from_patch,
+    listing,
+    llm_upstream,
     models_reply,
     new_rollout,
     patched_rollout,
     policy_version,
-    started_from_create,
+    rollout_of_task,
+    task_from_create,
 )
 from producers.agl_events import EVENT_PATH
 from producers.agl_store_http import Resources
@@ -40,11 +55,14 @@ from producers.spool import FRAME_OVERHEAD
 from producers.transport import SpanTransport
 from schemas.codec import encode
 
+if TYPE_CHECKING:
+    from producers.agl_queue import TaskQueue
+
 log = logging.getLogger(__name__)
 
-# Its server's calls that need a rollout table (or own the model registry): what each is, for the 501.
+LLM_ROUTE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/{path:.*}"  # its server's LLM proxy
+# Its server's calls with no meaning on the bus (or that own the model registry): what each is, for the 501.
 NOT_ON_THE_BUS = {
-    ("GET", "/rollouts"): "listing rollouts by state (its controllers' queue)",
     ("GET", "/rollouts/terminal"): "paging finished rollouts",
     ("GET", "/rollouts/{rollout_id}"): "reading a rollout",
     ("DELETE", "/rollouts/{rollout_id}"): "deleting a rollout",
@@ -62,19 +80,29 @@ class AgentLightning1Routes:
     """Adds Agent Lightning 1.x's ``/api`` routes (all but its events route, the gateway's) to an application."""
 
     def __init__(self, transport: SpanTransport, resources: Resources, *, token: str | None = None,
-                 retry_after_s: int = 5, max_body_bytes: int = 16 << 20, policy: str = "policy") -> None:
+                 retry_after_s: int = 5, max_body_bytes: int = 16 << 20, policy: str = "policy",
+                 queue: TaskQueue | None = None, llm_token: str | None = None, llm_timeout_s: float = 300.0) -> None:
+        """``queue``: rb.tasks (None: the queue's calls answer 501); ``llm_token``: the bearer token the LLM
+        route sends ``rolloutbus proxy`` (its ``ROLLOUTBUS_PROXY_TOKEN``)."""
         self.transport = transport
         self.resources = resources
         self.token = token
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
         self.policy = policy
+        self.queue = queue
+        self.llm_token = llm_token
+        self.llm_timeout_s = llm_timeout_s
+        self._session: aiohttp.ClientSession | None = None
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
         r.add_post(f"{PREFIX}/rollouts", self.create_rollouts)
+        r.add_get(f"{PREFIX}/rollouts", self.list_rollouts)
         r.add_patch(f"{PREFIX}/rollouts/{{rollout_id}}", self.patch_rollout)
         r.add_get(f"{PREFIX}/models", self.list_models)
+        r.add_post(LLM_ROUTE, self.llm_call)
+        app.on_cleanup.append(self._close)
         for (method, path), what in NOT_ON_THE_BUS.items():
             r.add_route(method, PREFIX + path, self._not_on_the_bus(what))
         r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
@@ -91,17 +119,21 @@ class AgentLightning1Routes:
             return self._error(401, REFUSED, CHALLENGE)
         return None
 
-    async def _json(self, request: web.Request) -> Any:
-        """The body as JSON; :class:`BadBody` with one line for a body that is too big, unreadable,
-        not JSON or nested too deep."""
+    async def _raw(self, request: web.Request) -> bytes:
+        """The body; :class:`BadBody` with one line for a body that is too big or unreadable."""
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise BadBody(f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
         try:
-            raw = await request.read()
+            return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BadBody(f"body is over the limit of {self.max_body_bytes} bytes") from None
         except RequestPayloadError as exc:
             raise BadBody(f"body cannot be read as sent: {exc}") from exc
+
+    async def _json(self, request: web.Request) -> Any:
+        """The body as JSON; :class:`BadBody` with one line for a body that is too big, unreadable,
+        not JSON or nested too deep."""
+        raw = await self._raw(request)
         if not raw:
             return None
         try:
@@ -129,10 +161,19 @@ class AgentLightning1Routes:
 
     # ------------------------------------------------------------------ routes
 
+    def _no_queue(self, request: web.Request) -> web.Response:
+        return self._error(501, f"{request.method} {request.path} needs the queue on rb.tasks, which this gateway was "
+                                "built without (rolloutbus gateway has it)")
+
+    def _busy(self, exc: Exception) -> web.Response:
+        return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+
     async def create_rollouts(self, request: web.Request) -> web.Response:
-        """``POST /api/rollouts``: its rollouts, queuing, and a STARTED for each one's attempt "0"."""
+        """``POST /api/rollouts``: a task per rollout on rb.tasks (delivered before the answer), its rollouts queuing."""
         if (refused := self._refused(request)) is not None:
             return refused
+        if self.queue is None:
+            return self._no_queue(request)
         try:
             reqs = check_rollout_creates(await self._json(request))
         except BadBody as exc:
@@ -140,26 +181,47 @@ class AgentLightning1Routes:
         except MappingError as exc:
             return self._error(422, f"not a list of Agent Lightning rollouts to create: {exc}")
         current = self.resources()
-        if current is None:  # the STARTED names the policy version its group is keyed by: wait for it
+        if current is None:  # the task names the policy version its group is keyed by: wait for it
             return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
         now, now_ns = time.time(), time.time_ns()
         version = policy_version(current, self.policy)
-        rollouts, records = [], []
+        rollouts, tasks = [], []
         try:
             for req in reqs:
                 rollout = new_rollout(req, req["rollout_id"] or uuid.uuid4().hex, now=now)
-                event = started_from_create(rollout, resource_version=version, now_ns=now_ns)
-                records.append((rollout["rollout_id"], encode(event)))
+                task = task_from_create(rollout, resource_version=version, now_ns=now_ns)
+                encode(task)  # refused here, as a 422, rather than by the producer
+                tasks.append((rollout["rollout_id"], task))
                 rollouts.append(rollout)
         except (EncodeError, ValueError) as exc:
-            return self._error(422, f"a rollout cannot be started: {exc}")
-        if (busy := self._send(records)) is not None:
-            return busy
-        log.info("%d rollouts created through Agent Lightning 1.x's API", len(rollouts))
+            return self._error(422, f"a rollout cannot be queued: {exc}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.queue.publish, tasks)
+        except KafkaUnavailable as exc:
+            return self._busy(exc)
+        log.info("%d rollouts queued on rb.tasks through Agent Lightning 1.x's API", len(rollouts))
         return web.json_response(rollouts, status=201)
 
+    async def list_rollouts(self, request: web.Request) -> web.Response:
+        """``GET /api/rollouts?state_in=...&limit=...``: this replica's offered (queuing) and claimed (running) rollouts."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        try:
+            states, limit = check_list_query(request.query.getall("state_in", []), request.query.get("limit"))
+        except MappingError as exc:
+            return self._error(422, str(exc))
+        if any(state in TERMINAL for state in states):
+            return self._error(501, f"GET {request.path}?state_in={'|'.join(TERMINAL)} (listing ended rollouts) is not "
+                                    "served by rolloutbus: ended rollouts are in ClickHouse's rollouts table; the gateway "
+                                    "lists queuing and running ones")
+        if self.queue is None:
+            return self._no_queue(request)
+        offered, claims = await asyncio.get_running_loop().run_in_executor(None, self.queue.agl1_rollouts)
+        running = [(c.slot.rollout_id, c.slot.task, c.attempt_id or DEFAULT_ATTEMPT_ID, c.started) for c in claims]
+        return web.json_response(listing([(s.rollout_id, s.task) for s in offered], running, states, limit))
+
     async def patch_rollout(self, request: web.Request) -> web.Response:
-        """``PATCH /api/rollouts/{id}``: a terminal state is its attempt's FINISHED."""
+        """``PATCH /api/rollouts/{id}``: ``running`` claims it (its STARTED), a terminal state is its FINISHED."""
         if (refused := self._refused(request)) is not None:
             return refused
         rollout_id = request.match_info["rollout_id"]
@@ -169,6 +231,18 @@ class AgentLightning1Routes:
             return self._error(400, str(exc))
         except MappingError as exc:
             return self._error(422, f"not an Agent Lightning rollout patch: {exc}")
+        state, attempt_id = status.get("state"), status.get("last_attempt_id") or DEFAULT_ATTEMPT_ID
+        claim = None
+        if self.queue is not None and state in ("running", *TERMINAL):
+            # running: the claim; a terminal state from queuing (its controller's failed spawn): claimed, then ended
+            try:
+                claim = await asyncio.get_running_loop().run_in_executor(None, self.queue.claim_agl1, rollout_id, attempt_id)
+            except KafkaUnavailable as exc:
+                return self._busy(exc)
+            if claim is None and state == "running":
+                return self._error(409, f"Rollout {rollout_id}: cannot transition to running: this gateway replica does not "
+                                        "offer it (running already, ended, or queued in a partition another replica owns; "
+                                        "list the rollouts again)")
         event = finished_from_patch(rollout_id, status, now_ns=time.time_ns())
         if event is not None:
             try:
@@ -177,8 +251,16 @@ class AgentLightning1Routes:
                 return self._error(422, f"the rollout cannot be finished: {exc}")
             if (busy := self._send([(rollout_id, value)])) is not None:
                 return busy
+            if self.queue is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self.queue.finished, event.attempt_id,
+                                                                 event.status or "failed", rollout_id)
             log.info("rollout %s/%s ended through Agent Lightning 1.x's API: %s", rollout_id, event.attempt_id, event.status)
-        return web.json_response(patched_rollout(rollout_id, status, now=time.time()))
+        now = time.time()
+        if claim is not None:
+            reply = rollout_of_task(claim.slot.task, rollout_id, state=state or "running", attempt_id=attempt_id, updated_at=now)
+            reply["status"].update(error_message=status.get("error_message"), k8s_job_name=status.get("k8s_job_name"))
+            return web.json_response(reply)
+        return web.json_response(patched_rollout(rollout_id, status, now=now))
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /api/models``: the model versions on rb.resources, latest first, as its ``Model`` list."""
@@ -188,6 +270,45 @@ class AgentLightning1Routes:
         if current is None:
             return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
         return web.json_response(models_reply(current))
+
+    async def llm_call(self, request: web.Request) -> web.StreamResponse:
+        """Its server's LLM proxy route, as its controllers hand it to every agent
+        (``AGL_OPENAI_BASE_URL``): forwarded to ``rolloutbus proxy``'s route for the attempt (which records the
+        call's token ids on rb.spans), at the endpoint the policy's newest version names."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        m = request.match_info
+        if m["mode"] not in ("train", "val"):
+            return self._error(404, f"Unsupported proxy mode: {m['mode']}")
+        if m["path"] not in LLM_PATHS:
+            return self._error(404, f"Unsupported upstream path: {m['path']}")
+        url = llm_upstream(self.resources(), self.policy, m["rollout_id"], m["attempt_id"], m["path"])
+        if url is None:
+            return self._error(503, "no LLM endpoint is published on rb.resources: run rolloutbus train with "
+                                    "--llm-endpoint http://<proxy>/v1 (the proxy's base URL)", {"Retry-After": "5"})
+        try:
+            body = await self._raw(request)
+        except BadBody as exc:
+            return self._error(400, str(exc))
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        if self.llm_token:
+            headers["Authorization"] = f"Bearer {self.llm_token}"
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.llm_timeout_s))
+        try:
+            async with self._session.post(url, data=body, headers=headers) as upstream:
+                out = await upstream.read()
+                return web.Response(status=upstream.status, body=out,
+                                    content_type=upstream.content_type or "application/json")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("LLM call of %s/%s not forwarded to %s: %s", m["rollout_id"], m["attempt_id"], url.split("/rollout/")[0],
+                        type(exc).__name__)
+            return self._error(502, f"the LLM proxy at {url.split('/rollout/')[0]} did not answer: {type(exc).__name__}")
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def _not_on_the_bus(self, what: str) -> Any:
         async def handler(request: web.Request) -> web.Response:
@@ -204,8 +325,8 @@ class AgentLightning1Routes:
 
     @staticmethod
     def _served() -> str:
-        return (f"of Agent Lightning 1.x's API the gateway serves POST {PREFIX}/rollouts, PATCH {PREFIX}/rollouts/{{id}}, "
-                f"GET {PREFIX}/models and POST {EVENT_PATH}")
+        return (f"of Agent Lightning 1.x's API the gateway serves POST and GET {PREFIX}/rollouts, PATCH "
+                f"{PREFIX}/rollouts/{{id}}, GET {PREFIX}/models, POST {EVENT_PATH} and its LLM route")
 
 
-__all__ = ["AgentLightning1Routes", "NOT_ON_THE_BUS"]
+__all__ = ["AgentLightning1Routes", "NOT_ON_THE_BUS", "LLM_ROUTE"]

@@ -31,6 +31,7 @@ ROLLOUT_ID = "agl.rollout_id"
 RESOURCES_ID = "agl.resources_id"
 CONFIG = "agl.config"
 METADATA = "agl.metadata"
+AGL1_ROLLOUT = "agl1.rollout"  # a rollout created through Agent Lightning 1.x's API (producers.agl_api): its Rollout's JSON
 DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
 MODES = ("train", "val", "test")
 
@@ -170,6 +171,11 @@ class Slot:
     attempts: int = 0  # attempts handed out so far (held ones count as one)
     done: bool = False
 
+    @property
+    def agl1(self) -> bool:
+        """Created through Agent Lightning 1.x's API: its controllers run it (attempt ``"0"``), not 0.3's dequeue."""
+        return AGL1_ROLLOUT in self.task.metadata
+
 
 @dataclass
 class Claim:
@@ -191,7 +197,7 @@ class ClaimBook:
     max_attempts: int = 2
     _offers: deque[Slot] = field(default_factory=deque)
     _slots: dict[tuple[int, int], list[Slot]] = field(default_factory=dict)
-    _claims: dict[str, Claim] = field(default_factory=dict)  # by attempt id
+    _claims: dict[tuple[str, str], Claim] = field(default_factory=dict)  # by (rollout id, attempt id)
     _held: list[Claim] = field(default_factory=list)
     _marks: dict[int, tuple[int, float]] = field(default_factory=dict)  # partition → (claimed_to, until)
     _highest: dict[int, int] = field(default_factory=dict)
@@ -247,21 +253,28 @@ class ClaimBook:
 
     # ------------------------------------------------------------------ claims
 
-    def take(self, worker_id: str | None, *, now: float) -> Claim | None:
-        """Hand the next offered rollout to ``worker_id``: a new attempt with a deadline; None: nothing offered."""
-        while self._offers:
-            slot = self._offers.popleft()
+    def take(self, worker_id: str | None, *, now: float, rollout_id: str | None = None, attempt_id: str | None = None,
+             agl1: bool = False) -> Claim | None:
+        """Hand the next offered rollout to ``worker_id``: a new attempt with a deadline; None: nothing offered.
+        Only rollouts of one API are handed out: 0.3's dequeue (``agl1`` False) or 1.x's controllers (True),
+        whose claim names the rollout (``rollout_id``) and the attempt id it gives its agent (``attempt_id``)."""
+        for slot in list(self._offers):
             if slot.done or (slot.partition, slot.offset) not in self._slots:
+                self._offers.remove(slot)
                 continue
+            if slot.agl1 != agl1 or (rollout_id is not None and slot.rollout_id != rollout_id):
+                continue
+            self._offers.remove(slot)
             slot.attempts += 1
-            claim = Claim(slot, new_attempt_id(), slot.attempts, worker_id, now, now + slot.limits.timeout_s)
-            self._claims[claim.attempt_id] = claim
+            claim = Claim(slot, attempt_id or new_attempt_id(), slot.attempts, worker_id, now, now + slot.limits.timeout_s)
+            self._claims[(slot.rollout_id, claim.attempt_id)] = claim
             return claim
         return None
 
     def untake(self, claim: Claim) -> None:
         """A claim that could not be handed out after all (its commit failed): offered again, first."""
-        if self._claims.pop(claim.attempt_id, None) is not None and (claim.slot.partition, claim.slot.offset) in self._slots:
+        if self._claims.pop((claim.slot.rollout_id, claim.attempt_id), None) is not None and \
+                (claim.slot.partition, claim.slot.offset) in self._slots:
             claim.slot.attempts -= 1
             self._offers.appendleft(claim.slot)
 
@@ -277,7 +290,7 @@ class ClaimBook:
             if not any(c is claim for c in self._held):
                 return False  # ended already
             self._held = [c for c in self._held if c is not claim]
-        elif self._claims.pop(claim.attempt_id, None) is not claim:
+        elif self._claims.pop((claim.slot.rollout_id, claim.attempt_id), None) is not claim:
             return False
         slot = claim.slot
         if (slot.partition, slot.offset) not in self._slots or slot.done:
@@ -288,8 +301,19 @@ class ClaimBook:
         slot.done = True
         return False
 
-    def claim_of(self, attempt_id: str) -> Claim | None:
-        return self._claims.get(attempt_id)
+    def claim_of(self, attempt_id: str, rollout_id: str | None = None) -> Claim | None:
+        """The live claim of an attempt (0.3's attempt ids are unique; 1.x's are all ``"0"``: name the rollout)."""
+        if rollout_id is not None:
+            return self._claims.get((rollout_id, attempt_id))
+        return next((c for c in self._claims.values() if c.attempt_id == attempt_id), None)
+
+    def held_claim_of(self, rollout_id: str) -> Claim | None:
+        """A claim an earlier owner handed out, of this rollout (its attempt id is not known here)."""
+        return next((c for c in self._held if c.slot.rollout_id == rollout_id), None)
+
+    def offered_slots(self, *, agl1: bool) -> list[Slot]:
+        """The rollouts offered now (not claimed, not done), of one API, in the order they are handed out."""
+        return [s for s in self._offers if s.agl1 == agl1 and not s.done and (s.partition, s.offset) in self._slots]
 
     def expired(self, now: float) -> list[Claim]:
         return [c for c in self.claims() if c.deadline <= now]
@@ -335,6 +359,6 @@ def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
     return reply
 
 
-__all__ = ["ClaimBook", "Claim", "Slot", "Limits", "limits_of", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
+__all__ = ["AGL1_ROLLOUT", "ClaimBook", "Claim", "Slot", "Limits", "limits_of", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
            "attempted_rollout", "rollout_count", "rollout_id_of", "claim_mark", "read_mark", "new_rollout_id",
            "new_attempt_id", "DEFAULT_CONFIG"]

@@ -21,6 +21,7 @@ from foundation.errors import DecodeError, KafkaUnavailable, ServiceError, Valid
 from producers.agl_claims import (
     Claim,
     ClaimBook,
+    Slot,
     attempted_rollout,
     claim_mark,
     new_rollout_id,
@@ -209,12 +210,45 @@ class TaskQueue:
     def _end(self, claim: Claim, status: str) -> None:
         self.book.end(claim, "succeeded" if status in SUCCESS else status)
 
-    def finished(self, attempt_id: str, status: str) -> None:
-        """An ``update_attempt`` that ended an attempt reached this replica: its claim (if ours) ends."""
+    def finished(self, attempt_id: str, status: str, rollout_id: str | None = None) -> None:
+        """An ``update_attempt`` (or 1.x's terminal patch, naming its rollout) that ended an attempt reached this
+        replica: its claim (if ours; one an earlier owner handed out, for 1.x's attempt ids) ends."""
         with self._lock:
-            claim = self.book.claim_of(attempt_id)
+            claim = self.book.claim_of(attempt_id, rollout_id)
+            if claim is None and rollout_id is not None:
+                claim = self.book.held_claim_of(rollout_id)
             if claim is not None:
                 self._end(claim, status)
+
+    # ------------------------------------------------------------------ Agent Lightning 1.x's controllers
+
+    def agl1_rollouts(self) -> tuple[list[Slot], list[Claim]]:
+        """The rollouts created through 1.x's API that this replica has: (offered, live claims). Joins the group."""
+        self.start()
+        with self._lock:
+            return self.book.offered_slots(agl1=True), [c for c in self.book.claims() if c.slot.agl1]
+
+    def claim_agl1(self, rollout_id: str, attempt_id: str) -> Claim | None:
+        """A 1.x controller moves an offered rollout to running: its claim, with the attempt id it gives its
+        agent; the STARTED on its way to rb.spans before it is answered (as :meth:`dequeue`). None: this replica
+        does not offer it (claimed already, ended, or in a partition another replica owns). Raises
+        :class:`KafkaUnavailable` when the STARTED cannot be recorded (it stays offered)."""
+        self.start()
+        with self._lock:
+            if not self.transport.accepting():
+                raise KafkaUnavailable("Kafka is unreachable and the local spool is full: no attempt can be started")
+            claim = self.book.take(None, now=time.time(), rollout_id=rollout_id, attempt_id=attempt_id, agl1=True)
+            if claim is None:
+                return None
+            if not self._commit([claim.slot.partition]):
+                self.book.untake(claim)
+                raise KafkaUnavailable(f"the claim of {rollout_id} could not be committed on {self.topics.tasks}")
+            if not self._record(self._event(claim, "STARTED")):
+                self.book.untake(claim)
+                raise KafkaUnavailable("the attempt's STARTED could not be recorded: Kafka is unreachable and the "
+                                       "local queue or spool is full")
+        log.info("rollout %s (attempt %s) running through Agent Lightning 1.x's controller", rollout_id, attempt_id)
+        return claim
 
     def _event(self, claim: Claim, kind: str, **extra: Any) -> RolloutEvent:
         task = claim.slot.task
@@ -223,6 +257,8 @@ class TaskQueue:
         if version is None and current and "policy" in current:
             version = current["policy"].version
         metadata = {"agentlightning.worker_id": claim.worker_id} if claim.worker_id else {}
+        # 1.x's rollout metadata (producers.agl_api.task_from_create) goes on its events, as when it was created
+        metadata.update({k: v for k, v in task.metadata.items() if k.startswith("agentlightning.metadata.")})
         if kind == "FINISHED":
             metadata[SPANS_UNKNOWN] = "1"
         return RolloutEvent(rollout_id=claim.slot.rollout_id, attempt_id=claim.attempt_id, event=kind, time_ns=time.time_ns(),
@@ -276,24 +312,32 @@ class TaskQueue:
 
     def enqueue(self, requests: Sequence[Mapping[str, Any]], resources_id: str | None) -> list[dict[str, Any]]:
         """Each request → a task record on rb.tasks (keyed by its rollout id), delivered before the reply."""
-        from confluent_kafka import Producer
-
-        if self._producer is None:
-            self._producer = Producer({**self.kafka_conf, "enable.idempotence": True, "log_level": 0})
-        replies, failed = [], []
+        replies, tasks = [], []
         now = time.time_ns()
         for req in requests:
             rid = new_rollout_id()
             task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or resources_id, now_ns=now,
                                      defaults=self.book.defaults())
+            tasks.append((rid, task))
+            replies.append(rollout_reply(task, rid))
+        self.publish(tasks)
+        return replies
+
+    def publish(self, tasks: Sequence[tuple[str, Task]]) -> None:
+        """(rollout id, task) records onto rb.tasks, keyed by the rollout id; raises :class:`KafkaUnavailable`
+        unless every one is delivered."""
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer({**self.kafka_conf, "enable.idempotence": True, "log_level": 0})
+        failed: list[Any] = []
+        for rid, task in tasks:
             self._producer.produce(self.topics.tasks, encode(task), rid.encode(),
                                    on_delivery=lambda err, _msg: failed.append(err) if err else None)
-            replies.append(rollout_reply(task, rid))
         left = self._producer.flush(30)
         if left or failed:
             raise KafkaUnavailable(f"{left or len(failed)} rollouts not delivered to {self.topics.tasks}: "
                                    f"{failed[0] if failed else 'timed out'}")
-        return replies
 
 
 class ClickHouseReader:

@@ -36,6 +36,9 @@ class GatewaySettings(AgentSettings):
         "update_attempt within this time is ended as timeout and offered again (longer than an attempt runs, plus "
         "the stream worker's finish grace).")
     gateway_agl_max_attempts: int = Field(default=2, ge=1, description="Attempts per dequeued rollout (1 = no retry).")
+    llm_proxy_token: SecretStr | None = Field(
+        default=None, description="The token of rolloutbus proxy (its ROLLOUTBUS_PROXY_TOKEN), sent with the LLM calls "
+        "Agent Lightning 1.x's agents make through the gateway's /proxy/... route.")
     insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
 
 

@@ -1,12 +1,14 @@
-"""Agent Lightning 1.x's server API on the bus: its trainer's rollout creation, its controller's status
-patches and its agents' events go to the gateway, and the rollouts finish in ClickHouse with the rewards
-of their last ``reward`` events, as one GRPO group; ``GET /api/models`` lists the versions on rb.resources.
+"""Agent Lightning 1.x's server API on the bus: its trainer's rollout creation (tasks on rb.tasks), its
+controller's poll and status patches (the claims) and its agents' events go to the gateway, and the
+rollouts finish in ClickHouse with the rewards of their last ``reward`` events, as one GRPO group;
+``GET /api/models`` lists the versions on rb.resources.
 
 Its own code drives it, in its own virtualenv (al_venv.py, Agent Lightning 1.0.2): the create body is its
 ``RolloutCreate`` list as its rollout manager posts it (that class needs numpy and torch, so the payload is
-built as its ``_create_rollouts`` builds it), the patches are its ``LocalReconciler._patch``, the events its
-``AgentLightningSyncClient`` posting to the ``AGL_EVENT_URL`` its controller hands an agent. Replies are
-read back with its own pydantic models. The gateway is ``producers.gateway.Gateway`` with
+built as its ``_create_rollouts`` builds it), the poll is its ``LocalReconciler``'s query, the patches its
+``LocalReconciler._patch`` (its whole loop, unmodified, with real agents and a policy:
+test_agentlightning_e2e.py), the events its ``AgentLightningSyncClient`` posting to the ``AGL_EVENT_URL``
+its controller hands an agent. Replies are read back with its own pydantic models. The gateway is ``producers.gateway.Gateway`` with
 :class:`producers.agl_api_http.AgentLightning1Routes` added to its application.
 """
 
@@ -61,13 +63,26 @@ with AgentLightningSyncClient(key=key, base_url=base, max_retries=3, timeout=20)
 
 config = OmegaConf.create({"runner_type": "local", "local_runner": {"maximum_size": 2, "poll_interval": 1.0},
                            "agl_server": {"url": base, "key": key}})
+# Its controller's poll (LocalReconciler._reconcile_once): the rollouts the gateway offers and runs.
+POLL = [("state_in", RolloutState.QUEUING.value), ("state_in", RolloutState.RUNNING.value), ("limit", 50)]
+
+async def listed(api):
+    resp = await api.get("/api/rollouts", params=POLL)
+    resp.raise_for_status()
+    return {r.rollout_id: r.status.state.value for r in (Rollout.model_validate(item) for item in resp.json())}
 
 async def controller_and_agents():
     async with AgentLightningAsyncClient(base_url=base, key=key) as api:
         rec = LocalReconciler(api=api, config=config)
+        for _ in range(120):  # the gateway reads its rollouts back from rb.tasks
+            out["queued"] = await listed(api)
+            if len(out["queued"]) == 3:
+                break
+            await asyncio.sleep(0.5)
         patched = []
         for rid, reward in rewards.items():
             patched.append(await rec._patch(rid, RolloutState.RUNNING, last_attempt_id="0"))  # its _spawn_for
+            out.setdefault("running", []).append((await listed(api)).get(rid))
             # The agent: its events to the AGL_EVENT_URL the controller hands it (attempt "0").
             event_url = f"/api/rollouts/{rid}/attempt/0/events"
             with AgentLightningSyncClient(key=key, base_url=base, max_retries=1, timeout=20) as agent:
@@ -80,6 +95,7 @@ async def controller_and_agents():
                 agent.post_with_retry(event_url, json={"event_type": "reward", "data": {"value": reward}})
             patched.append(await rec._patch(rid, RolloutState.SUCCEEDED, last_attempt_id="0"))  # its _finish_proc, exit 0
         patched.append(await rec._patch(out["val"], RolloutState.FAILED, "local subprocess spawn failed: no agent"))
+        out["left"] = await listed(api)
         return patched
 
 out["patched"] = asyncio.run(controller_and_agents())
@@ -135,9 +151,11 @@ def test_agent_lightning_1x_rollouts_created_patched_and_finished_on_the_bus(
     assert got["models"] == [{"model": "policy", "endpoint": "http://proxy:8788", "version": 1}], "its Model shape"
     assert got["created"] == [["ro-api-1", "queuing", 600], ["ro-api-2", "queuing", 600]], "its Rollout, queuing"
     assert len(got["val"]) == 32, "an id the server made (uuid4 hex, as its server does)"
+    assert got["queued"] == {"ro-api-1": "queuing", "ro-api-2": "queuing", got["val"]: "queuing"}, "its controller's queue"
     assert got["patched"] == [True] * 5, "every patch its controller sent was answered 2xx"
+    assert got["running"] == ["running", "running"] and got["left"] == {}, "a patch to running claims it; ended ones leave"
 
-    # On rb.spans: a STARTED per rollout (attempt "0"), the events as spans, a FINISHED per terminal patch.
+    # On rb.spans: a STARTED per claim (attempt "0"), the events as spans, a FINISHED per terminal patch.
     records = consume_all(kafka_conf, topics.spans, expect=3 + 2 * 3 + 3, timeout=30)
     events = [(rec["rollout_id"], rec["attempt_id"], rec["event"]) for _k, name, rec, _p in records
               if name.endswith("RolloutEvent")]
@@ -147,11 +165,10 @@ def test_agent_lightning_1x_rollouts_created_patched_and_finished_on_the_bus(
     assert started["ro-api-1"]["task_id"] == started["ro-api-2"]["task_id"], "one sample, one task"
     assert started["ro-api-1"]["resource_version"] == 1 and started[got["val"]]["mode"] == "val"
 
-    # Its calls that need a rollout table say so, naming the call; bad bodies are one-line 400s, never 500.
+    # Its calls with no meaning on the bus say so, naming the call; bad bodies are one-line 400s, never 500.
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    resp = requests.get(f"{base}/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running"), ("limit", 50)],
-                        headers=auth, timeout=5)
-    assert resp.status_code == 501 and "GET /api/rollouts" in resp.json()["detail"]
+    resp = requests.get(f"{base}/api/rollouts/ro-api-1", headers=auth, timeout=5)
+    assert resp.status_code == 501 and "GET /api/rollouts/ro-api-1" in resp.json()["detail"]
     resp = requests.get(f"{base}/api/rollouts/ro-api-1/events", params={"format": "triplet"}, headers=auth, timeout=5)
     assert resp.status_code == 501 and "GET /api/rollouts/ro-api-1/events" in resp.json()["detail"]
     resp = requests.post(f"{base}/api/models", json=[{"model": "m", "endpoint": "http://x/v1"}], headers=auth, timeout=5)

@@ -93,8 +93,8 @@ def test_agent_lightning_1x_client_posts_events_to_the_gateway(
     assert reward["attributes"]["agentlightning.reward.reason"] == "exact_match"
 
     # Its server's calls with no meaning on the bus say so, naming the call.
-    resp = requests.get(f"{base}/api/rollouts", headers={"Authorization": "Bearer s3cret"}, timeout=5)
-    assert resp.status_code == 501 and "GET /api/rollouts" in resp.json()["detail"]
+    resp = requests.get(f"{base}/api/rollouts/{rollout_id}/events", headers={"Authorization": "Bearer s3cret"}, timeout=5)
+    assert resp.status_code == 501 and f"GET /api/rollouts/{rollout_id}/events" in resp.json()["detail"]
 
     # The attempt ends (our runner's FINISHED) and the stream worker makes the call a step.
     finished = RolloutEvent(rollout_id=rollout_id, attempt_id=attempt_id, event="FINISHED", time_ns=time.time_ns(),

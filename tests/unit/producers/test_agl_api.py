@@ -9,19 +9,24 @@ import pytest
 
 from producers.agl_api import (
     check_depth,
+    check_list_query,
     check_rollout_creates,
     check_rollout_patch,
     finished_from_patch,
+    listing,
+    llm_upstream,
     models_reply,
     new_rollout,
     patched_rollout,
     policy_version,
-    started_from_create,
+    rollout_of_task,
+    task_from_create,
     task_id_of,
 )
+from producers.agl_claims import ClaimBook, Limits, limits_of
 from producers.mapping import MappingError
 from schemas.codec import decode, encode
-from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent
+from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent, Task
 
 # What its trainer's rollout manager posts (RolloutCreate.model_dump(mode="json", exclude_none=True)), 1.0.2.
 CREATE = [{"input": {"question": "2+2?", "answer": "4"}, "is_train": True, "rollout_id": "ro-a",
@@ -35,7 +40,13 @@ def roundtrip(ev: RolloutEvent) -> RolloutEvent:
     return back
 
 
-def test_a_created_rollout_is_queuing_as_its_server_answers_and_its_attempt_0_is_started() -> None:
+def task_roundtrip(task: Task) -> Task:
+    back = decode(encode(task))  # what the queue reads back from rb.tasks
+    assert isinstance(back, Task)
+    return back
+
+
+def test_a_created_rollout_is_queuing_as_its_server_answers_and_a_task_on_rb_tasks() -> None:
     (req,) = check_rollout_creates(CREATE)
     rollout = new_rollout(req, "ro-a", now=100.0)
     assert rollout["status"] == {"state": "queuing", "k8s_job_name": None, "last_attempt_id": None, "error_message": None,
@@ -43,9 +54,12 @@ def test_a_created_rollout_is_queuing_as_its_server_answers_and_its_attempt_0_is
     assert rollout["config"] == {"timeout_seconds": 600, "k8s": None,
                                  "local": {"agent_class": "pkg.mod:Agent", "env_map": {"Q": "input.question"}}}
     assert rollout["metadata"] == {"batch_idx": None, "sample_idx_in_batch": None}
-    ev = roundtrip(started_from_create(rollout, resource_version=3, now_ns=7))
-    assert (ev.rollout_id, ev.attempt_id, ev.event, ev.mode, ev.attempt, ev.resource_version) == ("ro-a", "0", "STARTED", "train", 1, 3)
-    assert ev.task_id == task_id_of(CREATE[0]["input"]) and ev.task_id.startswith("agl1-")
+    task = task_roundtrip(task_from_create(rollout, resource_version=3, now_ns=7))
+    assert (task.task_id, task.mode, task.group_size, task.resource_version) == (task_id_of(CREATE[0]["input"]), "train", 1, 3)
+    assert task.task_id.startswith("agl1-")
+    # One attempt, never retried (its states are final), claimed a little longer than its controller waits.
+    assert limits_of(task, Limits(2, 600.0)) == Limits(1, 630.0, ())
+    assert rollout_of_task(task, "ro-a") == rollout, "listed queuing exactly as it was created"
 
 
 def test_defaults_are_its_own_and_a_val_rollout_is_not_trained() -> None:
@@ -53,7 +67,8 @@ def test_defaults_are_its_own_and_a_val_rollout_is_not_trained() -> None:
     rollout = new_rollout(req, "ro-b", now=1.0)
     assert rollout["config"] == {"timeout_seconds": 3600, "local": None, "k8s": None}
     assert req["rollout_id"] is None  # the route makes one, as its server does
-    assert roundtrip(started_from_create(rollout, resource_version=None, now_ns=1)).mode == "val"
+    task = task_roundtrip(task_from_create(rollout, resource_version=None, now_ns=1))
+    assert task.mode == "val" and rollout_of_task(task, "ro-b")["input"] == "just text"
 
 
 def test_the_rollouts_of_one_sample_are_one_task_so_one_group() -> None:
@@ -63,11 +78,61 @@ def test_the_rollouts_of_one_sample_are_one_task_so_one_group() -> None:
     assert task_id_of({"instance_id": 12}) == "12"
 
 
-def test_its_metadata_is_kept_on_the_started_event() -> None:
+def test_its_metadata_is_kept_for_the_started_event() -> None:
     (req,) = check_rollout_creates([{"input": 1, "metadata": {"batch_idx": 2, "tag": {"a": 1}}}])
-    ev = roundtrip(started_from_create(new_rollout(req, "ro-c", now=1.0), resource_version=None, now_ns=1))
-    assert ev.metadata["agentlightning.metadata.batch_idx"] == "2"
-    assert json.loads(ev.metadata["agentlightning.metadata.tag"]) == {"a": 1}
+    rollout = new_rollout(req, "ro-c", now=1.0)
+    task = task_roundtrip(task_from_create(rollout, resource_version=None, now_ns=1))
+    assert task.metadata["agentlightning.metadata.batch_idx"] == "2"  # the queue's STARTED carries these
+    assert json.loads(task.metadata["agentlightning.metadata.tag"]) == {"a": 1}
+    assert rollout_of_task(task, "ro-c")["metadata"] == {"batch_idx": 2, "sample_idx_in_batch": None, "tag": {"a": 1}}
+
+
+def queued(*rids: str, book: ClaimBook | None = None) -> ClaimBook:
+    """A replica's book with the tasks of 1.x rollouts (and one of 0.3's queue) read from rb.tasks."""
+    book = book or ClaimBook(600.0)
+    for i, rid in enumerate(rids):
+        (req,) = check_rollout_creates([{"input": {"data_id": "s-1"}, "rollout_id": rid}])
+        book.add(0, i, task_from_create(new_rollout(req, rid, now=float(i)), resource_version=1, now_ns=i), now=0.0)
+    book.add(0, len(rids), Task(task_id="t-03", input="{}", metadata={"agl.rollout_id": "ro-03"}), now=0.0)
+    return book
+
+
+def test_its_controllers_list_what_a_replica_offers_and_running_is_the_claim() -> None:
+    book = queued("ro-1", "ro-2", "ro-3")
+    offered = [(s.rollout_id, s.task) for s in book.offered_slots(agl1=True)]
+    assert [rid for rid, _ in offered] == ["ro-1", "ro-2", "ro-3"], "0.3's rollouts are not its controllers'"
+    claim = book.take(None, now=5.0, rollout_id="ro-2", attempt_id="0", agl1=True)
+    assert claim is not None and claim.attempt_id == "0" and claim.deadline == 5.0 + 3600 + 30
+    assert book.take(None, now=5.0, rollout_id="ro-2", attempt_id="0", agl1=True) is None, "one live claim per rollout"
+    running = [(c.slot.rollout_id, c.slot.task, c.attempt_id, c.started) for c in book.claims()]
+    got = listing([(s.rollout_id, s.task) for s in book.offered_slots(agl1=True)], running, ("queuing", "running"), 50)
+    assert [(r["rollout_id"], r["status"]["state"], r["status"]["last_attempt_id"]) for r in got] == [
+        ("ro-2", "running", "0"), ("ro-1", "queuing", None), ("ro-3", "queuing", None)]
+    assert got[0]["status"]["version"] == 2 and got[0]["status"]["updated_at"] == 5.0
+    assert [r["rollout_id"] for r in listing(offered, running, ("running",), 50)] == ["ro-2"]
+    assert [r["rollout_id"] for r in listing(offered, running, ("queuing", "running"), 1)] == ["ro-2"], \
+        "its running ones are never cut off by a long queue"
+    # 0.3's dequeue hands out its own only; the claim of a 1.x rollout ends by rollout and attempt "0".
+    taken = book.take("w", now=6.0)
+    assert taken is not None and taken.slot.rollout_id == "ro-03"
+    assert book.claim_of("0", "ro-2") is claim
+    assert book.end(claim, "failed") is False, "never retried"
+    assert [s.rollout_id for s in book.offered_slots(agl1=True)] == ["ro-1", "ro-3"]
+
+
+@pytest.mark.parametrize("states, limit, reason", [
+    ([], None, "state_in is required"),
+    (["queued"], None, "not one of"),
+    (["queuing"], "ten", "not an integer"),
+])
+def test_a_list_query_that_is_not_its_own_says_why(states: list[str], limit: str | None, reason: str) -> None:
+    with pytest.raises(MappingError, match=reason):
+        check_list_query(states, limit)
+
+
+def test_a_list_query_has_its_defaults() -> None:
+    assert check_list_query(["queuing", "running", "queuing"], None) == (("queuing", "running"), 500)
+    assert check_list_query(["succeeded"], "50") == (("succeeded",), 50)
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -141,6 +206,16 @@ def test_models_are_the_model_versions_latest_first_in_its_model_shape() -> None
                                      {"model": "Qwen/Qwen2.5-0.5B", "endpoint": "/ckpt/ref-1", "version": 1}]
     assert models_reply({}) == []
     assert policy_version(current) == 4 and policy_version(None) is None and policy_version({}, "policy") is None
+
+
+def test_its_agents_llm_calls_go_to_the_proxy_route_of_their_attempt() -> None:
+    current = {"policy": rv("policy", 4, endpoint="http://proxy:8788/v1"), "ref": rv("ref", 9, endpoint="http://other:1")}
+    assert llm_upstream(current, "policy", "ro-1", "0", "chat/completions") == \
+        "http://proxy:8788/rollout/ro-1/attempt/0/v1/chat/completions"
+    assert llm_upstream({"ref": rv("ref", 9, endpoint="http://other:1/")}, "policy", "ro-1", "0", "completions") == \
+        "http://other:1/rollout/ro-1/attempt/0/v1/completions", "no policy: the newest model that names an endpoint"
+    assert llm_upstream({"policy": rv("policy", 4)}, "policy", "ro-1", "0", "completions") is None
+    assert llm_upstream(None, "policy", "ro-1", "0", "completions") is None
 
 
 def test_nesting_deeper_than_the_limit_is_refused() -> None:
