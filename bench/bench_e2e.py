@@ -284,6 +284,11 @@ class LoadGen:
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             raise BenchError(f"the load generator failed: {self._tail()}")
+        # Its result (every attempt's reply time) outgrows the pipe's buffer: read it while it runs, or it
+        # blocks on the write and never exits.
+        self._out: list[str] = []
+        self._reader = threading.Thread(target=lambda: self._out.append(self.proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        self._reader.start()
 
     def _tail(self) -> str:
         self.err.seek(0)
@@ -297,7 +302,9 @@ class LoadGen:
 
     def result(self, timeout: float) -> dict[str, Any]:
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
+            self._reader.join(timeout=60)
+            out = "".join(self._out)
         except subprocess.TimeoutExpired as exc:
             self.proc.kill()
             self.proc.wait()
