@@ -83,6 +83,10 @@ def native_decoder() -> Any | None:
 _NATIVE_SAID = False
 
 
+def _none(value: Any) -> None:
+    return None
+
+
 def dead_letter_reason(exc: Exception) -> str:
     """A short, stable reason for the dead-letter topic (what an operator groups by)."""
     text = str(exc)
@@ -266,9 +270,10 @@ class SpanStage:
         now = time.monotonic()
         ingested_ns = time.time_ns()
         spans = late = 0
-        # The compiled decoder's (span view, row head) per record, None where the Python path does it.
-        fast: list[Any] = self.decoder.decode([m.value() for m in msgs]) if self.decoder is not None else [None] * len(msgs)
-        for msg, done in zip(msgs, fast):
+        # The compiled decoder's (span view, row head), None where the Python path does the record.
+        # One record at a time: a batch's views held at once would be the garbage collector's work.
+        decode = self.decoder.decode_one if self.decoder is not None else _none
+        for msg in msgs:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.spans_topic, msg.error())
@@ -279,6 +284,7 @@ class SpanStage:
             offset = msg.offset()
             record: Any
             head: bytes | None = None
+            done = decode(msg.value())
             if done is not None:
                 name = _SPAN
                 record, head = done
