@@ -131,6 +131,22 @@ class Cached:
         return self.value
 
 
+def _scrape_request(url: str) -> Any:
+    """The request for one target: a token given as the URL's password (``http://metrics:<token>@host/metrics``)
+    is sent as ``Authorization: Bearer <token>`` — what the gateway's, proxy's, worker's and trainer's
+    ``/metrics`` take beyond loopback — and the URL goes without it."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return urllib.request.Request(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return urllib.request.Request(bare, headers={"Authorization": f"Bearer {urllib.parse.unquote(parts.password)}"})
+
+
 def scrape(targets: list[str], timeout: float = 3.0) -> list[dict[str, Any]]:
     """Each target's ``/metrics`` as a row of :func:`queries.producer_health`, or a row with its error."""
     import urllib.request
@@ -141,7 +157,7 @@ def scrape(targets: list[str], timeout: float = 3.0) -> list[dict[str, Any]]:
     for url in targets:
         shown = redact_url(url)  # a target may carry a credential (user:key@, ?token=): the page never shows it
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
+            with urllib.request.urlopen(_scrape_request(url), timeout=timeout) as resp:
                 rows.append(Q.producer_health(shown, resp.read().decode("utf-8", "replace")))
         except Exception as exc:  # noqa: BLE001 - a producer that is down is something to show
             rows.append({"target": shown, "error": scrub(_first_line(exc), url_secrets(url))})

@@ -21,7 +21,7 @@ class DashboardSettings(CommonSettings):
     dashboard_kafka_lag: bool = Field(default=True, description="Ask Kafka for consumer-group lag (false: ClickHouse only).")
     dashboard_scrape: str | None = Field(
         default=None, description="Comma-separated Prometheus /metrics URLs of gateways and producers to show (requests by "
-                                  "status, spool depth).")
+                                  "status, spool depth); a target's token as the URL's password: http://metrics:<token>@host/metrics.")
 
     @field_validator("dashboard_scrape")
     @classmethod
