@@ -17,7 +17,6 @@ a counter in :meth:`SpanTransport.stats` and a WARNING log. Telemetry never rais
 from __future__ import annotations
 
 import atexit
-import io
 import logging
 import threading
 import time
@@ -67,32 +66,6 @@ def producer_config(kafka_conf: dict[str, Any], overrides: dict[str, Any] | None
     }
     conf.update(overrides or {})
     return conf
-
-
-class _FastEncoder:
-    """``encode_raw``'s bytes, faster: fastavro re-parses a schema parsed without its write hint on
-    every call (the codec parses that way), so this keeps hinted copies. Same output, checked in tests."""
-
-    def __init__(self) -> None:
-        import fastavro
-
-        from schemas.codec import MAGIC_SINGLE_OBJECT, schema_set
-
-        ss = schema_set()
-        self._write = fastavro.schemaless_writer
-        self._parsed = {n: fastavro.parse_schema(ss.schemas[n]) for n in (SPAN, ROLLOUT_EVENT)}
-        self._header = {n: MAGIC_SINGLE_OBJECT + ss.fingerprints[n] for n in (SPAN, ROLLOUT_EVENT)}
-
-    def __call__(self, name: str, record: dict[str, Any]) -> bytes:
-        parsed = self._parsed.get(name)
-        if parsed is None:
-            return encode_raw(name, record)
-        buf = io.BytesIO()
-        try:
-            self._write(buf, parsed, record)
-        except (ValueError, TypeError, AttributeError, KeyError):
-            return encode_raw(name, record)  # raises EncodeError with the codec's message
-        return self._header[name] + buf.getvalue()
 
 
 class _Encoded:
@@ -155,7 +128,6 @@ class SpanTransport:
             "replayed": 0,
         }
         self._last_warn = 0.0
-        self._encode_raw = _FastEncoder()
         conf = producer_config(kafka_conf, producer_overrides)
         conf["error_cb"] = self._on_error
         self._conf = conf
@@ -327,7 +299,7 @@ class SpanTransport:
             return item.key, item.value
         key, name, record = item
         try:
-            return key.encode(), self._encode_raw(name, record)
+            return key.encode(), encode_raw(name, record)
         except EncodeError as exc:
             self.counters["encode_errors"] += 1
             log.error("rolloutbus transport: cannot encode a %s for rollout %s, not sent: %s", name, key, exc)

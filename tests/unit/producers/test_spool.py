@@ -61,10 +61,11 @@ def test_a_live_owner_locks_its_slot_and_the_next_process_gets_another(tmp_path:
     assert open_spool(tmp_path, "agent").dir.name == "agent-0", "a released slot is adopted (and replayed)"
 
 
-def test_transport_fast_encoder_writes_exactly_the_codec_bytes() -> None:
-    from producers.transport import _FastEncoder
+def test_transport_encodes_with_the_codec_and_counts_what_it_cannot() -> None:
+    """The worker's encoding is ``encode_raw`` (the generated writer, fastavro for the unusual): a
+    record that does not fit the schema is counted and logged, never raised into the agent."""
+    from producers.transport import SpanTransport
     from schemas.codec import encode_raw
-    from foundation.errors import EncodeError
 
     span = {"span_id": "ab" * 8, "trace_id": "cd" * 16, "parent_id": None, "rollout_id": "r", "attempt_id": "a",
             "sequence_id": 3, "name": "n", "kind": "llm", "start_time_ns": 1, "end_time_ns": 2, "status_code": "OK",
@@ -72,7 +73,8 @@ def test_transport_fast_encoder_writes_exactly_the_codec_bytes() -> None:
             "llm": {"model": "m", "prompt_token_ids": b"\x01\x00\x00\x00", "response_token_ids": b"", "response_logprobs": b"",
                     "response_mask": b"", "resource_version": 2, "request_id": None, "finish_reason": None},
             "reward": None, "tool": None, "agent_name": None}
-    enc = _FastEncoder()
-    assert enc("rolloutbus.Span", span) == encode_raw("rolloutbus.Span", span)
-    with pytest.raises(EncodeError):
-        enc("rolloutbus.Span", {**span, "sequence_id": "x"})
+    t = SpanTransport.__new__(SpanTransport)  # _encode only: no spool, no producer
+    t.counters = {"encode_errors": 0}
+    assert t._encode(("r", "rolloutbus.Span", span)) == (b"r", encode_raw("rolloutbus.Span", span))
+    assert t._encode(("r", "rolloutbus.Span", {**span, "sequence_id": "x"})) is None
+    assert t.counters["encode_errors"] == 1
