@@ -231,13 +231,14 @@ def test_agent_lightning_1x_api_trains_end_to_end(
     al1_python: Path, env: dict[str, str], stack: dict[str, Any], kafka_conf: dict[str, Any], topics: Any,
     calc_policy: tuple[Path, list[Any]], tmp_path: Path
 ) -> None:
-    """Agent Lightning 1.x's ``/api`` path, driven by its own code in its own virtualenv (al1_e2e_driver.py:
-    its client's rollout creation, its ``LocalReconciler``'s patches, its ``_run_local_reconciler_worker``
-    running the agent with the environment its ``_spawn_for`` builds, except that the LLM URL is
-    ``rolloutbus proxy``'s route: its own server proxies LLM calls, the gateway does not, and its reconciler
-    cannot poll the gateway for queued rollouts, so the driver launches the agents with the ids the create
-    answered). The rollouts of one sample are one GRPO group, the trainer steps, ``/api/models`` lists the
-    new version, and the next rollouts are answered by it."""
+    """Agent Lightning 1.x's ``/api`` path, driven by its own code in its own virtualenv (al1_e2e_driver.py):
+    its client creates the rollouts and its ``LocalReconciler`` runs unmodified with the gateway as its server
+    (URL and key, nothing else): it polls the gateway's queue (rb.tasks), spawns its worker subprocesses with the
+    environment its ``_spawn_for`` builds — the LLM URL its server's LLM route, which the gateway forwards to
+    ``rolloutbus proxy`` at the endpoint the trainer published — and patches them running and succeeded.
+    No environment variable, no private call: the driver only watches its calls. The rollouts of one sample
+    are one GRPO group, the trainer steps, ``/api/models`` lists the new version, and the next rollouts are
+    answered by it."""
     _base, problems = calc_policy
     proxy, serve, sup = stack["proxy"], stack["serve"], stack["sup"]
     gw, gw_proc = start_gateway(env, tmp_path / "gw", token=TOKEN)
@@ -248,12 +249,20 @@ def test_agent_lightning_1x_api_trains_end_to_end(
         return got if got and got[0]["version"] == version else None
 
     def run_al1(out: Path, n: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        run = subprocess.run([str(al1_python), str(DRIVER.with_name("al1_e2e_driver.py")), gw, TOKEN, proxy, str(n), str(out),
-                              *map(json.dumps, samples)], env=al_env(), capture_output=True, text=True, timeout=400)
+        run = subprocess.run([str(al1_python), str(DRIVER.with_name("al1_e2e_driver.py")), gw, TOKEN, str(n), str(out),
+                              *map(json.dumps, samples)], env=al_env(), capture_output=True, text=True, timeout=450)
         assert run.returncode == 0 and out.exists(), run.stderr[-4000:]
         got: dict[str, Any] = json.loads(out.read_text())
-        assert got["patched"] == [True] * (2 * n * len(samples)), "every patch its reconciler sent was answered 2xx"
-        assert len(got["seen"]) == n * len(samples), "every agent ran to its end"
+        created = [c[0] for c in got["created"]]
+        assert [c[1] for c in got["created"]] == ["queuing"] * len(created) == ["queuing"] * n * len(samples)
+        assert [c for c in got["calls"] if c[2] >= 300] == [], "every call its controller made was answered 2xx"
+        assert {c[0] for c in got["calls"]} == {"GET", "PATCH"}, "its poll and its patches, nothing else"
+        patches = {rid: [c[3] for c in got["calls"] if c[0] == "PATCH" and c[1] == f"/api/rollouts/{rid}"] for rid in created}
+        assert patches == {rid: ["running", "succeeded"] for rid in created}, "each claimed once, each ended once"
+        assert sorted(got["seen"]) == sorted(created), f"every agent ran to its end: {run.stderr[-3000:]}"
+        for rid, s in got["seen"].items():  # the URLs its controller hands an agent: the gateway's, nothing else set
+            assert s["base_url"] == f"{gw}/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1"
+            assert s["event_url"] == f"{gw}/api/rollouts/{rid}/attempt/0/events" and s["replies"]
         return got
 
     try:
@@ -283,7 +292,18 @@ def test_agent_lightning_1x_api_trains_end_to_end(
         assert second["models"] == [{"model": "rolloutbus-tiny", "endpoint": proxy, "version": 1}]
         seen2 = second["seen"]
 
-        assert_stored(env, seen1, seen2)
+        # Its controller runs a round's rollouts at once, so the step may be published while the last ones
+        # still call the policy: a rollout is under the version of its creation, each call records the
+        # version that answered it — version 0 for every call of a group the trainer took, 1 in round 2.
+        rows = wait_for(lambda: (r := query(env, {
+            "ro": "SELECT rollout_id, status, final_reward, resource_version FROM rollouts FINAL",
+            "llm": "SELECT rollout_id, groupUniqArray(resource_version), count() FROM spans FINAL WHERE kind = 'llm' GROUP BY rollout_id",
+        })) and len(r["ro"]) == len(r["llm"]) == len(seen1) + len(seen2) and r, 60, "every rollout in ClickHouse")
+        ro, llm = {r[0]: r[1:] for r in rows["ro"]}, {r[0]: (sorted(r[1]), r[2]) for r in rows["llm"]}
+        for rid, s in {**seen1, **seen2}.items():
+            assert ro[rid] == ["succeeded", s["reward"], 1 if rid in seen2 else 0], (rid, ro[rid])
+            assert llm[rid][1] == len(s["replies"]) and set(llm[rid][0]) <= ({1} if rid in seen2 else {0, 1}), (rid, llm[rid])
+        assert any(all(llm[r][0] == [0] for r in b.rollout_ids) for b in got), "a whole group answered by version 0"
     finally:
         gw_proc.terminate()
         gw_proc.wait(30)
