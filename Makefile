@@ -24,22 +24,23 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[all,test]'
 	@touch $(STAMP)
 
-# The span stage's compiled decoder (native/, a Rust extension built by maturin from PyPI), installed
-# into the venv. cargo is looked for on PATH, then in ~/.cargo/bin (where rustup puts it). Without
-# cargo, or when the build fails, nothing stale stays installed and the span stage runs its Python
-# path, saying so once in its log; `make native` again once Rust is installed (https://rustup.rs).
+# The compiled hot paths (native/: the Span writer, the span stage's decoder; a Rust extension built
+# by maturin from PyPI), installed into the venv. cargo is looked for on PATH, then in ~/.cargo/bin
+# (where rustup puts it). Without cargo, or when the build fails, nothing stale stays installed and
+# the Python paths run (the span stage says so once in its log); `make native` again once Rust is
+# installed (https://rustup.rs).
 NATIVE_STAMP := $(VENV)/.native
 native: $(NATIVE_STAMP)
 $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
 	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
 	if ! command -v cargo >/dev/null; then \
 	  $(PIP) uninstall -q -y rolloutbus-native 2>/dev/null; \
-	  echo "cargo not found (PATH, ~/.cargo/bin): native/ not built, the span stage runs its Python path (install Rust: https://rustup.rs, then make native)" >&2; \
-	elif echo "building native/ (the span stage's compiled decoder) with $$(cargo --version)" && \
+	  echo "cargo not found (PATH, ~/.cargo/bin): native/ not built, the Python paths run (install Rust: https://rustup.rs, then make native)" >&2; \
+	elif echo "building native/ (the compiled Span writer and span decoder) with $$(cargo --version)" && \
 	     $(PIP) install -q ./native && $(BIN)/python -c "import rolloutbus_native"; then touch $@; \
 	else \
 	  $(PIP) uninstall -q -y rolloutbus-native 2>/dev/null; \
-	  echo "native/ did not build (above): the span stage runs its Python path" >&2; \
+	  echo "native/ did not build (above): the Python paths run" >&2; \
 	fi
 
 kafka-jars: $(STAMP)

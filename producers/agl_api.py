@@ -18,6 +18,8 @@ the routes are in :mod:`producers.agl_api_http`:
   (:func:`finished_from_patch`). Its patch carries no reward (its trainer takes the last ``reward``
   event): the attempt's last reward span is the reward; the stream worker waits its finish grace for
   events still on their way.
+* ``GET /api/rollouts/{rollout_id}`` → its ``RolloutDetail``: from the replica's queue, or for an ended one
+  from its rows in ClickHouse's ``rollouts`` (:func:`ended_rollout`).
 * ``GET /api/models`` → the newest version of each model resource on ``rb.resources`` (latest first) as
   its ``Model`` records ``{"model", "endpoint", "version"}`` (:func:`models_reply`).
 * its server's LLM route, which its controllers hand every agent as ``AGL_OPENAI_BASE_URL`` → ``rolloutbus
@@ -264,6 +266,35 @@ def listing(offered: Sequence[tuple[str, Task]], running: Sequence[tuple[str, Ta
     return out[:limit]
 
 
+ENDED_COLUMNS = ("rollout_id", "attempt_id", "mode", "status", "error", "started_ns", "finished_ns", "metadata")
+
+
+def _attr_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def ended_rollout(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``GET /api/rollouts/{id}`` of a rollout that ended: its ``RolloutDetail`` (``rollout``, ``attempts``) of its
+    rows in ClickHouse's ``rollouts`` (:data:`ENDED_COLUMNS`, one per ended attempt). Its input and config are
+    not stored there (null, its defaults); its metadata is what its creation gave the STARTED."""
+    rows = sorted(rows, key=lambda r: r["finished_ns"])
+    last = rows[-1]
+    prefix = "agentlightning.metadata."
+    metadata = {k[len(prefix):]: _attr_value(v) for k, v in (last["metadata"] or {}).items() if k.startswith(prefix)}
+    rollout = {"rollout_id": last["rollout_id"], "input": None, "is_train": last["mode"] == "train",
+               "config": {"timeout_seconds": 3600, "local": None, "k8s": None},
+               "metadata": {"batch_idx": None, "sample_idx_in_batch": None, **metadata},
+               "status": {"state": "succeeded" if last["status"] in ("succeeded", "finished") else "failed",
+                          "k8s_job_name": (last["metadata"] or {}).get("agentlightning.k8s_job_name"),
+                          "last_attempt_id": last["attempt_id"], "error_message": last["error"], "version": 3,
+                          "created_at": min(r["started_ns"] or r["finished_ns"] for r in rows) / 1e9,
+                          "updated_at": last["finished_ns"] / 1e9}}
+    return {"rollout": rollout, "attempts": list(dict.fromkeys(r["attempt_id"] for r in rows))}
+
+
 def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rollout_id: str, attempt_id: str,
                  path: str) -> str | None:
     """Where its agent's LLM call goes (its controllers hand every agent the server's LLM proxy route): the
@@ -281,4 +312,4 @@ def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rol
 __all__ = ["PREFIX", "DEFAULT_ATTEMPT_ID", "STATES", "TERMINAL", "MAX_DEPTH", "check_depth", "check_rollout_creates",
            "new_rollout", "task_id_of", "check_rollout_patch", "finished_from_patch",
            "patched_rollout", "models_reply", "policy_version", "LIST_LIMIT", "LLM_PATHS", "task_from_create", "rollout_of_task",
-           "check_list_query", "listing", "llm_upstream"]
+           "check_list_query", "listing", "llm_upstream", "ENDED_COLUMNS", "ended_rollout"]

@@ -6,12 +6,13 @@ partition, at most one live claim per rollout): ``POST /api/rollouts`` puts a ta
 ``GET /api/rollouts?state_in=queuing&state_in=running`` (what its controllers poll) lists the rollouts this
 replica offers (``queuing``) and has claimed (``running``); ``PATCH /api/rollouts/{id}`` to ``running`` is
 the claim (the attempt's STARTED on rb.spans; 409 when this replica does not offer it), to a terminal
-state its FINISHED. ``GET /api/models`` lists the model versions on rb.resources. The LLM route its
+state its FINISHED. ``GET /api/rollouts/{id}`` reads it back (queuing or running from this replica's queue,
+ended from ClickHouse). ``GET /api/models`` lists the model versions on rb.resources. The LLM route its
 controllers hand every agent (``/proxy/rollout/{id}/attempt/{id}/mode/{mode}/openai/v1/...``) is forwarded
 to ``rolloutbus proxy``'s route for the attempt, at the endpoint the policy's version names. Mapped by
 :mod:`producers.agl_api`; its events route is the gateway's own (:mod:`producers.agl_events`). Its calls
-with no meaning on the bus — reading one rollout, terminal pages, events, deleting, registering model
-servers — answer 501 naming the call; rollouts and their steps are read from ClickHouse.
+with no meaning on the bus — terminal pages, events, deleting, registering model servers — answer 501
+naming the call; rollouts and their steps are read from ClickHouse.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from foundation.errors import EncodeError, KafkaUnavailable
 from producers.agl_api import (
     DEFAULT_ATTEMPT_ID,
+    ENDED_COLUMNS,
     LLM_PATHS,
     PREFIX,
     TERMINAL,
@@ -37,6 +39,7 @@ from producers.agl_api import (
     check_list_query,
     check_rollout_creates,
     check_rollout_patch,
+    ended_rollout,
     finished_from_patch,
     listing,
     llm_upstream,
@@ -56,7 +59,7 @@ from producers.transport import SpanTransport
 from schemas.codec import encode
 
 if TYPE_CHECKING:
-    from producers.agl_queue import TaskQueue
+    from producers.agl_queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,6 @@ LLM_ROUTE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai
 # Its server's calls with no meaning on the bus (or that own the model registry): what each is, for the 501.
 NOT_ON_THE_BUS = {
     ("GET", "/rollouts/terminal"): "paging finished rollouts",
-    ("GET", "/rollouts/{rollout_id}"): "reading a rollout",
     ("DELETE", "/rollouts/{rollout_id}"): "deleting a rollout",
     ("GET", "/rollouts/{rollout_id}/events"): "querying a rollout's events",
     ("POST", "/models"): "registering model servers (versions come from `rolloutbus train` on rb.resources)",
@@ -91,20 +93,22 @@ class AgentLightning1Routes:
         self.max_body_bytes = max_body_bytes
         self.policy = policy
         self.queue = queue
+        self.clickhouse: ClickHouseReader | None = None  # None: an ended rollout cannot be read (GET /api/rollouts/{id})
         self.llm_token = llm_token
         self.llm_timeout_s = llm_timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
+        for (method, path), what in NOT_ON_THE_BUS.items():  # first: /rollouts/terminal is no {rollout_id}
+            r.add_route(method, PREFIX + path, self._not_on_the_bus(what))
         r.add_post(f"{PREFIX}/rollouts", self.create_rollouts)
         r.add_get(f"{PREFIX}/rollouts", self.list_rollouts)
         r.add_patch(f"{PREFIX}/rollouts/{{rollout_id}}", self.patch_rollout)
+        r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}", self.get_rollout)
         r.add_get(f"{PREFIX}/models", self.list_models)
         r.add_post(LLM_ROUTE, self.llm_call)
         app.on_cleanup.append(self._close)
-        for (method, path), what in NOT_ON_THE_BUS.items():
-            r.add_route(method, PREFIX + path, self._not_on_the_bus(what))
         r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
 
     # ------------------------------------------------------------------ helpers
@@ -219,6 +223,37 @@ class AgentLightning1Routes:
         offered, claims = await asyncio.get_running_loop().run_in_executor(None, self.queue.agl1_rollouts)
         running = [(c.slot.rollout_id, c.slot.task, c.attempt_id or DEFAULT_ATTEMPT_ID, c.started) for c in claims]
         return web.json_response(listing([(s.rollout_id, s.task) for s in offered], running, states, limit))
+
+    async def get_rollout(self, request: web.Request) -> web.Response:
+        """``GET /api/rollouts/{id}``: its ``RolloutDetail`` — queuing or running from this replica's queue, ended
+        from ClickHouse's ``rollouts``; 404 when neither has it (queued in another replica's partition, or not
+        yet written by the stream worker)."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        rollout_id = request.match_info["rollout_id"]
+        loop = asyncio.get_running_loop()
+        if self.queue is not None:
+            offered, claims = await loop.run_in_executor(None, self.queue.agl1_rollouts)
+            for c in claims:
+                if c.slot.rollout_id == rollout_id:
+                    aid = c.attempt_id or DEFAULT_ATTEMPT_ID
+                    return web.json_response({"rollout": rollout_of_task(c.slot.task, rollout_id, state="running", attempt_id=aid,
+                                                                         updated_at=c.started), "attempts": [aid]})
+            for s in offered:
+                if s.rollout_id == rollout_id:
+                    return web.json_response({"rollout": rollout_of_task(s.task, rollout_id), "attempts": []})
+        if self.clickhouse is None:
+            return self._error(501, f"GET {request.path} of a rollout this replica does not queue reads ClickHouse: this "
+                                    "gateway has no ClickHouse server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...)")
+        sql = f"SELECT {', '.join(ENDED_COLUMNS)} FROM rollouts FINAL WHERE rollout_id = {{rid:String}} LIMIT 1000"
+        try:
+            rows = await loop.run_in_executor(None, self.clickhouse.query, sql, {"rid": rollout_id})
+        except Exception as exc:  # noqa: BLE001 — the driver's errors of every kind, mapped once, here
+            log.warning("GET /api/rollouts/{id} read failed: %s", exc)
+            return self._error(503, "ClickHouse cannot answer now; retry", {"Retry-After": str(self.retry_after_s)})
+        if not rows:
+            return self._error(404, f"Rollout not found: {rollout_id}")
+        return web.json_response(ended_rollout([dict(zip(ENDED_COLUMNS, row)) for row in rows]))
 
     async def patch_rollout(self, request: web.Request) -> web.Response:
         """``PATCH /api/rollouts/{id}``: ``running`` claims it (its STARTED), a terminal state is its FINISHED."""

@@ -14,6 +14,10 @@ the caller (:mod:`schemas.codec`) does the record again with fastavro, whose res
 answer. So the bytes, the dicts and the errors are fastavro's; ``tests/unit/schemas/test_span_avro.py``
 compares the two on random and hostile input. A schema using a type this generator does not know
 fails at import rather than being encoded wrongly.
+
+Where the compiled extension (``native/``) is installed, a Span is written by its compiled twin of
+``write_span`` (same bytes, ``Unusual`` in the same cases; ``tests/unit/schemas/test_span_avro.py``
+compares the two); ``write_span`` stays the reference and the writer on machines without it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["READERS", "WRITERS", "Unusual", "read_span", "write_span", "generated_source"]
+__all__ = ["READERS", "WRITERS", "Unusual", "read_span", "write_span", "write_span_compiled", "generated_source"]
 
 SPAN_SCHEMA = Path(__file__).parent / "avro" / "span.avsc"
 EVENT_SCHEMA = Path(__file__).parent / "avro" / "rollout_event.avsc"
@@ -251,8 +255,34 @@ def _compile(path: Path, stem: str) -> tuple[Callable[[bytes, int], dict[str, An
     return read, write
 
 
+def _compiled_span_writer() -> Callable[[dict[str, Any]], bytes] | None:
+    """``write_span`` compiled (``native/``, ``rolloutbus_native.write_span``): the same bytes, and
+    :class:`Unusual` exactly where the generated writer raises it; ``None`` where it is not installed
+    or was built for another ``span.avsc`` (then the generated writer writes)."""
+    try:
+        import rolloutbus_native
+    except ImportError:
+        return None
+    from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+    schema = json.loads(SPAN_SCHEMA.read_text())  # named types inline: its canonical form is the codec's
+    if rolloutbus_native.SPAN_FINGERPRINT != bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO")):
+        return None
+    native = rolloutbus_native.write_span
+
+    def write_span_compiled(rec: dict[str, Any]) -> bytes:
+        out: bytes | None = native(rec)
+        if out is None:
+            raise Unusual
+        return out
+
+    return write_span_compiled
+
+
 read_span, write_span = _compile(SPAN_SCHEMA, "span")
 read_event, write_event = _compile(EVENT_SCHEMA, "event")
-# record name → generated reader / writer (schemas.codec uses them for the current writer schema only)
+write_span_compiled = _compiled_span_writer()
+# record name → reader / writer (schemas.codec uses them for the current writer schema only); the
+# compiled Span writer when installed, the generated one otherwise (and as the tests' reference)
 READERS = {"rolloutbus.Span": read_span, "rolloutbus.RolloutEvent": read_event}
-WRITERS = {"rolloutbus.Span": write_span, "rolloutbus.RolloutEvent": write_event}
+WRITERS = {"rolloutbus.Span": write_span_compiled or write_span, "rolloutbus.RolloutEvent": write_event}

@@ -1,4 +1,5 @@
-//! rolloutbus_native: the span stage's per-record work, compiled.
+//! rolloutbus_native: two hot paths compiled — the Span writer (`write_span`, the SDK's transport
+//! thread and the gateway through `schemas.codec.encode_raw`) and the span stage's per-record work.
 //!
 //! One pass over a consumed `rolloutbus.Span` value (Avro single-object encoding) does what the
 //! Python path does in three: the generated reader (`schemas.span_avro.read_span`), the checks
@@ -14,7 +15,7 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 /// The CRC-64-AVRO fingerprint of schemas/avro/span.avsc's canonical form, the layout `read_span`
 /// follows. The stage uses this decoder only when its own Span fingerprint is this one: a schema
@@ -581,6 +582,195 @@ impl SpanDecoder {
     }
 }
 
+// --------------------------------------------------------------------------- Avro writing (the SDK, the gateway)
+
+/// Not the common shape of a value to write: `schemas.span_avro.Unusual`, the codec asks fastavro.
+type W<T> = Result<T, Unusual>;
+
+fn py_err(_: PyErr) -> Unusual {
+    Unusual
+}
+
+#[inline]
+fn w_long(out: &mut Vec<u8>, n: i64) {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8 & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+#[inline]
+fn w_int_field(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyInt>() {
+        return Err(Unusual);
+    }
+    w_long(out, v.extract::<i64>().map_err(py_err)?); // over 64 bits: fastavro says so
+    Ok(())
+}
+
+#[inline]
+fn w_str(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyString>() {
+        return Err(Unusual);
+    }
+    let s = v.downcast::<PyString>().map_err(|_| Unusual)?.to_str().map_err(py_err)?; // a lone surrogate
+    w_long(out, s.len() as i64);
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+#[inline]
+fn w_bytes(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyBytes>() {
+        return Err(Unusual);
+    }
+    let b = v.downcast::<PyBytes>().map_err(|_| Unusual)?.as_bytes();
+    w_long(out, b.len() as i64);
+    out.extend_from_slice(b);
+    Ok(())
+}
+
+#[inline]
+fn w_double(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyFloat>() {
+        return Err(Unusual);
+    }
+    out.extend_from_slice(&v.downcast::<PyFloat>().map_err(|_| Unusual)?.value().to_le_bytes());
+    Ok(())
+}
+
+fn w_bool(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyBool>() {
+        return Err(Unusual);
+    }
+    out.push(v.is_truthy().map_err(py_err)? as u8);
+    Ok(())
+}
+
+#[inline]
+fn w_nullable(out: &mut Vec<u8>, v: &Bound<'_, PyAny>, write: impl FnOnce(&mut Vec<u8>, &Bound<'_, PyAny>) -> W<()>) -> W<()> {
+    if v.is_none() {
+        out.push(0);
+        Ok(())
+    } else {
+        out.push(2);
+        write(out, v)
+    }
+}
+
+fn w_map(out: &mut Vec<u8>, v: &Bound<'_, PyAny>, value: fn(&mut Vec<u8>, &Bound<'_, PyAny>) -> W<()>) -> W<()> {
+    if !v.is_exact_instance_of::<PyDict>() {
+        return Err(Unusual);
+    }
+    let d = v.downcast::<PyDict>().map_err(|_| Unusual)?;
+    if !d.is_empty() {
+        w_long(out, d.len() as i64);
+        for (k, x) in d.iter() {
+            w_str(out, &k)?;
+            value(out, &x)?;
+        }
+    }
+    out.push(0);
+    Ok(())
+}
+
+fn field<'py>(d: &Bound<'py, PyDict>, name: &Bound<'py, PyString>) -> W<Bound<'py, PyAny>> {
+    d.get_item(name).map_err(py_err)?.ok_or(Unusual) // a missing field: fastavro decides (a default, or an error)
+}
+
+fn record<'a, 'py>(v: &'a Bound<'py, PyAny>) -> W<&'a Bound<'py, PyDict>> {
+    if !v.is_exact_instance_of::<PyDict>() {
+        return Err(Unusual);
+    }
+    v.downcast::<PyDict>().map_err(|_| Unusual)
+}
+
+/// `schemas.span_avro.write_span`, compiled: the Avro body of one Span dict, or `None` exactly where
+/// the generated writer raises `Unusual` (the codec then asks fastavro).
+fn write_span_body(py: Python<'_>, rec: &Bound<'_, PyAny>) -> W<Vec<u8>> {
+    let d = record(rec)?;
+    let mut out = Vec::with_capacity(256);
+    let o = &mut out;
+    w_str(o, &field(d, intern!(py, "span_id"))?)?;
+    w_str(o, &field(d, intern!(py, "trace_id"))?)?;
+    w_nullable(o, &field(d, intern!(py, "parent_id"))?, w_str)?;
+    w_str(o, &field(d, intern!(py, "rollout_id"))?)?;
+    w_str(o, &field(d, intern!(py, "attempt_id"))?)?;
+    w_int_field(o, &field(d, intern!(py, "sequence_id"))?)?;
+    w_str(o, &field(d, intern!(py, "name"))?)?;
+    w_str(o, &field(d, intern!(py, "kind"))?)?;
+    w_int_field(o, &field(d, intern!(py, "start_time_ns"))?)?;
+    w_int_field(o, &field(d, intern!(py, "end_time_ns"))?)?;
+    w_str(o, &field(d, intern!(py, "status_code"))?)?;
+    w_nullable(o, &field(d, intern!(py, "status_message"))?, w_str)?;
+    w_map(o, &field(d, intern!(py, "attributes"))?, w_str)?;
+    let events = field(d, intern!(py, "events"))?;
+    if !events.is_exact_instance_of::<PyList>() {
+        return Err(Unusual);
+    }
+    let events = events.downcast::<PyList>().map_err(|_| Unusual)?;
+    if !events.is_empty() {
+        w_long(o, events.len() as i64);
+        for e in events.iter() {
+            let e = record(&e)?;
+            w_str(o, &field(e, intern!(py, "name"))?)?;
+            w_int_field(o, &field(e, intern!(py, "time_ns"))?)?;
+            w_map(o, &field(e, intern!(py, "attributes"))?, w_str)?;
+        }
+    }
+    o.push(0);
+    w_map(o, &field(d, intern!(py, "resource"))?, w_str)?;
+    let llm = field(d, intern!(py, "llm"))?;
+    if llm.is_none() {
+        o.push(0);
+    } else {
+        o.push(2);
+        let l = record(&llm)?;
+        w_nullable(o, &field(l, intern!(py, "model"))?, w_str)?;
+        w_bytes(o, &field(l, intern!(py, "prompt_token_ids"))?)?;
+        w_bytes(o, &field(l, intern!(py, "response_token_ids"))?)?;
+        w_bytes(o, &field(l, intern!(py, "response_logprobs"))?)?;
+        w_bytes(o, &field(l, intern!(py, "response_mask"))?)?;
+        w_nullable(o, &field(l, intern!(py, "resource_version"))?, w_int_field)?;
+        w_nullable(o, &field(l, intern!(py, "request_id"))?, w_str)?;
+        w_nullable(o, &field(l, intern!(py, "finish_reason"))?, w_str)?;
+    }
+    let reward = field(d, intern!(py, "reward"))?;
+    if reward.is_none() {
+        o.push(0);
+    } else {
+        o.push(2);
+        let r = record(&reward)?;
+        w_double(o, &field(r, intern!(py, "value"))?)?;
+        w_str(o, &field(r, intern!(py, "primary"))?)?;
+        w_map(o, &field(r, intern!(py, "dimensions"))?, w_double)?;
+    }
+    let tool = field(d, intern!(py, "tool"))?;
+    if tool.is_none() {
+        o.push(0);
+    } else {
+        o.push(2);
+        let t = record(&tool)?;
+        w_str(o, &field(t, intern!(py, "name"))?)?;
+        w_str(o, &field(t, intern!(py, "arguments"))?)?;
+        w_nullable(o, &field(t, intern!(py, "result"))?, w_str)?;
+        w_bool(o, &field(t, intern!(py, "ok"))?)?;
+        w_nullable(o, &field(t, intern!(py, "error"))?, w_str)?;
+    }
+    w_nullable(o, &field(d, intern!(py, "agent_name"))?, w_str)?;
+    Ok(out)
+}
+
+/// The Avro body (no header) of one ``rolloutbus.Span`` dict, or ``None`` where
+/// ``schemas.span_avro.write_span`` would raise ``Unusual`` (a value of another type, a missing
+/// field, an int over 64 bits, a lone surrogate): then the codec asks fastavro.
+#[pyfunction]
+fn write_span<'py>(py: Python<'py>, rec: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+    write_span_body(py, rec).ok().map(|b| PyBytes::new(py, &b))
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -588,6 +778,7 @@ fn hex(b: &[u8]) -> String {
 #[pymodule]
 fn rolloutbus_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SpanDecoder>()?;
+    m.add_function(wrap_pyfunction!(write_span, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SPAN_FINGERPRINT", PyBytes::new(m.py(), &SPAN_FINGERPRINT))?;
     Ok(())

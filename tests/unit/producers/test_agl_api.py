@@ -12,6 +12,7 @@ from producers.agl_api import (
     check_list_query,
     check_rollout_creates,
     check_rollout_patch,
+    ended_rollout,
     finished_from_patch,
     listing,
     llm_upstream,
@@ -206,6 +207,21 @@ def test_models_are_the_model_versions_latest_first_in_its_model_shape() -> None
                                      {"model": "Qwen/Qwen2.5-0.5B", "endpoint": "/ckpt/ref-1", "version": 1}]
     assert models_reply({}) == []
     assert policy_version(current) == 4 and policy_version(None) is None and policy_version({}, "policy") is None
+
+
+def test_an_ended_rollout_reads_back_from_its_rows_in_clickhouse() -> None:
+    row = {"rollout_id": "ro-1", "attempt_id": "0", "mode": "train", "status": "failed", "error": "local subprocess timed out",
+           "started_ns": 2 * 10**9, "finished_ns": 5 * 10**9,
+           "metadata": {"agentlightning.metadata.batch_idx": "3", "agentlightning.metadata.tag": "x", "task_id": "s-1"}}
+    detail = ended_rollout([row])
+    assert detail["attempts"] == ["0"]
+    assert detail["rollout"] == {
+        "rollout_id": "ro-1", "input": None, "is_train": True, "config": {"timeout_seconds": 3600, "local": None, "k8s": None},
+        "metadata": {"batch_idx": 3, "sample_idx_in_batch": None, "tag": "x"},
+        "status": {"state": "failed", "k8s_job_name": None, "last_attempt_id": "0", "error_message": "local subprocess timed out",
+                   "version": 3, "created_at": 2.0, "updated_at": 5.0}}
+    assert ended_rollout([{**row, "status": "succeeded", "error": None, "mode": "val"}])["rollout"]["is_train"] is False
+    assert ended_rollout([{**row, "status": "finished"}])["rollout"]["status"]["state"] == "succeeded"
 
 
 def test_its_agents_llm_calls_go_to_the_proxy_route_of_their_attempt() -> None:

@@ -132,6 +132,39 @@ def test_its_controller_loop_lists_claims_and_ends_the_rollouts_it_created() -> 
     assert seen["anonymous"] == 401
 
 
+class EndedRows:
+    """ClickHouse's rollouts table, as the gateway's read-only reader answers."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def query(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [r for r in self.rows if r[0] == parameters["rid"]]
+
+
+def test_a_rollout_reads_back_queuing_running_or_ended() -> None:
+    queue = BookQueue()
+    routes = AgentLightning1Routes(MemoryTransport(), lambda: policy("http://proxy:8788/v1"), queue=queue)  # type: ignore[arg-type]
+
+    async def go(c: TestClient) -> list[tuple[int, Any]]:
+        await c.post("/api/rollouts", json=CREATE)
+        await c.patch("/api/rollouts/ro-2", json={"status": {"state": "running", "last_attempt_id": "0"}})
+        out = [await answer(await c.get(f"/api/rollouts/{rid}")) for rid in ("ro-1", "ro-2", "ro-old", "ro-none")]
+        out.append(await answer(await c.get("/api/rollouts/terminal")))
+        routes.clickhouse = EndedRows([("ro-old", "0", "train", "succeeded", None, 10**9, 2 * 10**9, {})])  # type: ignore[assignment]
+        out += [await answer(await c.get(f"/api/rollouts/{rid}")) for rid in ("ro-old", "ro-none")]
+        return out
+
+    queuing, running, no_reader, _, terminal, ended, missing = serve(routes, go)
+    assert queuing[0] == 200 and queuing[1]["rollout"]["status"]["state"] == "queuing" and queuing[1]["attempts"] == []
+    assert queuing[1]["rollout"]["input"] == CREATE[0]["input"]
+    assert running[0] == 200 and running[1]["rollout"]["status"]["state"] == "running" and running[1]["attempts"] == ["0"]
+    assert no_reader[0] == 501 and "ClickHouse" in no_reader[1]["detail"]
+    assert terminal[0] == 501 and "GET /api/rollouts/terminal" in terminal[1]["detail"], "not read as a rollout id"
+    assert ended[0] == 200 and ended[1]["rollout"]["status"]["state"] == "succeeded" and ended[1]["attempts"] == ["0"]
+    assert missing == (404, {"detail": "Rollout not found: ro-none"}), "its server's answer"
+
+
 def test_without_the_queue_its_queue_calls_say_so() -> None:
     routes = AgentLightning1Routes(MemoryTransport(), lambda: {}, queue=None)  # type: ignore[arg-type]
 

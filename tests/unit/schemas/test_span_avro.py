@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -243,3 +244,93 @@ def test_varints_read_as_the_avro_spec_reads_them(noise: bytes, n: int, tail: by
         except (span_avro.Unusual, IndexError) as exc:
             got = type(exc)
         assert got == expected
+
+
+# --------------------------------------------------------------------------- the compiled Span writer (native/)
+
+
+def _generated(d: object) -> bytes | None:
+    try:
+        return span_avro.write_span(d)  # type: ignore[arg-type]
+    except span_avro.Unusual:
+        return None
+
+
+def _compiled(d: object) -> bytes | None:
+    assert span_avro.write_span_compiled is not None
+    try:
+        return span_avro.write_span_compiled(d)  # type: ignore[arg-type]
+    except span_avro.Unusual:
+        return None
+
+
+class _Str(str):
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+odd = st.sampled_from([True, False, 1.0, 1, -1, 1 << 63, -(1 << 63) - 1, (1 << 63) - 1, -(1 << 63), "\ud800", "é",
+                       _Str("s"), b"b", bytearray(b"b"), None, [], (), {}, _Dict(), {"k": 1}, {1: "v"}, ["x"],
+                       float("nan"), float("inf"), -0.0])
+
+
+odd_keys = st.sampled_from([True, 1, 1 << 64, 1.0, "\ud800", _Str("k"), b"b", None, ()])
+
+
+def _paths(d: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for k, v in d.items():
+        out.append(prefix + (k,))
+        if isinstance(v, dict) and k in ("llm", "reward", "tool"):
+            out += _paths(v, prefix + (k,))
+    return out
+
+
+needs_compiled = pytest.mark.skipif(span_avro.write_span_compiled is None, reason="native/ is not built (make setup builds it)")
+
+
+@needs_compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(spans)
+def test_compiled_writer_same_bytes_as_the_generated_one(d: dict) -> None:
+    assert _compiled(d) == span_avro.write_span(d)
+
+
+@needs_compiled
+@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@given(spans, st.data())
+def test_compiled_writer_declines_exactly_where_the_generated_one_does(d: dict, data: st.DataObject) -> None:
+    """A value of another type, a subclass, an int over 64 bits, a lone surrogate, a missing field,
+    an extra field, anywhere: the same bytes or the same Unusual (fastavro then decides)."""
+    d = copy.deepcopy(d)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(d)))
+        parent = d
+        for k in path[:-1]:
+            parent = parent[k]
+        op = data.draw(st.sampled_from(["value", "delete", "extra", "map key", "event"]))
+        if op == "value":
+            parent[path[-1]] = data.draw(odd)
+        elif op == "delete":
+            del parent[path[-1]]
+        elif op == "extra":
+            parent["not_in_the_schema"] = data.draw(odd)
+        elif op == "map key" and isinstance(d.get("attributes"), dict):
+            d["attributes"][data.draw(odd_keys | text)] = data.draw(odd | text)
+        elif op == "event" and isinstance(d.get("events"), list):
+            d["events"].append(data.draw(odd | st.fixed_dictionaries({"name": text | odd, "time_ns": longs | odd,
+                                                                      "attributes": maps | odd})))
+    assert _compiled(d) == _generated(d)
+    if _compiled(d) is not None:
+        assert codec.encode_raw(SPAN, d) == HEADER + ref_write(d)
+
+
+@needs_compiled
+def test_compiled_writer_is_the_codecs_span_writer_and_declines_non_dicts() -> None:
+    assert span_avro.WRITERS[SPAN] is span_avro.write_span_compiled
+    for value in (None, [], _Dict(BASE), "x"):
+        assert _compiled(value) is None and _generated(value) is None
+    assert _compiled(BASE) == ref_write(BASE)
