@@ -304,6 +304,9 @@ def test_agent_lightning_1x_api_trains_end_to_end(
             assert ro[rid] == ["succeeded", s["reward"], 1 if rid in seen2 else 0], (rid, ro[rid])
             assert llm[rid][1] == len(s["replies"]) and set(llm[rid][0]) <= ({1} if rid in seen2 else {0, 1}), (rid, llm[rid])
         assert any(all(llm[r][0] == [0] for r in b.rollout_ids) for b in got), "a whole group answered by version 0"
+        for rid in seen2:  # its GET /api/rollouts/{id}: an ended rollout, from ClickHouse
+            detail = ok(f"{gw}/api/rollouts/{rid}", auth)
+            assert detail["attempts"] == ["0"] and detail["rollout"]["status"]["state"] == "succeeded", detail
     finally:
         gw_proc.terminate()
         gw_proc.wait(30)
