@@ -16,6 +16,11 @@ from typing import Any
 
 from schemas.codec import pack_array
 
+try:  # native/: the common transitions row compiled (None where it declines a step)
+    from rolloutbus_native import transition_row as _native_transition
+except ImportError:
+    _native_transition = None
+
 _ITEMSIZE = {"I": 4, "f": 4, "B": 1}
 _I32 = struct.Struct("<i").pack
 _I64 = struct.Struct("<q").pack
@@ -144,7 +149,17 @@ def span(s: Any, partition: int, offset: int, late: bool, ingested_ns: int) -> b
 
 
 def transition(step: Any, group: str, credit: str, updated_ns: int) -> bytes:
-    """One ``transitions`` row from a :class:`streams.transitions.Step`."""
+    """One ``transitions`` row from a :class:`streams.transitions.Step`: compiled (``native/``) for the
+    common shape when installed, :func:`transition_reference` otherwise (the same bytes; tests compare)."""
+    if _native_transition is not None:
+        row: bytes | None = _native_transition(step, group, credit, updated_ns)
+        if row is not None:
+            return row
+    return transition_reference(step, group, credit, updated_ns)
+
+
+def transition_reference(step: Any, group: str, credit: str, updated_ns: int) -> bytes:
+    """One ``transitions`` row, in Python: the reference, and the path without ``native/``."""
     return b"".join((
         _str(step.rollout_id), _str(step.attempt_id), _U32(step.turn), _str(step.task_id), _str(step.span_id),
         _nstr(step.agent_name), _NULL if step.resource_version is None else _SOME + _I64(step.resource_version),
@@ -154,4 +169,4 @@ def transition(step: Any, group: str, credit: str, updated_ns: int) -> bytes:
     ))
 
 
-__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "span", "span_tail", "transition", "varint"]
+__all__ = ["SPANS_COLUMNS", "TRANSITIONS_COLUMNS", "span", "span_tail", "transition", "transition_reference", "varint"]

@@ -771,6 +771,120 @@ fn write_span<'py>(py: Python<'py>, rec: &Bound<'py, PyAny>) -> Option<Bound<'py
     write_span_body(py, rec).ok().map(|b| PyBytes::new(py, &b))
 }
 
+// --------------------------------------------------------------------------- transitions rows
+
+static ARRAY_TYPE: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+
+fn attr<'py>(o: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> W<Bound<'py, PyAny>> {
+    o.getattr(name).map_err(py_err)
+}
+
+fn rb_exact_str(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyString>() {
+        return Err(Unusual);
+    }
+    rb_str(out, v.downcast::<PyString>().map_err(|_| Unusual)?.to_str().map_err(py_err)?);
+    Ok(())
+}
+
+fn exact_float(v: &Bound<'_, PyAny>) -> W<f64> {
+    if !v.is_exact_instance_of::<PyFloat>() {
+        return Err(Unusual);
+    }
+    Ok(v.downcast::<PyFloat>().map_err(|_| Unusual)?.value())
+}
+
+/// `array.array` of typecode `code` → RowBinary `Array(...)`: its item count and its bytes.
+fn rb_packed(py: Python<'_>, out: &mut Vec<u8>, v: &Bound<'_, PyAny>, code: &str, size: usize) -> W<()> {
+    let array = ARRAY_TYPE.import(py, "array", "array").map_err(py_err)?;
+    if !v.get_type().is(array) || attr(v, intern!(py, "typecode"))?.extract::<String>().map_err(py_err)? != code {
+        return Err(Unusual);
+    }
+    let b = v.call_method0(intern!(py, "tobytes")).map_err(py_err)?;
+    let b = b.downcast::<PyBytes>().map_err(|_| Unusual)?.as_bytes();
+    leb(out, b.len() / size);
+    out.extend_from_slice(b);
+    Ok(())
+}
+
+/// A response mask: a list of ints 0..=255 (or an `array('B')`) → `Array(UInt8)`.
+fn rb_mask(py: Python<'_>, out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> W<()> {
+    if !v.is_exact_instance_of::<PyList>() {
+        return rb_packed(py, out, v, "B", 1);
+    }
+    let l = v.downcast::<PyList>().map_err(|_| Unusual)?;
+    leb(out, l.len());
+    for x in l.iter() {
+        if !x.is_exact_instance_of::<PyInt>() {
+            return Err(Unusual);
+        }
+        out.push(x.extract::<u8>().map_err(py_err)?);
+    }
+    Ok(())
+}
+
+fn transition_body(py: Python<'_>, step: &Bound<'_, PyAny>, group: &Bound<'_, PyAny>, credit: &Bound<'_, PyAny>, updated_ns: &Bound<'_, PyAny>) -> W<Vec<u8>> {
+    if !cfg!(target_endian = "little") {
+        return Err(Unusual);
+    }
+    let mut out = Vec::with_capacity(512);
+    let o = &mut out;
+    rb_exact_str(o, &attr(step, intern!(py, "rollout_id"))?)?;
+    rb_exact_str(o, &attr(step, intern!(py, "attempt_id"))?)?;
+    let turn = attr(step, intern!(py, "turn"))?;
+    if !turn.is_exact_instance_of::<PyInt>() {
+        return Err(Unusual);
+    }
+    o.extend_from_slice(&turn.extract::<u32>().map_err(py_err)?.to_le_bytes());
+    rb_exact_str(o, &attr(step, intern!(py, "task_id"))?)?;
+    rb_exact_str(o, &attr(step, intern!(py, "span_id"))?)?;
+    let agent = attr(step, intern!(py, "agent_name"))?;
+    if agent.is_none() {
+        o.push(1);
+    } else {
+        o.push(0);
+        rb_exact_str(o, &agent)?;
+    }
+    let rv = attr(step, intern!(py, "resource_version"))?;
+    if rv.is_none() {
+        o.push(1);
+    } else if rv.is_exact_instance_of::<PyInt>() {
+        o.push(0);
+        o.extend_from_slice(&rv.extract::<i64>().map_err(py_err)?.to_le_bytes());
+    } else {
+        return Err(Unusual);
+    }
+    rb_packed(py, o, &attr(step, intern!(py, "prompt_token_ids"))?, "I", 4)?;
+    rb_packed(py, o, &attr(step, intern!(py, "response_token_ids"))?, "I", 4)?;
+    rb_packed(py, o, &attr(step, intern!(py, "response_logprobs"))?, "f", 4)?;
+    rb_mask(py, o, &attr(step, intern!(py, "response_mask"))?)?;
+    for name in [intern!(py, "reward"), intern!(py, "return_"), intern!(py, "advantage")] {
+        o.extend_from_slice(&exact_float(&attr(step, name)?)?.to_le_bytes());
+    }
+    let trained = attr(step, intern!(py, "trained"))?;
+    if !trained.is_exact_instance_of::<PyBool>() {
+        return Err(Unusual);
+    }
+    o.push(trained.is_truthy().map_err(py_err)? as u8);
+    rb_exact_str(o, group)?;
+    rb_exact_str(o, credit)?;
+    if !updated_ns.is_exact_instance_of::<PyInt>() {
+        return Err(Unusual);
+    }
+    o.extend_from_slice(&updated_ns.extract::<i64>().map_err(py_err)?.to_le_bytes());
+    Ok(out)
+}
+
+/// ``streams.rowbinary.transition``, compiled: one ``transitions`` row, or ``None`` for anything but
+/// the common shape (token ids and logprobs as ``array`` of their wire type, exact str/int/float/bool
+/// values, a mask as a list of bytes' values): then the Python reference builds it.
+#[pyfunction]
+fn transition_row<'py>(
+    py: Python<'py>, step: &Bound<'py, PyAny>, group: &Bound<'py, PyAny>, credit: &Bound<'py, PyAny>, updated_ns: &Bound<'py, PyAny>,
+) -> Option<Bound<'py, PyBytes>> {
+    transition_body(py, step, group, credit, updated_ns).ok().map(|b| PyBytes::new(py, &b))
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -779,6 +893,7 @@ fn hex(b: &[u8]) -> String {
 fn rolloutbus_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SpanDecoder>()?;
     m.add_function(wrap_pyfunction!(write_span, m)?)?;
+    m.add_function(wrap_pyfunction!(transition_row, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SPAN_FINGERPRINT", PyBytes::new(m.py(), &SPAN_FINGERPRINT))?;
     Ok(())

@@ -420,3 +420,67 @@ def test_the_decoder_is_for_the_current_span_schema() -> None:
     assert native.SPAN_FINGERPRINT == codec.schema_set().fingerprints[SPAN]
     with pytest.raises(ValueError, match="rebuild native/"):
         native.SpanDecoder(b"\0" * 8, 1, 1, types.SimpleNamespace, array.array)
+
+
+# --------------------------------------------------------------------------- transitions rows
+
+
+def _step(**kw: Any) -> Any:
+    from streams.transitions import Step
+
+    base = dict(rollout_id="r", attempt_id="a", task_id="t", span_id="s", turn=0, sequence_id=1, agent_name=None,
+                resource_version=None, prompt_token_ids=array.array("I", [1, 2]), response_token_ids=array.array("I", [3]),
+                response_logprobs=array.array("f", [-0.5]), response_mask=[1], trained=True, reward=0.0, return_=1.0,
+                advantage=-0.5)
+    return Step(**{**base, **kw})
+
+
+def _row(fn: Any, step: Any, group: Any, credit: Any, updated: Any) -> Any:
+    try:
+        return fn(step, group, credit, updated)
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc)
+
+
+texts = st.text(max_size=40) | st.text(min_size=120, max_size=200)
+u32 = st.integers(0, 2**32 - 1)
+steps = st.builds(
+    _step,
+    rollout_id=texts, attempt_id=texts, task_id=texts, span_id=texts, turn=st.integers(0, 2**32 - 1),
+    agent_name=st.none() | texts, resource_version=st.none() | st.integers(-(2**63), 2**63 - 1),
+    prompt_token_ids=st.lists(u32, max_size=300).map(lambda x: array.array("I", x)),
+    response_token_ids=st.lists(u32, max_size=40).map(lambda x: array.array("I", x)),
+    response_logprobs=st.lists(st.floats(width=32), max_size=40).map(lambda x: array.array("f", x)),
+    response_mask=st.lists(st.integers(0, 255), max_size=40), trained=st.booleans(),
+    reward=st.floats(), return_=st.floats(), advantage=st.floats(),
+)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(steps, texts, texts, st.integers(-(2**63), 2**63 - 1))
+def test_transition_rows_compiled_as_the_reference(step: Any, group: str, credit: str, updated: int) -> None:
+    assert native.transition_row(step, group, credit, updated) is not None, "the common step was declined"
+    assert rowbinary.transition(step, group, credit, updated) == rowbinary.transition_reference(step, group, credit, updated)
+
+
+class _Str(str):
+    pass
+
+
+odd_values = st.sampled_from([True, 1, -1, 2**32, 2**63, 1.5, "x", _Str("s"), None, b"b",
+                              [1, 2], [256], [True], [-1], [1.0], (1,), array.array("I", [1]), array.array("i", [1]),
+                              array.array("f", [1.0]), array.array("B", [1]), array.array("d", [1.0]), bytearray(b"\1")])
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(steps, st.data())
+def test_transition_rows_hostile_values_declined_or_equal(step: Any, data: st.DataObject) -> None:
+    """Another type anywhere (a subclass, a bool for an int, a list for an array, an array of another
+    typecode, a value out of range): the same row, or the same error, as the reference."""
+    fields = ["rollout_id", "attempt_id", "turn", "task_id", "span_id", "agent_name", "resource_version",
+              "prompt_token_ids", "response_token_ids", "response_logprobs", "response_mask", "trained", "reward",
+              "return_", "advantage"]
+    for _ in range(data.draw(st.integers(1, 2))):
+        setattr(step, data.draw(st.sampled_from(fields)), data.draw(odd_values))
+    group, credit, updated = data.draw(texts | odd_values), data.draw(texts | odd_values), data.draw(st.integers(-(2**63), 2**63 - 1) | odd_values)
+    assert _row(rowbinary.transition, step, group, credit, updated) == _row(rowbinary.transition_reference, step, group, credit, updated)
