@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -169,14 +170,20 @@ def llm_record(
     """The Avro ``LLMCall`` dict (token ids packed uint32, logprobs float32)."""
     return {
         "model": model,
-        "prompt_token_ids": pack_tokens(list(prompt_token_ids)),
-        "response_token_ids": pack_tokens(list(response_token_ids)),
-        "response_logprobs": pack_floats(list(response_logprobs)),
+        "prompt_token_ids": pack_tokens(_items(prompt_token_ids)),
+        "response_token_ids": pack_tokens(_items(response_token_ids)),
+        "response_logprobs": pack_floats(_items(response_logprobs)),
         "response_mask": bytes(response_mask),
         "resource_version": resource_version,
         "request_id": request_id,
         "finish_reason": finish_reason,
     }
+
+
+def _items(values: Sequence[Any]) -> Any:
+    """``values`` as the packer takes them: a list, tuple or ``array`` as it is (no copy of a
+    1,000-token prompt), anything else (a generator, bytes, a numpy array) as a list of its items."""
+    return values if type(values) in (list, tuple, array) else list(values)
 
 
 def emit_exception(exc: BaseException, name: str = "exception") -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from array import array
 from typing import Any
 
 import pytest
@@ -159,3 +160,15 @@ def test_exception_helper_and_llm_token_roundtrip() -> None:
     assert spans[1].llm is not None and spans[1].llm.prompt_token_ids == list(range(1000)) and spans[1].sequence_id == 10
     assert spans[2].sequence_id == 11, "an explicit sequence id moves the counter past it"
     assert unpack_tokens(b"\x05\x00\x00\x00") == [5]
+
+
+@pytest.mark.parametrize("make", [list, tuple, lambda x: array("I", x), lambda x: array("l", x), lambda x: (i for i in x)])
+def test_llm_record_packs_any_sequence_of_token_ids_alike(make: Any) -> None:
+    from producers.emit import llm_record
+
+    ids = [5, 6, 7]
+    got = llm_record(make(ids), make(ids), [-0.5, -0.25])
+    assert got["prompt_token_ids"] == got["response_token_ids"] == llm_record(ids, ids)["prompt_token_ids"]
+    assert unpack_tokens(got["prompt_token_ids"]) == ids
+    with pytest.raises(OverflowError):  # a negative id: refused as before (array("I", [-1]) by make itself)
+        llm_record(make([-1]), [])
