@@ -295,11 +295,11 @@ def machine() -> dict[str, str]:
 
 
 def write_results(out_dir: Path, rows: list[tuple[str, str, str, str]], info: dict[str, str],
-                  results: dict[str, dict[str, Any]], quick: bool, seconds: float) -> Path:
+                  results: dict[str, dict[str, Any]], quick: bool, seconds: float, command: str = "rolloutbus bench") -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{_dt.date.today().isoformat()}.md"
     parts = [f"# rolloutbus bench — {_dt.datetime.now().isoformat(timespec='seconds')}", "",
-             f"`rolloutbus bench{' --quick' if quick else ''}`, {seconds:.0f} s in all.", "", format_rows(rows), "",
+             f"`{command}{' --quick' if quick and '--quick' not in command else ''}`, {seconds:.0f} s in all.", "", format_rows(rows), "",
              "## Machine", ""]
     parts += [f"- {k}: {v}" for k, v in info.items()]
     parts += ["", "## Notes per bench", ""]
@@ -397,7 +397,9 @@ def run(args: argparse.Namespace) -> int:
     rows = build_rows(results)
     table = format_rows(rows)
     print(table)
-    path = write_results(args.out, rows, info, results, args.quick, seconds)
+    command = " ".join(["rolloutbus bench", *(f"--only {n}" for n in (args.only or [])),
+                        *([f"--spans {args.spans}"] if args.spans else []), *(["--quick"] if args.quick else [])])
+    path = write_results(args.out, rows, info, results, args.quick, seconds, command)
     print(f"\n{len(chosen)} benches in {seconds:.0f}s on {info['cores']} cores ({info['memory']}); written to {path}")
     return 0 if all("error" not in r for r in results.values()) else 1
 
