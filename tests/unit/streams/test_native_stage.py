@@ -13,8 +13,10 @@ from __future__ import annotations
 import array
 import math
 import struct
+import sys
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +32,10 @@ from streams import spans_stage as stage_mod
 from streams.attempts import PartitionState, span_view
 from streams.rollout import Settings
 from streams.sink import ClickHouseSink
-from tests.unit.schemas.test_span_avro import BASE, spans
+from tests.unit.schemas.test_span_avro import BASE, hostile, spans
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import bench_paths  # noqa: E402 - its stand-ins for a consumed record and the consumer
 
 native = pytest.importorskip("rolloutbus_native", reason="the compiled decoder is not built (make setup builds it)")
 
@@ -131,18 +136,9 @@ def test_random_spans_equal_also_those_the_checks_refuse(d: dict) -> None:
 @given(spans, st.data())
 def test_hostile_bytes_equal_outputs_and_reasons(d: dict, data: st.DataObject) -> None:
     """Flipped, cut and inserted bytes anywhere (the header too): same view and row, or same dead letter."""
-    value = bytearray(codec.encode_raw(SPAN, valid(d) if data.draw(st.booleans()) else d))
-    for _ in range(data.draw(st.integers(1, 4))):
-        op = data.draw(st.sampled_from(["flip", "flip", "cut", "insert"]))
-        i = data.draw(st.integers(0, max(len(value) - 1, 0)))
-        if op == "flip" and value:
-            value[i] = data.draw(st.integers(0, 255))
-        elif op == "cut":
-            del value[i:]
-        else:
-            value[i:i] = data.draw(st.binary(min_size=1, max_size=10))
-    got, _ = compiled(bytes(value))
-    assert got == reference(bytes(value))
+    value = hostile(codec.encode_raw(SPAN, valid(d) if data.draw(st.booleans()) else d), data)
+    got, _ = compiled(value)
+    assert got == reference(value)
 
 
 @given(st.binary(max_size=64) | st.none() | st.just(bytearray(HEADER)) | st.just(memoryview(HEADER + b"\x02")))
@@ -278,43 +274,6 @@ def test_maps_of_many_keys_and_in_several_blocks() -> None:
 # --------------------------------------------------------------------------- the stage, both ways
 
 
-class _Msg:
-    def __init__(self, offset: int, value: Any, partition: int = 0) -> None:
-        self._offset, self._value, self._partition = offset, value, partition
-
-    def error(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self._partition
-
-    def topic(self) -> str:
-        return "rb.spans"
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> Any:
-        return self._value
-
-    def key(self) -> bytes:
-        return b"k"
-
-
-class _Consumer:
-    def __init__(self, values: list[Any], batch: int) -> None:
-        self.msgs = [_Msg(i, v) for i, v in enumerate(values)]
-        self.batch, self.at = batch, 0
-
-    def consume(self, n: int, timeout: float) -> list[_Msg]:
-        out = self.msgs[self.at:self.at + min(n, self.batch)]
-        self.at += len(out)
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 def run_stage(values: list[Any], native_on: bool, sunk_below: int = 0) -> tuple:
     """SpanStage.poll over ``values``: its rows, what it produced (dead letters, summaries), its stats."""
     sink = ClickHouseSink(client=None)
@@ -323,7 +282,7 @@ def run_stage(values: list[Any], native_on: bool, sunk_below: int = 0) -> tuple:
                             native=native_on)
     assert (s.decoder is not None) == native_on
     s.consumer.close()
-    s.consumer = _Consumer(values, 7)  # type: ignore[assignment]
+    s.consumer = bench_paths._Batches([bench_paths._Msg(i, v, b"k") for i, v in enumerate(values)], 7)  # type: ignore[assignment]
     s.parts[0] = PartitionState(0, sunk_below=sunk_below)
     produced: list[tuple] = []
     s._produce = lambda topic, key, value, partition=-1: produced.append((topic, key, value, partition))  # type: ignore[method-assign]
