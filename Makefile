@@ -35,7 +35,7 @@ $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.t
 	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
 	if ! command -v cargo >/dev/null; then \
 	  $(PIP) uninstall -q -y rolloutbus-native 2>/dev/null; \
-	  echo "cargo not found (PATH, ~/.cargo/bin): native/ not built, the Python paths run (install Rust: https://rustup.rs, then make native)" >&2; \
+	  echo "cargo not found (PATH, ~/.cargo/bin): native/ not built, the Python paths run (install a Rust toolchain with cargo, then make native)" >&2; \
 	elif echo "building native/ (the compiled Span writer and span decoder) with $$(cargo --version)" && \
 	     $(PIP) install -q ./native && $(BIN)/python -c "import rolloutbus_native"; then touch $@; \
 	else \
