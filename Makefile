@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 # by maturin from PyPI), installed into the venv. cargo is looked for on PATH, then in ~/.cargo/bin
 # (where rustup puts it). Without cargo, or when the build fails, nothing stale stays installed and
 # the Python paths run (the span stage says so once in its log); `make native` again once Rust is
-# installed (https://rustup.rs).
+# installed.
 NATIVE_STAMP := $(VENV)/.native
 native: $(NATIVE_STAMP)
 $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
