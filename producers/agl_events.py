@@ -80,8 +80,8 @@ def _model_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, s
     response_id = model = finish = None
     if isinstance(resp, Mapping):
         prompt = resp.get("prompt_token_ids")
-        choices = resp.get("choices") or []
-        if choices and isinstance(choices[0], Mapping):
+        choices = resp.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
             first = choices[0]
             prompt = prompt or first.get("prompt_token_ids")
             response = _ids(first.get("token_ids"), "choices[0].token_ids")
@@ -94,7 +94,8 @@ def _model_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, s
                 continue
             prompt = prompt or chunk.get("prompt_token_ids")
             response_id, model = response_id or chunk.get("id"), model or chunk.get("model")
-            for ch in chunk.get("choices") or []:
+            chunk_choices = chunk.get("choices")
+            for ch in chunk_choices if isinstance(chunk_choices, list) else []:
                 if isinstance(ch, Mapping) and ch.get("index", 0) == 0:
                     response += _ids(ch.get("token_ids") or [], "choices[0].token_ids")
                     finish = ch.get("finish_reason") or finish

@@ -78,6 +78,15 @@ def test_numbers_out_of_range_in_a_model_request_are_left_out(data: dict[str, An
     assert span["start_time_ns"] == span["end_time_ns"] == 2_000_000_000 and span["llm"]["resource_version"] is None
 
 
+@pytest.mark.parametrize("response", [
+    {"choices": {"": None}}, {"choices": 5}, {"choices": "abc"}, {"choices": [3]},
+    [{"choices": {"0": {}}}], [{"choices": 7}], [5, "x"],
+])
+def test_choices_of_another_shape_give_a_span_without_response_ids(response: Any) -> None:
+    span = _span({"event_type": "model_request", "data": {"response": response}})
+    assert span["llm"]["response_token_ids"] == b""
+
+
 @pytest.mark.parametrize("value", [10**400, float("inf"), float("nan"), True])
 def test_a_reward_that_is_not_a_finite_number_says_why(value: Any) -> None:
     with pytest.raises(MappingError, match="finite number"):
