@@ -63,15 +63,21 @@ class ResourceFollower:
             md = c.list_topics(self.topic, timeout=10)
             parts = list(md.topics[self.topic].partitions) if self.topic in md.topics else [0]
             c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
+            # Ready once every partition was read up to the end it had at the start (an empty poll alone
+            # comes before the first fetch, too).
+            ends = self._ends(c, parts)
+            reached: dict[int, int] = {}
             while not self._stop.is_set():
                 msg = c.poll(0.2)
                 if msg is None:
-                    self.ready.set()
+                    if ends is None or all(reached.get(p, low) >= high for p, (low, high) in ends.items()):
+                        self.ready.set()
                     continue
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         self.ready.set()
                     continue
+                reached[msg.partition()] = msg.offset() + 1
                 try:
                     rv = decode(msg.value(), "rolloutbus.ResourceVersion")
                 except (DecodeError, ValidationError) as exc:
@@ -86,6 +92,17 @@ class ResourceFollower:
                             log.info("resource %s: version %d → %d", rv.name, old.version, rv.version)
         finally:
             c.close()
+
+    def _ends(self, c: Any, parts: list[int]) -> dict[int, tuple[int, int]] | None:
+        """(low, high) watermarks of each partition; None when the broker does not say (then the first
+        empty poll counts as the end, as before)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            return {p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10) for p in parts}
+        except KafkaException as exc:
+            log.warning("the end of %s is not known (%s): ready after the first empty poll", self.topic, exc)
+            return None
 
     def stop(self) -> None:
         self._stop.set()
