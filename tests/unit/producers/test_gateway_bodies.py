@@ -17,23 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from producers.gateway import SERVER_OPTIONS, BadRequest, Gateway, decode_request, request_to_spans
-
-
-class MemoryTransport:
-    kafka_up = True
-
-    def __init__(self) -> None:
-        self.records: list[tuple[bytes, bytes]] = []
-
-    def accepting(self, nbytes: int = 0) -> bool:
-        return True
-
-    def emit_encoded(self, key: bytes, value: bytes) -> bool:
-        self.records.append((key, value))
-        return True
-
-    def stats(self) -> dict[str, Any]:
-        return {"spool_pending": 0}
+from tests.unit.producers.memory_transport import MemoryTransport
 
 
 def _attr_nested(depth: int, kind: str) -> dict[str, Any]:
