@@ -42,6 +42,8 @@ SLIM_EXTRAS = "gateway,streams,store,query"
 # What deploy/Dockerfile copies from the repository (besides itself).
 PROJECT_FILES = ["pyproject.toml", "README.md", "LICENSE", "foundation", "rolloutbus", "producers", "streams", "schemas",
                  "trainer", "deploy/clickhouse"]
+# native/'s sources: the compiled hot paths, built into a wheel on this host (cargo is not in the image).
+NATIVE_FILES = ["native/Cargo.toml", "native/Cargo.lock", "native/pyproject.toml", "native/src"]
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
 
@@ -210,11 +212,29 @@ def ca_bundle() -> Path | None:
     return None
 
 
+def native_wheel(dest: Path, say: Say = print) -> Path | None:
+    """native/ built into a wheel in ``dest`` with this host's cargo (the image's Debian has none recent
+    enough); None, said in one line, when there is no cargo or the build fails: the image then runs the
+    Python paths (its span stage says so once)."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), str(Path.home() / ".cargo" / "bin")])
+    if shutil.which("cargo", path=path) is None:
+        say("native/: no cargo on this host: the images run the Python paths")
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO / "native")],
+                          env={**os.environ, "PATH": path}, capture_output=True, text=True)
+    wheels = sorted(dest.glob("rolloutbus_native-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        say(f"native/ did not build (the images run the Python paths): {(proc.stderr or proc.stdout).strip()[-300:]}")
+        return None
+    return wheels[-1]
+
+
 def project_image(base: str, slim: bool, say: Say = print) -> str:
     dockerfile = REPO / "deploy" / "Dockerfile"
     files = _files(REPO, PROJECT_FILES)
     args = {"BASE_IMAGE": base, "EXTRAS": SLIM_EXTRAS if slim else FULL_EXTRAS, "PIP_NO_CACHE": "0"}
-    tag = content_hash(REPO, [*files, dockerfile], *(f"{k}={v}" for k, v in sorted(args.items())))
+    tag = content_hash(REPO, [*files, *_files(REPO, NATIVE_FILES), dockerfile], *(f"{k}={v}" for k, v in sorted(args.items())))
     ref = f"localhost/rolloutbus{'-slim' if slim else ''}:{tag}"
     if exists(ref):
         return ref
@@ -224,6 +244,8 @@ def project_image(base: str, slim: bool, say: Say = print) -> str:
             dest = ctx / f.relative_to(REPO)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)
+        (ctx / "native" / "wheels").mkdir(parents=True, exist_ok=True)  # deploy/Dockerfile installs what is here
+        native_wheel(ctx / "native" / "wheels", say)
         pip_cache = cache_dir() / "pip"
         pip_cache.mkdir(parents=True, exist_ok=True)
         volumes = [f"{pip_cache}:/root/.cache/pip"]

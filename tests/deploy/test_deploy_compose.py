@@ -361,6 +361,13 @@ def test_tasks_run_through_the_topology_and_train(deployment: Deployment) -> Non
     proxies = dep.replica_stats(dep.proxy_ports)
     TIMINGS["proxy_replicas"] = [{k: v for k, v in p.items() if isinstance(v, (int, float))} for p in proxies]
     say(f"proxy replicas: {TIMINGS['proxy_replicas']}")
+    # The images carry native/ (a wheel built on this host): the stream workers run the compiled span stage.
+    workers = [n for n in dep.stack.state() if "stream-worker" in n]
+    assert workers
+    for name in workers:
+        assert "the compiled decoder is not installed" not in dep.stack.logs(name, tail=100000), f"{name} runs the Python paths"
+        probe = dep.stack.exec(name, "python3", "-c", "import rolloutbus_native")
+        assert probe.returncode == 0, (probe.stdout or "") + (probe.stderr or "")
 
 
 def test_broker_and_stream_worker_killed_mid_run(deployment: Deployment) -> None:
