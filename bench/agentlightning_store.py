@@ -161,15 +161,9 @@ class Server:
         raise BenchError(f"agl-server did not answer /healthz on port {self.port} within {_START_TIMEOUT_S}s")
 
     def peak_rss_mb(self) -> float | None:
-        if self.proc is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return None
+        from common import peak_rss_mib
+
+        return None if self.proc is None else peak_rss_mib(self.proc.pid)
 
     def cpu_seconds(self) -> float:
         """User + system CPU the server process has used (load-independent, unlike wall time)."""

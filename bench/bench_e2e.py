@@ -163,13 +163,9 @@ def find_broker_pid(bootstrap: str) -> int | None:
 
 
 def peak_rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    from common import peak_rss_mib as peak
+
+    return peak(pid)
 
 
 # --------------------------------------------------------------------------- the OTLP load generator

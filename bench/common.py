@@ -200,3 +200,14 @@ __all__ = [
     "ROOT", "broker", "fresh_topics", "topic_messages", "free_port", "child_env", "ProcWatch", "scrape",
     "stop_process", "pct", "print_table", "emit_json", "log",
 ]
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
