@@ -1,10 +1,17 @@
-"""The SQL demo's task: Text-to-SQL on a small company database, rewarded by execution match.
+"""The SQL demo's task: Text-to-SQL on small generated SQLite databases, rewarded by execution match.
 
-Everything here is pure and deterministic: the SQLite database (two tables, built from a seed-free
-table of rows), a few hundred question / gold-SQL pairs from templates at five levels (single table,
-WHERE, aggregates, ORDER BY/LIMIT, JOIN), a split by question (each template instance lands on one
-side, so a held-out question is never trained on), the prompt, SQL extraction from a model's reply,
-execution and execution match.
+Everything here is pure and deterministic. Eight databases of two tables each (a parent and a child
+with a foreign key), in different domains with different column names: ``company`` (the original
+one, unchanged) and seven more. Each has question / gold-SQL pairs from templates at five levels
+(single table, WHERE, aggregates, ORDER BY/LIMIT, JOIN). Two splits:
+
+- :func:`split` — by question, over one list (the company database's, historically);
+- :func:`split_databases` — by database as well as by question: whole databases are held out, so the
+  test set measures reading a schema never seen in training, not recalling a memorised one.
+
+Also the prompt (one builder, :func:`question_messages`, with the question's own schema and worked
+examples on that database), SQL extraction from a model's reply, execution, execution match and the
+single-turn reward :func:`score`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import random
 import re
 import sqlite3
 from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Any, Sequence
 
 SCHEMA = """CREATE TABLE departments (id INTEGER PRIMARY KEY, name TEXT, city TEXT, budget INTEGER);
@@ -81,28 +89,33 @@ HAND_WRITTEN: list[tuple[str, str, list[tuple[str, str]]]] = [  # (name, templat
     ("rules + more examples", _RULES, _MORE_EXAMPLES),
 ]
 
+
 @dataclass(frozen=True)
 class Question:
     qid: str
     level: int  # 1 single table, 2 WHERE, 3 aggregate, 4 ORDER BY/LIMIT, 5 JOIN
     text: str
     gold: str
+    db: str = "company"  # the database (a key of DATABASES) the question is about
 
     def to_json(self) -> str:
-        return json.dumps({"qid": self.qid, "level": self.level, "question": self.text, "gold": self.gold})
+        return json.dumps({"qid": self.qid, "level": self.level, "question": self.text, "gold": self.gold, "db": self.db})
 
     @classmethod
     def from_json(cls, data: str | dict[str, Any]) -> Question:
+        """A question from its JSON (a task's input); one written before databases had names is a company one."""
         d = json.loads(data) if isinstance(data, str) else data
-        return cls(str(d["qid"]), int(d["level"]), str(d["question"]), str(d["gold"]))
+        return cls(str(d["qid"]), int(d["level"]), str(d["question"]), str(d["gold"]), str(d.get("db") or "company"))
+
+
+# --------------------------------------------------------------------------- the company database
 
 
 def _join(where: str, select: str = "e.name") -> str:
     return f"SELECT {select} FROM employees e JOIN departments d ON e.department_id = d.id WHERE {where}"
 
 
-def questions() -> list[Question]:
-    """Every question of the task (about 350), in a fixed order."""
+def _company_questions() -> list[Question]:
     out: list[Question] = []
 
     def add(level: int, key: str, text: str, gold: str) -> None:
@@ -141,6 +154,320 @@ def questions() -> list[Question]:
     return out
 
 
+# --------------------------------------------------------------------------- the other databases
+
+
+@dataclass(frozen=True)
+class _Domain:
+    """A two-table database's description: tables, rows and the words its questions use.
+
+    The parent table is ``(id, name, place, number)``, the child ``(id, name, fk, number, year)``; the
+    column names differ per domain, which is the point. The parent's number column is asked about by no
+    question: it is what the worked examples use. The last parent is named by no question either.
+    """
+
+    name: str
+    parent: tuple[str, str, str, str, str]  # table, alias, name column, place column, number column
+    child: tuple[str, str, str, str, str, str]  # table, alias, name column, fk column, number column, year column
+    parents: tuple[tuple[str, str, int], ...]  # (name, place, number); the last is reserved for the examples
+    children: tuple[tuple[str, ...], ...]  # the children's names, grouped by parent
+    number: tuple[int, int]  # child number = base + k * step, k a permutation of 0..n-1 (no ties)
+    cuts: tuple[int, int, int]  # thresholds for the child number
+    year0: int  # child years: year0 .. year0 + 7
+    words: dict[str, str]  # phrases and question templates (see _domain_questions)
+    example_cuts: tuple[int, int]  # parent number thresholds of the JOIN and COUNT examples
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+
+
+def _domain_rows(d: _Domain) -> tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]:
+    parents = tuple((i + 1, name, place, n) for i, (name, place, n) in enumerate(d.parents))
+    names = [(c, pid + 1) for pid, group in enumerate(d.children) for c in group]
+    base, step = d.number
+    # 7 and 5 are prime to the child count (24): numbers are a permutation (distinct), each year has 3 children.
+    children = tuple((i + 1, c, pid, base + ((i * 7) % len(names)) * step, d.year0 + (i * 5) % 8)
+                     for i, (c, pid) in enumerate(names))
+    return parents, children
+
+
+def _domain_questions(d: _Domain) -> list[Question]:
+    P, pa, pn, pplace, _pnum = d.parent
+    C, ca, cn, fk, num, year = d.child
+    w = d.words
+    out: list[Question] = []
+
+    def add(level: int, key: str, text: str, gold: str) -> None:
+        out.append(Question(f"{d.name}:L{level}-{re.sub(r'[^A-Za-z0-9]+', '-', key)}", level, text, gold, d.name))
+
+    def join(where: str, select: str = f"{ca}.{cn}") -> str:
+        return f"SELECT {select} FROM {C} {ca} JOIN {P} {pa} ON {ca}.{fk} = {pa}.id WHERE {where}"
+
+    names = [c for group in d.children for c in group]
+
+    def pick(start: int) -> list[str]:  # three children spread over the table
+        return [names[start + 8 * k] for k in range(3)]
+
+    parents = [p[0] for p in d.parents[:-1]]
+    places = list(dict.fromkeys(p[1] for p in d.parents))
+    years = [d.year0 + 1, d.year0 + 3, d.year0 + 6]
+    nn, cs, cp, names_of = w["num"], w["one"], w["many"], w["names"]
+
+    add(1, "names", f"List the {names_of} of all {cp}.", f"SELECT {cn} FROM {C}")
+    add(1, "parents", f"List the names of all {w['parents']}.", f"SELECT {pn} FROM {P}")
+    add(1, "count", f"How many {cp} are there?", f"SELECT COUNT(*) FROM {C}")
+    add(1, "places", f"List the {w['places']} of all {w['parents']}.", f"SELECT {pplace} FROM {P}")
+    for x in pick(1):
+        add(2, f"num-{x}", f"What is the {nn} of {x}?", f"SELECT {num} FROM {C} WHERE {cn} = '{x}'")
+    for x in pick(4):
+        add(2, f"year-{x}", f"In which year was {x} {w['verb']}?", f"SELECT {year} FROM {C} WHERE {cn} = '{x}'")
+    for y in years:
+        add(2, f"in-{y}", f"List the {names_of} of {cp} {w['verb']} in {y}.", f"SELECT {cn} FROM {C} WHERE {year} = {y}")
+        add(3, f"after-{y}", f"How many {cp} were {w['verb']} after {y}?", f"SELECT COUNT(*) FROM {C} WHERE {year} > {y}")
+        add(3, f"avg-{y}", f"What is the average {nn} of {cp} {w['verb']} in {y}?", f"SELECT AVG({num}) FROM {C} WHERE {year} = {y}")
+        add(3, f"max-{y}", f"What is the highest {nn} of {cp} {w['verb']} before {y}?", f"SELECT MAX({num}) FROM {C} WHERE {year} < {y}")
+    for v in d.cuts:
+        add(2, f"above-{v}", f"List the {names_of} of {cp} with {_a(nn)} above {v}.", f"SELECT {cn} FROM {C} WHERE {num} > {v}")
+        add(3, f"below-{v}", f"How many {cp} have {_a(nn)} below {v}?", f"SELECT COUNT(*) FROM {C} WHERE {num} < {v}")
+    for c in places:
+        add(2, f"place-{c}", w["parents_in"].format(c=c), f"SELECT {pn} FROM {P} WHERE {pplace} = '{c}'")
+    for n in (1, 2, 3):
+        for key, most, order in (("top", "highest", "DESC"), ("bottom", "lowest", "ASC")):
+            text = (f"Which {cs} has the {most} {nn}?" if n == 1 else f"List the {names_of} of the {n} {cp} with the {most} {nn}.")
+            add(4, f"{key}-{n}", text, f"SELECT {cn} FROM {C} ORDER BY {num} {order} LIMIT {n}")
+    for x in pick(2):
+        add(5, f"parent-{x}", w["parent_of"].format(x=x), join(f"{ca}.{cn} = '{x}'", f"{pa}.{pn}"))
+    for x in pick(6):
+        add(5, f"place-of-{x}", w["place_of"].format(x=x), join(f"{ca}.{cn} = '{x}'", f"{pa}.{pplace}"))
+    for p in parents:
+        rel = w["of_parent"].format(p=p)
+        add(5, f"of-{p}", f"List the {names_of} of {cp} {rel}.", join(f"{pa}.{pn} = '{p}'"))
+        add(5, f"count-{p}", f"How many {cp} are there {rel}?", join(f"{pa}.{pn} = '{p}'", "COUNT(*)"))
+    for p in parents[:2]:
+        add(5, f"avg-{p}", f"What is the average {nn} of {cp} {w['of_parent'].format(p=p)}?",
+            join(f"{pa}.{pn} = '{p}'", f"AVG({ca}.{num})"))
+    for c in places:
+        add(5, f"in-place-{c}", f"List the {names_of} of {cp} {w['of_place'].format(c=c)}.", join(f"{pa}.{pplace} = '{c}'"))
+    return out
+
+
+def _domain_examples(d: _Domain) -> tuple[tuple[str, str], ...]:
+    """A JOIN, a COUNT, a WHERE (EXAMPLES' order), on the parent's number column and the reserved parent."""
+    P, pa, pn, pplace, pnum = d.parent
+    C, ca, cn, fk, _num, _year = d.child
+    below, above = d.example_cuts
+    w = d.words
+    return (
+        (w["ex_join"].format(v=below), f"SELECT {ca}.{cn} FROM {C} {ca} JOIN {P} {pa} ON {ca}.{fk} = {pa}.id WHERE {pa}.{pnum} < {below};"),
+        (w["ex_count"].format(v=above), f"SELECT COUNT(*) FROM {P} WHERE {pnum} > {above};"),
+        (w["ex_where"].format(p=d.parents[-1][0]), f"SELECT {pplace} FROM {P} WHERE {pn} = '{d.parents[-1][0]}';"),
+    )
+
+
+def _schema(d: _Domain) -> str:
+    P, _pa, pn, pplace, pnum = d.parent
+    C, _ca, cn, fk, num, year = d.child
+    return (f"CREATE TABLE {P} (id INTEGER PRIMARY KEY, {pn} TEXT, {pplace} TEXT, {pnum} INTEGER);\n"
+            f"CREATE TABLE {C} (id INTEGER PRIMARY KEY, {cn} TEXT, {fk} INTEGER, {num} INTEGER, {year} INTEGER);")
+
+
+_DOMAINS = (
+    _Domain(
+        "library", ("authors", "a", "name", "country", "born"), ("books", "b", "title", "author_id", "pages", "published_year"),
+        (("Mira Holt", "Chile", 1931), ("Tomas Reyes", "Peru", 1948), ("Ines Varga", "Chile", 1956),
+         ("Oren Blake", "Ireland", 1962), ("Lucia Ferro", "Peru", 1975)),
+        (("Silent River", "Glass Harbor", "The Last Orchard", "Paper Moons", "Winter Ledger"),
+         ("Salt and Iron", "The Quiet Engine", "Amber Roads", "Night Cartography", "The Clockmaker"),
+         ("Field of Lanterns", "Cold Meridian", "The Ninth Bridge", "Hollow Pines", "Letters to Nobody"),
+         ("Copper Sky", "The Long Tide", "Small Gods of Rain", "Borrowed Light", "The Salt Garden"),
+         ("North of Memory", "Iron Psalms", "The Blue Hour", "Stone Orchestra")),
+        (120, 17), (200, 300, 400), 2004,
+        {"one": "book", "many": "books", "names": "titles", "parents": "authors", "places": "countries", "num": "page count",
+         "verb": "published", "parents_in": "Which authors are from {c}?", "parent_of": "Who wrote {x}?",
+         "place_of": "Which country is the author of {x} from?", "of_parent": "by {p}", "of_place": "by authors from {c}",
+         "ex_join": "List the titles of books by authors born before {v}.", "ex_count": "How many authors were born after {v}?",
+         "ex_where": "Which country is {p} from?"},
+        (1950, 1960),
+    ),
+    _Domain(
+        "school", ("classes", "c", "label", "building", "capacity"), ("students", "s", "name", "class_id", "score", "enrolled_year"),
+        (("7A", "North Hall", 28), ("7B", "South Hall", 31), ("8A", "North Hall", 24), ("8B", "West Hall", 35), ("9A", "South Hall", 22)),
+        (("Aiko Tanaka", "Ben Okafor", "Clara Weiss", "Dmitri Volkov", "Esme Clarke"),
+         ("Farid Haddad", "Greta Lind", "Hector Ruiz", "Isla Moreau", "Jonah Price"),
+         ("Kira Novak", "Liam Byrne", "Mina Sato", "Niko Laine", "Olga Petrov"),
+         ("Pedro Alves", "Rhea Kapoor", "Soren Dahl", "Talia Ross", "Umar Siddiq"),
+         ("Vera Kova", "Wes Turner", "Xena Marsh", "Yusuf Demir")),
+        (41, 2), (52, 64, 76), 2014,
+        {"one": "student", "many": "students", "names": "names", "parents": "classes", "places": "buildings", "num": "score",
+         "verb": "enrolled", "parents_in": "Which classes are in {c}?", "parent_of": "Which class is {x} in?",
+         "place_of": "In which building is the class of {x}?", "of_parent": "in class {p}", "of_place": "in classes in {c}",
+         "ex_join": "List the names of students in classes with a capacity below {v}.",
+         "ex_count": "How many classes have a capacity above {v}?", "ex_where": "In which building is class {p}?"},
+        (29, 26),
+    ),
+    _Domain(
+        "shop", ("categories", "c", "title", "warehouse", "shelves"),
+        ("products", "p", "product_name", "category_id", "price", "launch_year"),
+        (("Garden", "Leeds", 14), ("Kitchen", "Bristol", 22), ("Toys", "Leeds", 9), ("Outdoor", "Cardiff", 17),
+         ("Stationery", "Bristol", 6)),
+        (("Watering Can", "Hose Reel", "Seed Tray", "Pruning Shears", "Flower Pot"),
+         ("Chef Knife", "Cutting Board", "Salad Spinner", "Tea Kettle", "Garlic Press"),
+         ("Puzzle Cube", "Box Kite", "Toy Train", "Rubber Duck", "Yo-Yo"),
+         ("Camp Stove", "Trail Lantern", "Rain Poncho", "Folding Chair", "Sleeping Bag"),
+         ("Notebook", "Fountain Pen", "Desk Lamp", "Glue Stick")),
+        (4, 3), (20, 35, 55), 2011,
+        {"one": "product", "many": "products", "names": "names", "parents": "categories", "places": "warehouses", "num": "price",
+         "verb": "launched", "parents_in": "Which categories are stored in {c}?", "parent_of": "Which category is {x} in?",
+         "place_of": "In which warehouse is the category of {x} stored?", "of_parent": "in the {p} category",
+         "of_place": "in categories stored in {c}",
+         "ex_join": "List the names of products in categories with fewer than {v} shelves.",
+         "ex_count": "How many categories have more than {v} shelves?", "ex_where": "Which warehouse stores the {p} category?"},
+        (12, 15),
+    ),
+    _Domain(
+        "hospital", ("wards", "w", "ward_name", "wing", "beds"), ("patients", "p", "patient_name", "ward_id", "age", "admitted_year"),
+        (("Cardiology", "East Wing", 18), ("Oncology", "North Wing", 26), ("Pediatrics", "East Wing", 14),
+         ("Neurology", "South Wing", 21), ("Orthopedics", "North Wing", 30)),
+        (("Abel Stone", "Bianca Lund", "Cyrus Webb", "Delia Frost", "Emil Sauer"),
+         ("Fiona Grant", "Gus Hale", "Hanna Berg", "Ivo Marsh", "Julia Crane"),
+         ("Kai Rowe", "Lara Quist", "Milo Vance", "Nina Falk", "Oscar Reed"),
+         ("Pia Holm", "Rafael Cruz", "Sanna Ek", "Theo Nash", "Ulrike Bauer"),
+         ("Viktor Sand", "Willa Hart", "Ximena Soto", "Zane Kirby")),
+        (19, 3), (30, 50, 70), 2016,
+        {"one": "patient", "many": "patients", "names": "names", "parents": "wards", "places": "wings", "num": "age",
+         "verb": "admitted", "parents_in": "Which wards are in the {c}?", "parent_of": "Which ward is {x} in?",
+         "place_of": "In which wing is the ward of {x}?", "of_parent": "in the {p} ward", "of_place": "in wards in the {c}",
+         "ex_join": "List the names of patients in wards with fewer than {v} beds.",
+         "ex_count": "How many wards have more than {v} beds?", "ex_where": "In which wing is the {p} ward?"},
+        (19, 24),
+    ),
+    _Domain(
+        "league", ("teams", "t", "team_name", "hometown", "founded"), ("players", "p", "player", "team_id", "goals", "signed_year"),
+        (("Harbor Hawks", "Tampere", 1902), ("Iron Bulls", "Lahti", 1921), ("River Foxes", "Tampere", 1935),
+         ("Granite Owls", "Oulu", 1948), ("Coast Wolves", "Lahti", 1967)),
+        (("Arto Niemi", "Bruno Costa", "Carl Eklund", "Dario Conti", "Eero Koski"),
+         ("Filip Horak", "Gabriel Lenz", "Hugo Lindqvist", "Ivan Petric", "Jari Salo"),
+         ("Kalle Virta", "Lukas Meier", "Marco Bellini", "Nils Aaberg", "Otto Kern"),
+         ("Paavo Rinne", "Rico Santos", "Sami Aho", "Timo Jokela", "Urho Lampi"),
+         ("Ville Harju", "Waltteri Oja", "Yrjo Mattila", "Zlatko Kovac")),
+        (2, 1), (8, 14, 20), 2009,
+        {"one": "player", "many": "players", "names": "names", "parents": "teams", "places": "hometowns", "num": "goal total",
+         "verb": "signed", "parents_in": "Which teams are from {c}?", "parent_of": "Which team does {x} play for?",
+         "place_of": "What is the hometown of the team of {x}?", "of_parent": "on the {p}", "of_place": "on teams from {c}",
+         "ex_join": "List the names of players on teams founded before {v}.",
+         "ex_count": "How many teams were founded after {v}?", "ex_where": "What is the hometown of the {p}?"},
+        (1930, 1940),
+    ),
+    _Domain(
+        "fleet", ("ports", "p", "port", "sea", "berths"), ("ships", "s", "ship", "port_id", "tonnage", "built"),
+        (("Kiel", "Baltic", 12), ("Bergen", "North Sea", 20), ("Gdansk", "Baltic", 16), ("Cadiz", "Atlantic", 9),
+         ("Rostock", "Baltic", 25)),
+        (("Aurora", "Boreas", "Calypso", "Dagny", "Elsa Marie"),
+         ("Fjord Star", "Gull", "Hanna B", "Iris", "Juno"),
+         ("Kestrel", "Lodestar", "Mistral", "Nordkap", "Osprey"),
+         ("Polaris", "Quillon", "Rana", "Sirocco", "Tern"),
+         ("Ulla", "Valkyrie", "Wren", "Zephyr")),
+        (1200, 350), (3000, 5000, 7000), 2001,
+        {"one": "ship", "many": "ships", "names": "names", "parents": "ports", "places": "seas", "num": "tonnage",
+         "verb": "built", "parents_in": "Which ports are on the {c}?", "parent_of": "What is the home port of {x}?",
+         "place_of": "On which sea is the home port of {x}?", "of_parent": "based in {p}", "of_place": "based at ports on the {c}",
+         "ex_join": "List the names of ships based at ports with fewer than {v} berths.",
+         "ex_count": "How many ports have more than {v} berths?", "ex_where": "On which sea is {p}?"},
+        (15, 18),
+    ),
+    _Domain(
+        "cinema", ("studios", "s", "studio", "city", "opened"), ("films", "f", "title", "studio_id", "minutes", "release_year"),
+        (("Northlight", "Lyon", 1952), ("Red Lantern", "Turin", 1961), ("Blue Quarry", "Lyon", 1974),
+         ("Paper Kite", "Porto", 1983), ("Silver Reel", "Turin", 1990)),
+        (("Dust and Neon", "The Orchard Thief", "Low Tide", "Mercury Falls", "A Room Upstairs"),
+         ("Parallel Winter", "The Lighthouse Keeper", "Static", "Glass Animals", "Slow Fire"),
+         ("Harvest Moonlight", "The Cartographer", "Echo Valley", "Second Summer", "Velvet Road"),
+         ("The Sleeping Coast", "Wire and Bone", "Midnight Ferry", "Open Water", "Saltwind"),
+         ("Quiet Revolution", "The Paper Crown", "Afterglow", "Last Train South")),
+        (78, 4), (100, 120, 150), 2012,
+        {"one": "film", "many": "films", "names": "titles", "parents": "studios", "places": "cities", "num": "running time",
+         "verb": "released", "parents_in": "Which studios are in {c}?", "parent_of": "Which studio made {x}?",
+         "place_of": "In which city is the studio that made {x}?", "of_parent": "made by {p}", "of_place": "made by studios in {c}",
+         "ex_join": "List the titles of films made by studios opened before {v}.",
+         "ex_count": "How many studios opened after {v}?", "ex_where": "In which city is {p}?"},
+        (1970, 1980),
+    ),
+)
+
+
+# --------------------------------------------------------------------------- the databases
+
+
+@dataclass(frozen=True)
+class Database:
+    """One generated SQLite database: its schema, its rows, its questions and its worked examples."""
+
+    name: str
+    schema: str  # the CREATE TABLE statements, as shown to the model
+    tables: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...]  # (table, rows), in creation order
+    questions: tuple[Question, ...]
+    examples: tuple[tuple[str, str], ...]  # three worked examples: a JOIN, a COUNT, a WHERE
+
+
+def _from_domain(d: _Domain) -> Database:
+    parents, children = _domain_rows(d)
+    return Database(d.name, _schema(d), ((d.parent[0], parents), (d.child[0], children)),
+                    tuple(_domain_questions(d)), _domain_examples(d))
+
+
+DATABASES: dict[str, Database] = {
+    "company": Database("company", SCHEMA, (("departments", tuple(DEPARTMENTS)), ("employees", tuple(EMPLOYEES))),
+                        tuple(_company_questions()), tuple(EXAMPLES)),
+    **{d.name: _from_domain(d) for d in _DOMAINS},
+}
+
+
+def database(db: str = "company") -> Database:
+    """The database named ``db``; a ``ValueError`` names the known ones."""
+    try:
+        return DATABASES[db]
+    except KeyError:
+        raise ValueError(f"no SQL demo database {db!r}: use one of {', '.join(DATABASES)}") from None
+
+
+def connect(db: str = "company") -> sqlite3.Connection:
+    """A fresh in-memory copy of a database (cheap: under 70 rows)."""
+    spec = database(db)
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(spec.schema)
+    for table, rows in spec.tables:
+        conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    return conn
+
+
+def schema(db: str = "company") -> str:
+    """A database's CREATE TABLE statements, as the prompt shows them."""
+    return database(db).schema
+
+
+def questions(db: str = "company") -> list[Question]:
+    """Every question about one database, in a fixed order (company: 252; the others: 56 each)."""
+    return list(database(db).questions)
+
+
+def all_questions() -> list[Question]:
+    """Every question of every database, database by database in ``DATABASES`` order."""
+    return [q for spec in DATABASES.values() for q in spec.questions]
+
+
+def example_pairs(db: str) -> list[tuple[str, str]]:
+    """Three worked examples on ``db`` (a JOIN, a COUNT, a WHERE; ``EXAMPLES`` for company).
+
+    Outside company they filter on a column and name a row that no question of any database uses, so
+    an example never gives away a held-out answer.
+    """
+    return list(database(db).examples)
+
+
+# --------------------------------------------------------------------------- splits
+
+
 def split(items: Sequence[Question], held_out: int, seed: int = 0) -> tuple[list[Question], list[Question]]:
     """``(train, held_out)``: disjoint by question, each level represented in proportion on both sides."""
     rng = random.Random(seed)
@@ -165,13 +492,86 @@ def split(items: Sequence[Question], held_out: int, seed: int = 0) -> tuple[list
     return train, test
 
 
-def connect() -> sqlite3.Connection:
-    """A fresh in-memory copy of the database (cheap: ~45 rows)."""
-    db = sqlite3.connect(":memory:")
-    db.executescript(SCHEMA)
-    db.executemany("INSERT INTO departments VALUES (?, ?, ?, ?)", DEPARTMENTS)
-    db.executemany("INSERT INTO employees VALUES (?, ?, ?, ?, ?)", EMPLOYEES)
-    return db
+@dataclass(frozen=True)
+class Split:
+    """A split by database and by question (see :func:`split_databases`)."""
+
+    train: list[Question]
+    validation: list[Question]  # from the training databases, never trained on
+    test_seen: list[Question]  # held-out questions of the training databases
+    test_unseen: list[Question]  # questions of the held-out databases: schema never seen in training
+    held_out_dbs: tuple[str, ...]
+
+    @property
+    def test(self) -> list[Question]:
+        return self.test_seen + self.test_unseen
+
+
+def _shares(sizes: dict[Hashable, int], k: int) -> dict[Hashable, int]:
+    """``k`` shared in proportion to ``sizes`` (largest remainders, ties to the first); none above its size."""
+    total = sum(sizes.values())
+    quota = {g: k * n / total if total else 0.0 for g, n in sizes.items()}
+    counts = {g: int(quota[g]) for g in sizes}
+    order = list(sizes)
+    for g in sorted(order, key=lambda g: (counts[g] - quota[g], order.index(g)))[: k - sum(counts.values())]:
+        counts[g] += 1
+    return counts
+
+
+def _stratified(items: Sequence[Question], k: int, rng: random.Random) -> list[Question]:
+    """``k`` of ``items``: levels in proportion, then databases in proportion within a level, then at random."""
+    by_level: dict[Hashable, list[Question]] = {}
+    for q in items:
+        by_level.setdefault(q.level, []).append(q)
+    picked: list[Question] = []
+    for level, n in _shares({g: len(qs) for g, qs in by_level.items()}, k).items():
+        by_db: dict[Hashable, list[Question]] = {}
+        for q in by_level[level]:
+            by_db.setdefault(q.db, []).append(q)
+        for db, m in _shares({g: len(qs) for g, qs in by_db.items()}, n).items():
+            qs = by_db[db][:]
+            rng.shuffle(qs)
+            picked.extend(qs[:m])
+    return picked
+
+
+def split_databases(seed: int = 0, held_out_dbs: int = 2, validation: int = 30, test_seen: int = 50,
+                    test_unseen: int = 100) -> Split:
+    """Hold out whole databases, then questions of the rest. Deterministic for a seed.
+
+    ``held_out_dbs`` databases (never company: its worked examples are the prompt's) give ``test_unseen``
+    questions; from the other databases, ``test_seen`` and ``validation`` questions are held out and the
+    rest is ``train`` (shuffled). Every sample is stratified by level, then by database within a level. The lists are disjoint
+    and no held-out database appears in ``train`` or ``validation``. Sizes that do not fit: ``ValueError``.
+    """
+    candidates = [name for name in DATABASES if name != "company"]
+    if min(held_out_dbs, validation, test_seen, test_unseen) < 0:
+        raise ValueError("split_databases: every size must be >= 0")
+    if held_out_dbs > len(candidates):
+        raise ValueError(f"held_out_dbs={held_out_dbs}: only {len(candidates)} databases besides company can be held out")
+    rng = random.Random(seed)
+    chosen = set(rng.sample(candidates, held_out_dbs))
+    held = tuple(name for name in candidates if name in chosen)
+    unseen_pool = [q for q in all_questions() if q.db in chosen]
+    seen_pool = [q for q in all_questions() if q.db not in chosen]
+    if test_unseen > len(unseen_pool):
+        raise ValueError(f"test_unseen={test_unseen}: the held-out databases {held} have {len(unseen_pool)} questions")
+    if validation + test_seen >= len(seen_pool):
+        raise ValueError(f"validation={validation} + test_seen={test_seen} leave no training questions "
+                         f"out of {len(seen_pool)}")
+    unseen = _stratified(unseen_pool, test_unseen, rng)
+    seen = _stratified(seen_pool, test_seen, rng)
+    taken = set(seen)
+    val = _stratified([q for q in seen_pool if q not in taken], validation, rng)
+    taken |= set(val)
+    train = [q for q in seen_pool if q not in taken]
+    rng.shuffle(train)
+    position = {q: i for i, q in enumerate(all_questions())}  # held-out lists in a fixed order
+    val, seen, unseen = (sorted(qs, key=position.__getitem__) for qs in (val, seen, unseen))
+    return Split(train, val, seen, unseen, held)
+
+
+# --------------------------------------------------------------------------- execution and reward
 
 
 def execute(db: sqlite3.Connection, sql: str, max_rows: int = 200) -> tuple[bool, list[tuple[Any, ...]] | str]:
@@ -216,18 +616,54 @@ def extract_sql(text: str) -> str:
     return query.split(";", 1)[0].strip()
 
 
+def score(q: Question, reply_text: str) -> float:
+    """The single-turn reward: 1.0 if the reply's query returns the gold rows on ``q``'s database, else 0.0.
+
+    A query that fails (or a reply with no query) scores 0.0; it never raises.
+    """
+    conn = connect(q.db)
+    try:
+        ok, rows = execute(conn, extract_sql(reply_text), max_rows=10_000)
+        # The gold runs on a fresh copy: a ``WITH ... DELETE`` passes execute()'s SELECT/WITH check.
+        return 1.0 if ok and execution_match(connect(q.db), rows, q.gold) else 0.0  # type: ignore[arg-type]
+    except (sqlite3.Error, TypeError, ValueError):  # e.g. rows that mix NULLs and numbers do not sort
+        return 0.0
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- prompts
+
+
 def retry_message(error: object) -> dict[str, str]:
     """The user turn that shows the model its failed query's error and asks for a corrected one."""
     return {"role": "user", "content": f"That query failed: {error}. Reply with a corrected SQL query only."}
 
 
-def messages(question: str, system: str = SYSTEM_PROMPT, examples: Sequence[tuple[str, str]] = EXAMPLES) -> list[dict[str, str]]:
-    """The chat the agent sends: the schema, worked examples as earlier turns, then the question."""
+def messages(question: str, system: str | None = None, examples: Sequence[tuple[str, str]] | None = None,
+             db: str = "company") -> list[dict[str, str]]:
+    """The chat the agent sends: the schema, worked examples as earlier turns, then the question.
+
+    Defaults: the system prompt shows ``db``'s schema (``SYSTEM_PROMPT`` for company) and the examples
+    are ``example_pairs(db)`` (``EXAMPLES`` for company); a ``system`` or ``examples`` given is used as is.
+    """
+    if system is None:
+        system = SYSTEM_PROMPT if db == "company" else render(SYSTEM_TEMPLATE, schema(db))
     msgs = [{"role": "system", "content": system}]
-    for q, a in examples:
+    for q, a in (example_pairs(db) if examples is None else examples):
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     msgs.append({"role": "user", "content": question})
     return msgs
+
+
+def question_messages(q: Question, template: str | None = None,
+                      examples: Sequence[tuple[str, str]] | None = None) -> list[dict[str, str]]:
+    """The chat for one question: ``template`` (default ``SYSTEM_TEMPLATE``) rendered with ``q``'s schema,
+    the worked examples (default ``example_pairs(q.db)``), then the question.
+
+    The one prompt builder the agent, the evaluation and a single-turn baseline all use.
+    """
+    return messages(q.text, render(template or SYSTEM_TEMPLATE, schema(q.db)), examples, db=q.db)
 
 
 def prompt_config(template: str = SYSTEM_TEMPLATE, examples: Sequence[tuple[str, str]] | None = EXAMPLES) -> dict[str, str]:
@@ -238,19 +674,31 @@ def prompt_config(template: str = SYSTEM_TEMPLATE, examples: Sequence[tuple[str,
     return config
 
 
-def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str]]]:
-    """``(system prompt, examples)`` from a ``prompt_template`` resource's config (missing parts: the defaults)."""
+def template_from_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str]] | None]:
+    """``(template, examples or None)`` from a ``prompt_template`` resource's config, for :func:`question_messages`.
+
+    The template is unrendered (``{schema}`` is filled per question's database). Examples a resource
+    supplies are used as given for every database: they are written on the company database (the
+    optimizer's starting prompt is ``prompt_config()``). ``None``: each question's own ``example_pairs``.
+    """
     template = config.get("template") or SYSTEM_TEMPLATE
-    if "examples" in config:
-        try:
-            pairs = json.loads(config["examples"])
-            examples = [(str(q), str(a)) for q, a in pairs]
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"the prompt's examples must be a JSON list of [question, sql] pairs: {exc}") from exc
-    else:
-        examples = list(EXAMPLES)
-    return render(template), examples
+    if "examples" not in config:
+        return template, None
+    try:
+        pairs = json.loads(config["examples"])
+        return template, [(str(q), str(a)) for q, a in pairs]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"the prompt's examples must be a JSON list of [question, sql] pairs: {exc}") from exc
 
 
-__all__ = ["EXAMPLES", "HAND_WRITTEN", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "connect", "execute", "execution_match",
-           "extract_sql", "from_prompt_config", "messages", "prompt_config", "questions", "render", "retry_message", "split"]
+def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str]]]:
+    """``(system prompt, examples)`` on the company database from a ``prompt_template`` resource's config
+    (missing parts: the defaults). For another database, use :func:`template_from_config`."""
+    template, examples = template_from_config(config)
+    return render(template), list(EXAMPLES) if examples is None else examples
+
+
+__all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
+           "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
+           "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
+           "schema", "score", "split", "split_databases", "template_from_config"]
