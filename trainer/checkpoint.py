@@ -119,10 +119,11 @@ class CheckpointStore:
             raise TrainingError(f"cannot read optimizer state {f}: {exc}") from exc
         return state
 
-    def prune(self, keep: int) -> list[Path]:
-        """Delete all but the newest ``keep`` checkpoints (servers may still be loading the newest)."""
+    def prune(self, keep: int, protect: frozenset[int] = frozenset()) -> list[Path]:
+        """Delete all but the newest ``keep`` checkpoints (servers may still be loading the newest) and the
+        steps in ``protect`` (the version validation rates best)."""
         steps = self.steps()
-        gone = [self.path(s) for s in steps[:-keep]] if keep > 0 else []
+        gone = [self.path(s) for s in steps[:-keep] if s not in protect] if keep > 0 else []
         for p in gone:
             shutil.rmtree(p, ignore_errors=True)
         return gone

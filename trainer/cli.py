@@ -36,6 +36,9 @@ _FLAGS: dict[str, str] = {
     "keep_checkpoints": "keep_checkpoints",
     "train_layers": "train_layers",
     "skip_zero_variance": "skip_zero_variance",
+    "validation_tasks": "validation_tasks",
+    "validate_every": "validate_every",
+    "early_stop_patience": "early_stop_patience",
     "backend": "train_backend",
     "device": "train_device",
     "metrics_port": "train_metrics_port",
@@ -66,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all (env ROLLOUTBUS_TRAIN_LAYERS, default 0)")
     p.add_argument("--skip-zero-variance", action="store_true", default=None,
                    help="drop groups whose rewards are all equal, so a step waits for groups that teach (env ROLLOUTBUS_SKIP_ZERO_VARIANCE)")
+    p.add_argument("--validation-tasks", help="validation set, JSONL of task inputs: published as mode-test tasks for each new "
+                   "version, scored by the runners, best version reported (env ROLLOUTBUS_VALIDATION_TASKS)")
+    p.add_argument("--validate-every", type=int, help="validate every Nth version (env ROLLOUTBUS_VALIDATE_EVERY, default 1)")
+    p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best "
+                   "(env ROLLOUTBUS_EARLY_STOP_PATIENCE, default 0: never)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
     p.add_argument("--backend", choices=["torch", "verl"],
                    help="torch: the reference backend, CPU or one GPU; verl: needs the gpu extra and GPUs (env ROLLOUTBUS_TRAIN_BACKEND, default torch)")
@@ -102,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
              trainer.topics.batches, settings.groups_per_step, trainer.store.root)
     steps = trainer.run()
     print(f"trained {steps} steps; {settings.resource_name} is at version {trainer.state.version} (step {trainer.state.step})")
+    if trainer.validator is not None:
+        print(trainer.validator.summary())
     return 0
 
 

@@ -179,8 +179,29 @@ class Trainer:
         self._consumer: Any = None
         self._delivery_errors: list[tuple[str, Any]] = []  # (action, KafkaError)
         self._last_data = time.monotonic()
+        self._version_steps: dict[int, int] = {}  # version → checkpoint step, as published by this process
+        self.validator = self._validator()
 
     # ------------------------------------------------------------------ setup
+
+    def _validator(self) -> Any:
+        """The validation of each version when a validation set is given (see :mod:`trainer.validation`)."""
+        from trainer.validation import Validator, load_tasks
+
+        if self.s.validation_tasks is None:
+            return None
+        inputs = load_tasks(self.s.validation_tasks)
+
+        def client() -> Any:
+            from foundation.clickhouse import connect
+
+            return connect(self.s.dsn, database=self.s.clickhouse_database, create_database=False)
+
+        log.info("validation: %d tasks for every %s version, early stop after %s", len(inputs),
+                 "" if self.s.validate_every == 1 else f"{self.s.validate_every}th",
+                 f"{self.s.early_stop_patience} versions without a better score" if self.s.early_stop_patience else "never")
+        return Validator(inputs, self.state.run_id, self.topics.tasks, self._publish, client,
+                         every=self.s.validate_every, patience=self.s.early_stop_patience)
 
     def _load_reference(self) -> Any:
         """The frozen reference for KL: the base model (rebuilt from seed, or re-read from its path)."""
@@ -247,6 +268,9 @@ class Trainer:
             rec = TrainStep(run_id=manifest.run_id, step=manifest.step, time_ns=manifest.created_ns,
                             resource_version=manifest.version, group_ids=manifest.group_ids, metrics=manifest.metrics)
             self._publish(self.topics.metrics, manifest.run_id, encode(rec))
+        self._version_steps[manifest.version] = manifest.step
+        if self.validator is not None:
+            self.validator.on_version(manifest.version)
         self._flush()
         self.published_version = manifest.version
 
@@ -381,13 +405,24 @@ class Trainer:
         self._publish_checkpoint(path, manifest)
         crash_point("after_publish", step)
         self._commit()
-        self.store.prune(self.s.keep_checkpoints)
+        self.store.prune(self.s.keep_checkpoints, self._protected_steps())
         self.pending.clear()
         self.counters = Counters()
         log.info("step %d → version %d: loss %.4f kl %.4f clip %.3f reward %.3f, %d groups, %.0f tok/s",
                  step, version, metrics.get("loss", 0.0), metrics.get("kl", 0.0), metrics.get("clip_fraction", 0.0),
                  metrics.get("reward_mean", 0.0), len(groups), metrics.get("tokens_per_s", 0.0))
         return metrics
+
+    def _protected_steps(self) -> frozenset[int]:
+        """The checkpoint of the best validated version (and of every version not yet fully validated, which
+        may still become the best): kept when older checkpoints are pruned."""
+        if self.validator is None:
+            return frozenset()
+        scores = self.validator.poll()
+        b = self.validator.best
+        keep = {b.version} if b is not None else set()
+        keep |= {v for v in self.validator.published if v not in scores or scores[v].answered < len(self.validator.inputs)}
+        return frozenset(self._version_steps[v] for v in keep if v in self._version_steps)
 
     def _commit(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -421,6 +456,9 @@ class Trainer:
             while not stop["flag"]:
                 if self.s.max_steps and self.state.step >= self.s.max_steps:
                     break
+                if self.validator is not None and self.validator.should_stop():
+                    log.info("early stop: %s", self.validator.summary())
+                    break
                 msg = consumer.poll(0.5)
                 self.health.watch(consumer, self.topics.batches)
                 if msg is None:
@@ -441,6 +479,9 @@ class Trainer:
                     done += 1
             if self.counters.dead_lettered:
                 self._flush()
+            if self.validator is not None:
+                self.validator.poll(force=True)
+                log.info("%s", self.validator.summary())
         finally:
             signal.signal(signal.SIGTERM, old)
             self.close()

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from foundation.config import PORT, CommonSettings, check_http_url
 from foundation.health import check_bind_host
@@ -51,6 +51,12 @@ class TrainerSettings(CommonSettings):
     train_layers: int = Field(default=0, ge=0, description="Train only the top N decoder layers (0: every parameter).")
     skip_zero_variance: bool = Field(default=False, description="Drop groups whose rewards are all equal (their advantages are "
                                      "all 0: DAPO's dynamic sampling), so each step is made of groups that teach.")
+    validation_tasks: Path | None = Field(default=None, description="A validation set (JSONL, one task input per line) "
+                                          "published as mode-test tasks for each new version; the runners score it, "
+                                          "the best version is reported (and early stopping reads it).")
+    validate_every: int = Field(default=1, ge=1, description="Validate every Nth version (the initial weights always).")
+    early_stop_patience: int = Field(default=0, ge=0, description="Stop once this many fully validated versions newer than "
+                                     "the best have not beaten it (0: never; needs validation_tasks).")
 
     train_backend: Literal["torch", "verl"] = Field(default="torch", description="torch (CPU or one GPU) | verl (the gpu extra).")
     train_device: str = Field(default="auto", description="cpu | cuda | cuda:N | auto (a GPU when one is visible): "
@@ -71,6 +77,12 @@ class TrainerSettings(CommonSettings):
         if not _DEVICE.match(v):
             raise ValueError("must be cpu, cuda, cuda:N or auto")
         return v
+
+    @model_validator(mode="after")
+    def _early_stop_needs_validation(self) -> TrainerSettings:
+        if self.early_stop_patience and self.validation_tasks is None:
+            raise ValueError("early_stop_patience needs validation_tasks: early stopping reads the validation scores")
+        return self
 
     def resolved_group(self) -> str:
         # Derived from the prefix so that two topic namespaces on one cluster never share a group.
