@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench validate-deploy up down status clean
+.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean
 
 setup: system-deps $(STAMP) native kafka-jars dashboard-assets
 
@@ -95,6 +95,11 @@ test-faults: setup
 
 bench: setup
 	$(BIN)/rolloutbus bench $(BENCH_ARGS)
+
+# Learning side by side with TRL's GRPOTrainer (its own virtualenv, installed on first use): three systems x three
+# runs of LEARNING_ARGS' minutes each, one after the other, about 25 minutes a round on 2 cores.
+bench-learning: setup
+	$(BIN)/python bench/bench_learning.py $(LEARNING_ARGS)
 
 validate-deploy: setup
 	@if [ -x deploy/validate.sh ]; then PYTHON=$(BIN)/python bash deploy/validate.sh; fi

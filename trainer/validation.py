@@ -25,6 +25,7 @@ from foundation.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+MAX_RESENDS = 3  # times a version's stale validation tasks are published again
 RUN_KEY = "validation.run"
 TASK_KEY = "validation.task"
 FOR_KEY = "validation.for"
@@ -92,6 +93,22 @@ def scores_query(run_id: str) -> str:
             f"AND finished_ns > 0 AND resource_version IS NOT NULL GROUP BY resource_version, i")
 
 
+def restale(rows: Iterable[tuple[Any, Any]], version: int, tasks: int) -> list[int]:
+    """The tasks published for ``version`` that an older version answered (the server had not loaded it yet)
+    and ``version`` has not: they are published again. ``rows``: ``(task index, recorded version)`` of the
+    finished rollouts of the tasks published for ``version``."""
+    by = [(int(i), v) for i, v in rows if 0 <= int(i) < tasks]
+    own = {i for i, v in by if v is not None and int(v) >= version}
+    return sorted({i for i, v in by if (v is None or int(v) < version) and i not in own})
+
+
+def for_version_query(run_id: str, version: int) -> str:
+    """``(task index, recorded version)`` of the finished rollouts of the tasks published for ``version``."""
+    return (f"SELECT toUInt32OrZero(metadata[{_sql_str(TASK_KEY)}]), resource_version FROM rollouts FINAL "
+            f"WHERE mode = 'test' AND metadata[{_sql_str(RUN_KEY)}] = {_sql_str(run_id)} "
+            f"AND metadata[{_sql_str(FOR_KEY)}] = {_sql_str(str(version))} AND finished_ns > 0")
+
+
 def read_scores(client: Any, run_id: str, tasks: int) -> dict[int, VersionScore]:
     """Each version's validation score so far, from ClickHouse."""
     return scores_from_rows(client.query(scores_query(run_id)).result_rows, tasks)
@@ -107,17 +124,22 @@ class Validator:
         self.every, self.patience, self.poll_s = max(1, every), patience, poll_s
         self.scores: dict[int, VersionScore] = {}
         self.published: list[int] = []  # versions whose validation tasks were published
+        self._resent: dict[int, int] = {}
         self._polled = 0.0
 
     def on_version(self, version: int) -> int:
         """Publish the validation tasks for a newly published version (every ``every``-th); returns how many."""
-        from schemas import Task, encode
-
         if version % self.every:
             return 0
         self.published.append(version)
-        now = time.time_ns()
-        for i, inp in enumerate(self.inputs):
+        return self._send(version, range(len(self.inputs)), "")
+
+    def _send(self, version: int, indices: Iterable[int], suffix: str) -> int:
+        from schemas import Task, encode
+
+        now, sent = time.time_ns(), 0
+        for i in indices:
+            inp = self.inputs[i]
             meta = {RUN_KEY: self.run_id, TASK_KEY: str(i), FOR_KEY: str(version)}
             try:
                 question = json.loads(inp).get("question")
@@ -125,10 +147,23 @@ class Validator:
                 question = None
             if isinstance(question, str):
                 meta["question"] = question[:500]
-            task = Task(task_id=f"val-{self.run_id}-v{version}-{i:04d}", input=inp, mode="test", group_size=1,
+            task = Task(task_id=f"val-{self.run_id}-v{version}-{i:04d}{suffix}", input=inp, mode="test", group_size=1,
                         created_ns=now, metadata=meta)
             self.publish(self.topic, task.task_id, encode(task))
-        return len(self.inputs)
+            sent += 1
+        return sent
+
+    def republish_stale(self, version: int) -> int:
+        """Publish again the tasks for ``version`` an older version answered (at most ``MAX_RESENDS`` times a version)."""
+        done = self._resent.get(version, 0)
+        if done >= MAX_RESENDS or self._client is None:
+            return 0
+        stale = restale(self._client.query(for_version_query(self.run_id, version)).result_rows, version, len(self.inputs))
+        if not stale:
+            return 0
+        self._resent[version] = done + 1
+        log.info("validation: %d tasks for version %d were answered by an older version: published again", len(stale), version)
+        return self._send(version, stale, f"-r{done + 1}")
 
     def poll(self, force: bool = False) -> dict[int, VersionScore]:
         """Re-read the scores (at most every ``poll_s``); a store that does not answer keeps the last ones."""
@@ -139,10 +174,17 @@ class Validator:
             if self._client is None:
                 self._client = self._client_factory()
             self.scores = read_scores(self._client, self.run_id, len(self.inputs))
+            if self.published:
+                self.republish_stale(self.published[-1])
         except Exception as exc:  # noqa: BLE001 - validation is advisory: training goes on without it
             log.warning("validation scores unreadable (training goes on): %s", str(exc).splitlines()[0] if str(exc) else exc)
             self._client = None
         return self.scores
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     @property
     def best(self) -> VersionScore | None:
@@ -160,5 +202,5 @@ class Validator:
         return f"validation on {len(self.inputs)} tasks: {shown}; best version {b.version} ({b.mean:.1%})"
 
 
-__all__ = ["FOR_KEY", "RUN_KEY", "TASK_KEY", "Validator", "VersionScore", "best", "complete", "load_tasks", "read_scores",
+__all__ = ["MAX_RESENDS", "for_version_query", "restale", "FOR_KEY", "RUN_KEY", "TASK_KEY", "Validator", "VersionScore", "best", "complete", "load_tasks", "read_scores",
            "scores_from_rows", "scores_query", "should_stop"]

@@ -26,6 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a .gguf or HF directory works too)")
     p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help="--task sql: top decoder layers trained (default 10, 0 = all)")
     p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
+    p.add_argument("--single-turn", action="store_true", help="--task sql: one SQL answer per question, no rewrite after an error "
+                   "(the form TRL's GRPOTrainer runs in the learning bench)")
+    p.add_argument("--validation", type=Bounded(int, ge=0), default=None, help="--task sql: validation questions scored greedily "
+                   "for each version by the runners; the winner is evaluated (default 30; 0: none, the last version)")
+    p.add_argument("--validate-every", type=Bounded(int, ge=1), default=None, help="--task sql: validate every Nth version (default 1)")
+    p.add_argument("--early-stop-patience", type=Bounded(int, ge=0), default=None,
+                   help="--task sql: the trainer stops after N validated versions without a better score (default 0: never)")
     p.add_argument("--algorithm", choices=["grpo", "apo"], default="grpo",
                    help="--task sql: grpo trains the weights; apo optimizes the agent's prompt (critiques and rewrites by the served model)")
     p.add_argument("--val-size", type=Bounded(int, ge=2), default=None, help="--algorithm apo: validation questions per candidate (default 30)")

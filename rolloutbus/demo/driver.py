@@ -56,6 +56,11 @@ class DemoConfig:
     apo_rounds: int = 2
     apo_beam: int = 2
     apo_branch: int = 2
+    single_turn: bool = False  # --task sql: one SQL answer per question, no rewrite after an error
+    validation: int = 30  # --task sql: validation questions scored for each version (0: none, the last version is kept)
+    validate_every: int = 1
+    early_stop_patience: int = 0
+    train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
@@ -78,8 +83,12 @@ class DemoConfig:
         elif args.quick:
             cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
             cfg.demonstrations = 600
+        if args.quick and cfg.task == "sql":
+            cfg.validation = 8
+        cfg.single_turn = bool(getattr(args, "single_turn", False))
         for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
-                     "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch"):
+                     "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
+                     "validate_every", "early_stop_patience"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -174,7 +183,7 @@ def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
                 if isinstance(rec, TrainStep):
                     live.steps.append({"step": rec.step, "version": rec.resource_version, **rec.metrics})
                 elif isinstance(rec, ResourceVersion):
-                    live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics}
+                    live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics, "config": dict(rec.config)}
                 elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
                     live.groups_seen.add(rec.group_id)
                     live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
@@ -267,6 +276,8 @@ class DemoTask:
     env: dict[str, str] = field(default_factory=dict)
     rollout_timeout_s: int = 120
     eval_threads: int = 1
+    validation: list[Any] = field(default_factory=list)  # scored for each version by the runners (mode test)
+    subsets: dict[str, list[int]] = field(default_factory=dict)  # named parts of held_out (indices) reported apart
 
 
 def calc_task(cfg: DemoConfig, demo_dir: Path, say: Any) -> DemoTask:
@@ -287,18 +298,35 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
     t0 = time.monotonic()
     model = import_model(cfg.model, settings.data_dir / "models")
     say(f"model      {model} ({time.monotonic() - t0:.0f}s; a second run reuses it)")
-    train, held_out = sql.split(sql.questions(), cfg.held_out, seed=cfg.seed)
-    say(f"task       Text-to-SQL: {len(train)} training and {len(held_out)} held-out questions, execution match")
+    unseen = max(1, round(cfg.held_out * 2 / 3)) if cfg.held_out > 1 else 1
+    split = sql.split_databases(seed=cfg.seed, validation=cfg.validation, test_seen=cfg.held_out - unseen, test_unseen=unseen)
+    train, held_out = split.train, split.test
+    n_dbs = len({q.db for q in train})
+    say(f"task       Text-to-SQL on {len(sql.DATABASES)} databases: {len(train)} training questions ({n_dbs} databases), "
+        f"{len(split.validation)} validation, {len(held_out)} held-out — {len(split.test_seen)} new questions on the training "
+        f"databases, {len(split.test_unseen)} on databases never trained on ({', '.join(split.held_out_dbs)}); execution match"
+        + ("; single-turn form (one SQL answer)" if cfg.single_turn else ""))
     temp = str(cfg.temperature)
+    rewrites = 0 if cfg.single_turn else sql_agent_rewrites()
+    seen = list(range(len(split.test_seen)))
     return DemoTask(
-        "Text-to-SQL agent", "rolloutbus.demo.sql_agent:SQLAgent", lambda url: SQLAgent(proxy=url, temperature=0.0),
+        "Text-to-SQL agent", "rolloutbus.demo.sql_agent:SQLAgent",
+        lambda url: SQLAgent(proxy=url, temperature=0.0, max_rewrites=rewrites),
         train, held_out, model, "pretrained, before RL",
         # Most early groups of a 135M model fail all together: train only on groups that teach.
         train_args=["--train-layers", str(cfg.train_layers), "--micro-batch-tokens", "2048", "--skip-zero-variance"],
         process_args=["--group-timeout", "300"],
-        env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp},
-        rollout_timeout_s=900, eval_threads=2,
+        env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp, "ROLLOUTBUS_AGENT_REWRITES": str(rewrites)},
+        rollout_timeout_s=900, eval_threads=2, validation=list(split.validation),
+        subsets={"questions never trained on, training databases": seen,
+                 "databases never trained on": list(range(len(seen), len(held_out)))},
     )
+
+
+def sql_agent_rewrites() -> int:
+    from rolloutbus.demo.sql_agent import MAX_REWRITES
+
+    return MAX_REWRITES
 
 
 # --------------------------------------------------------------------------- the run
@@ -348,25 +376,29 @@ def reset_local_state(settings: CommonSettings, say: Any) -> None:
     say(f"reset      {len(old)} old topics and the '{settings.clickhouse_database}' database removed: a fresh run")
 
 
-def run_demo(cfg: DemoConfig) -> int:
-    from rich.console import Console
+@dataclass
+class DemoResult:
+    """What one demo run measured (the learning bench reads it)."""
 
+    first: int
+    chosen: int  # the version that won validation (the last version when there is no validation)
+    final: int
+    first_scores: list[float]
+    chosen_scores: list[float]
+    validation: dict[int, float]  # version → validation score, fully validated versions only
+    subsets: dict[str, list[int]]
+    steps: int
+    rollouts: int  # training rollouts in groups
+    train_s: float  # from the runners' start to the end of training
+    early_stopped: bool
+    wall_s: float
+    step_time_s: float = 0.0  # the trainer's optimiser steps, summed
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process over the training phase
+
+
+def _stack(settings: CommonSettings, say: Any) -> tuple[Any, bool, Any, bool]:
+    """The local broker and store: (broker, started it, store or None, started it)."""
     from rolloutbus.local_kafka import LocalKafka
-
-    console = Console(highlight=False, soft_wrap=True)
-    say = console.print
-    overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
-    settings = load_settings(CommonSettings, overrides)
-    if not settings.uses_local_broker:
-        raise ConfigError("the demo resets its topics and database, so it runs on the local stack only: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
-    if settings.clickhouse_dsn and not settings.clickhouse_dsn.startswith("chdb:"):
-        raise ConfigError("the demo resets its database, so it runs on the local store only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
-    t_start = time.monotonic()
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    demo_dir = settings.data_dir / "demo"
-    demo_dir.mkdir(parents=True, exist_ok=True)
-    say(f"[bold]rolloutbus demo[/bold] — {'quick smoke run' if cfg.quick else f'{cfg.minutes:g} minutes of training'}, "
-        f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step")
 
     broker = LocalKafka(settings.data_dir, settings.kafka_port)
     started_broker = broker.start()
@@ -378,9 +410,74 @@ def run_demo(cfg: DemoConfig) -> int:
         store = LocalStore(settings.data_dir, settings.store_host, settings.store_port)
         started_store = store.start()
         say(f"store      {'started' if started_store else 'reused'} on {store.url}: query the run while it trains")
+    return broker, started_broker, store, started_store
+
+
+def _local_settings(cfg: DemoConfig) -> CommonSettings:
+    overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
+    settings = load_settings(CommonSettings, overrides)
+    if not settings.uses_local_broker:
+        raise ConfigError("the demo resets its topics and database, so it runs on the local stack only: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    if settings.clickhouse_dsn and not settings.clickhouse_dsn.startswith("chdb:"):
+        raise ConfigError("the demo resets its database, so it runs on the local store only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
+    return settings
+
+
+def _final_validator(settings: CommonSettings, task: DemoTask, run_id: str, version: int) -> Any:
+    """The trainer's validation of its last version, carried on by the demo once the trainer has stopped."""
+    from confluent_kafka import Producer
+
+    from foundation.clickhouse import connect
+    from trainer.validation import Validator
+
+    producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
+
+    def publish(topic: str, key: str, value: bytes) -> None:
+        producer.produce(topic, key=key.encode(), value=value)
+        producer.flush(10)
+
+    v = Validator([q.to_json() for q in task.validation], run_id, settings.topics.tasks, publish,
+                  lambda: connect(settings.dsn, database=settings.clickhouse_database, create_database=False))
+    v.published.append(version)
+    return v
+
+
+def run_demo(cfg: DemoConfig) -> int:
+    run_demo_result(cfg)
+    return 0
+
+
+def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) -> DemoResult:
+    """The whole run; ``first_scores``: version 0's held-out scores when already known (it is not evaluated again)."""
+    from rich.console import Console
+
+    from trainer.validation import best as best_version, complete
+
+    console = Console(highlight=False, soft_wrap=True)
+    say = console.print
+    settings = _local_settings(cfg)
+    t_start = time.monotonic()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    demo_dir = settings.data_dir / "demo"
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    say(f"[bold]rolloutbus demo[/bold] — {'quick smoke run' if cfg.quick else f'{cfg.minutes:g} minutes of training'}, "
+        f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step")
+
+    broker, started_broker, store, started_store = _stack(settings, say)
     reset_local_state(settings, say)
     task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, demo_dir, say)
     train, held_out, base = task.train, task.held_out, task.model
+    validate_args: list[str] = []
+    if task.validation:
+        val_file = demo_dir / "validation.jsonl"
+        val_file.write_text("".join(q.to_json() + "\n" for q in task.validation))
+        validate_args = ["--validation-tasks", str(val_file), "--validate-every", str(cfg.validate_every)]
+        if cfg.early_stop_patience:
+            validate_args += ["--early-stop-patience", str(cfg.early_stop_patience)]
+        say(f"validate   {len(task.validation)} validation questions for every "
+            f"{'' if cfg.validate_every == 1 else f'{cfg.validate_every}th '}version, greedy, by the runners (mode test); "
+            "the version that wins is the one evaluated"
+            + (f"; the trainer stops after {cfg.early_stop_patience} versions without a better score" if cfg.early_stop_patience else ""))
 
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"), **task.env)
@@ -403,7 +500,7 @@ def run_demo(cfg: DemoConfig) -> int:
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                             "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
-                            *task.train_args])
+                            *task.train_args, *validate_args])
         follower.start()
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
@@ -416,10 +513,15 @@ def run_demo(cfg: DemoConfig) -> int:
         train_for = cfg.minutes * 60
         t_train = time.monotonic()
         shown = 0
+        early_stopped = False
         header = (f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'success (last 128)':>18} "
                   f"{'loss':>8} {'clip':>6}  {'elapsed':>7}")
         say(header)
         while time.monotonic() - t_train < train_for:
+            if sup.returncode("train") == 0:
+                early_stopped = True
+                say("training   the trainer stopped early: validation stopped improving")
+                break
             sup.check()
             feeder.top_up()
             with live.lock:
@@ -432,42 +534,107 @@ def run_demo(cfg: DemoConfig) -> int:
                     f"{success:>18.0%} {s.get('loss', 0):>8.4f} {s.get('clip_fraction', 0):>6.3f}  "
                     f"{time.monotonic() - t_start:>6.0f}s")
             time.sleep(0.5)
+        train_s = time.monotonic() - t_train
+        cpu = sup.cpu_seconds()
         feeder.close()
-        say("training   time is up: stopping runners and the trainer")
-        sup.stop("runners", grace=30)
+        if not early_stopped:
+            say("training   time is up: stopping the trainer")
         sup.stop("train", grace=60)
         time.sleep(1.5)
         with live.lock:
             versions = dict(live.versions)
+            steps_done = len(live.steps)
+            step_time = sum(float(st.get("step_time_s", 0.0)) for st in live.steps)
+            rollouts = sum(len(v) for v in live.rewards_by_version.values())
+        if not versions:
+            raise RolloutbusError("no resource version was published: the trainer never started")
         if len(versions) < 2:
-            raise RolloutbusError(f"only {len(versions)} resource version(s) were published: the run was too short to train")
+            say("[yellow]training   no optimiser step in the time given (no two groups with mixed rewards yet): "
+                "version 0 is what there is to evaluate[/yellow]")
         first, final = min(versions), max(versions)
+        chosen, val_scores = final, {}
+        if task.validation:
+            run_id = versions[final]["config"].get("run_id", "")
+            n = len(task.validation)
+            wanted = final - final % cfg.validate_every
+            deadline = time.monotonic() + 90  # the newest version's validation, behind the training tasks queued
+            validator = _final_validator(settings, task, run_id, wanted)
+            scores = validator.poll(force=True)
+            while time.monotonic() < deadline and (scores.get(wanted) is None or scores[wanted].answered < n):
+                sup.check()
+                time.sleep(2.0)
+                scores = validator.poll(force=True)  # publishes again what an older version answered
+            validator.close()
+            val_scores = {s.version: s.mean for s in complete(scores, n)}
+            winner = best_version(scores, n)
+            if winner is not None:
+                chosen = winner.version
+            say("validate   " + ", ".join(f"v{v} {m:.0%}" for v, m in sorted(val_scores.items()))
+                + f" — version {chosen} is kept" + ("" if winner is not None else " (no version was fully validated: the last)"))
+        say("training   stopping the runners")
+        sup.stop("runners", grace=30)
         sup.stop("proxy")
         sup.stop("serve")
-        say(f"evaluate   version {first} ({task.first_label}) and version {final} on the same {len(held_out)} held-out problems (greedy)")
+        say(f"evaluate   version {first} ({task.first_label}) and version {chosen} on the same {len(held_out)} held-out problems (greedy)")
         # Version 0 is the warm-up's weights as published (its checkpoint may be pruned by now).
         first_uri = str(base) if first == 0 else versions[first]["uri"]
-        first_scores = evaluate(settings, sup, first_uri, first, held_out, "first", task, threads=16 if cfg.task == "sql" else 8)
-        final_scores = evaluate(settings, sup, versions[final]["uri"], final, held_out, "final", task,
-                                threads=16 if cfg.task == "sql" else 8)
+        threads = 16 if cfg.task == "sql" else 8
+        if first_scores is None or len(first_scores) != len(held_out):
+            first_scores = evaluate(settings, sup, first_uri, first, held_out, "first", task, threads=threads)
+        if chosen == first:
+            chosen_scores = list(first_scores)  # greedy: the same version answers the same
+        else:
+            chosen_scores = evaluate(settings, sup, _version_uri(versions, chosen, demo_dir), chosen, held_out, "final", task,
+                                     threads=threads)
         time.sleep(2.0)  # the sink flushes every 0.5 s
         sup.stop("process", grace=60)
         stop_follow.set()
         follower.join(5)
         from rolloutbus.demo.report import report
 
-        report(settings, cfg, live, first, final, first_scores, final_scores, say, task.title, task.first_label)
+        report(settings, cfg, live, first, chosen, first_scores, chosen_scores, say, task.title, task.first_label,
+               subsets=task.subsets, final_label="after GRPO" if chosen == final else "after GRPO, validation's choice")
         finished = True
         say(f"done in {time.monotonic() - t_start:.0f}s.")
         if store is not None:
             # The run is there to be queried: the store stays up (one light process); the broker stops.
             say(f"query      the store stays up on {store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
                 "(.venv/bin/rolloutbus down stops it)")
-        return 0
+        return DemoResult(first, chosen, final, first_scores, chosen_scores, val_scores, task.subsets, steps_done, rollouts,
+                          train_s, early_stopped, time.monotonic() - t_start, step_time, cpu)
     finally:
         stop_follow.set()
         sup.stop_all()
         if started_store and store is not None and not cfg.keep_running and not finished:
+            store.stop()
+        if started_broker and not cfg.keep_running:
+            broker.stop()
+
+
+def _version_uri(versions: dict[int, dict[str, Any]], version: int, demo_dir: Path) -> str:
+    """A version's weights; an older checkpoint the trainer pruned is refused with the setting that keeps it."""
+    uri = versions[version]["uri"]
+    if not Path(uri).exists():
+        raise RolloutbusError(f"version {version}'s checkpoint {uri} was pruned: raise ROLLOUTBUS_KEEP_CHECKPOINTS")
+    return str(uri)
+
+
+def evaluate_model(cfg: DemoConfig, uri: str, label: str) -> tuple[list[float], list[Any], dict[str, list[int]]]:
+    """Greedy held-out evaluation of any model directory (another trainer's output), as the demo evaluates its versions:
+    its own server, proxy and agent, recorded through the local stack. Returns (scores, problems, subsets)."""
+    from rich.console import Console
+
+    say = Console(highlight=False, soft_wrap=True).print
+    settings = _local_settings(cfg)
+    broker, started_broker, store, started_store = _stack(settings, say)
+    task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, settings.data_dir / "demo", say)
+    sup = Supervisor(cfg.out / "logs", dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1", **task.env))
+    try:
+        scores = evaluate(settings, sup, uri, 0, task.held_out, label, task, threads=16 if cfg.task == "sql" else 8)
+        return scores, task.held_out, task.subsets
+    finally:
+        sup.stop_all()
+        if started_store and store is not None and not cfg.keep_running:
             store.stop()
         if started_broker and not cfg.keep_running:
             broker.stop()

@@ -56,6 +56,25 @@ class Supervisor:
                 tail = m.log.read_text(errors="replace").strip().splitlines()[-8:]
                 raise ProcessDied(f"{m.name} exited with {code}; last lines of {m.log}:\n  " + "\n  ".join(tail))
 
+    def returncode(self, name: str) -> int | None:
+        """The exit code of the process called ``name`` if it has exited, else None."""
+        for m in self.procs:
+            if m.name == name:
+                return m.proc.poll()
+        return None
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system, with reaped children) each running process has used so far (Linux)."""
+        out: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for m in self.procs:
+            try:
+                fields = Path(f"/proc/{m.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[m.name] = sum(int(f) for f in fields[11:15]) / tick
+        return out
+
     def stop(self, name: str, grace: float = 20.0) -> int | None:
         for m in list(self.procs):
             if m.name == name:

@@ -20,7 +20,8 @@ EXAMPLE_QUERIES = [
 
 
 def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_scores: list[float],
-           final_scores: list[float], say: Any, title: str = "calculator agent", first_label: str = "supervised warm-up only") -> None:
+           final_scores: list[float], say: Any, title: str = "calculator agent", first_label: str = "supervised warm-up only",
+           subsets: dict[str, list[int]] | None = None, final_label: str = "after GRPO") -> None:
     from foundation.clickhouse import connect
 
     n = len(first_scores)
@@ -38,10 +39,14 @@ def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_sco
         say("")
         say(f"[bold]held-out success rate[/bold] on {n} problems the trainer never saw (greedy):")
         diff, se = paired_difference(first_scores, final_scores)
-        width = max(len(first_label), len("after GRPO")) + 3
+        width = max(len(first_label), len(final_label)) + 3
         say(f"  version {first:>3} {'(' + first_label + '):':<{width}} {a:6.1%}")
-        say(f"  version {final:>3} {'(after GRPO):':<{width}} {b:6.1%}   ({diff * 100:+.1f} points, paired standard error "
+        say(f"  version {final:>3} {'(' + final_label + '):':<{width}} {b:6.1%}   ({diff * 100:+.1f} points, paired standard error "
             f"{se * 100:.1f})")
+        for name, idx in (subsets or {}).items():
+            if idx:
+                fa, fb = (sum(s[i] for i in idx) / len(idx) for s in (first_scores, final_scores))
+                say(f"    {name} ({len(idx)}): {fa:.1%} → {fb:.1%}")
         for v, expect in ((first, a), (final, b)):
             got = recorded.get(v)
             if got is None or abs(got - expect) > 1e-9:

@@ -33,3 +33,16 @@ def test_read_scores_counts_finished_test_rollouts_of_the_run_by_recorded_versio
     # A newer row of rollout b (ReplacingMergeTree): the reward FINAL reads is the newest one.
     ch.insert("rollouts", [_row("b", 0, 1.0, {**run, "validation.task": "1"}, updated=5)], column_names=COLS)
     assert read_scores(ch, "r1", tasks=2) == {0: VersionScore(0, 2, 1.0), 1: VersionScore(1, 2, 0.5)}
+
+
+def test_stale_answers_of_the_tasks_published_for_a_version(ch: Any) -> None:
+    from trainer.validation import for_version_query, restale
+
+    run = {"validation.run": "r2", "validation.for": "3"}
+    ch.insert("rollouts", [
+        _row("a", 2, 0.0, {**run, "validation.task": "0"}),  # answered by the version before
+        _row("b", 3, 1.0, {**run, "validation.task": "1"}),
+        _row("c", 2, 1.0, {**run, "validation.task": "2"}, finished=0),  # still running
+        _row("d", 2, 1.0, {"validation.run": "r2", "validation.for": "2", "validation.task": "3"}),  # for another version
+    ], column_names=COLS)
+    assert restale(ch.query(for_version_query("r2", 3)).result_rows, 3, tasks=4) == [0]

@@ -125,3 +125,32 @@ def test_prune_keeps_the_protected_checkpoint(tmp_path: Path) -> None:
         (store.path(step) / MANIFEST).write_text("{}")
     store.prune(2, protect=frozenset({1}))
     assert store.steps() == [1, 4, 5], "the best validated version's checkpoint survives pruning"
+
+
+def test_restale_finds_tasks_an_older_version_answered() -> None:
+    from trainer.validation import restale
+
+    rows = [(0, 2), (1, 1), (2, 1), (2, 2), (3, None), (9, 1)]  # (task index, recorded version) of tasks published for 2
+    assert restale(rows, version=2, tasks=4) == [1, 3], "2 was answered by version 2 too; 9 is outside the set"
+
+
+def test_validator_publishes_again_what_the_old_version_answered() -> None:
+    sent: list[tuple[str, str, bytes]] = []
+
+    class C(_Client):
+        def query(self, sql: str) -> _Result:
+            self.queries.append(sql)
+            if "validation.for" in sql:
+                return _Result([(0, 4), (1, 5)])  # task 0 answered by version 4 before the server loaded 5
+            return _Result([(4, 0, 1.0), (5, 1, 1.0)])
+
+    client = C()
+    v = Validator(["{}", "{}"], "r", "rb.tasks", lambda t, k, b: sent.append((t, k, b)), lambda: client, poll_s=0.0)
+    v.on_version(5)
+    sent.clear()
+    v.poll()
+    assert [decode(b).task_id for _, _, b in sent] == ["val-r-v5-0000-r1"]
+    assert decode(sent[0][2]).metadata["validation.for"] == "5"
+    for _ in range(5):
+        v.poll()
+    assert len(sent) == 3, "at most MAX_RESENDS times a version"

@@ -1,0 +1,214 @@
+"""Learning side by side: rolloutbus's loop against TRL's ``GRPOTrainer``, same model, same cores, same minutes.
+
+``make bench-learning`` (or ``python bench/bench_learning.py``). Every row trains SmolLM2-135M-Instruct on the
+same training questions of the multi-database Text-to-SQL task (``rolloutbus/demo/sql.py``), for the same
+wall-clock budget, on this machine's cores, and is evaluated the same way: the held-out questions (new questions
+on the training databases, and databases never trained on), greedy, through ``rolloutbus serve`` and the SQL
+agent — version 0 once per form, then the version each system ends with:
+
+- ``rolloutbus, single-turn``: the full loop (runners → proxy → serve, Kafka, stream processor, trainer), the
+  agent answering with one SQL query; the version kept is the one that won validation;
+- ``TRL GRPOTrainer, single-turn``: ``bench/learning_trl.py`` in its own virtualenv (``bench/trl_venv.py``), the
+  same prompts and reward, its last weights (TRL keeps no validation winner);
+- ``rolloutbus, multi-turn``: the demo's agent (rewrites after an error), a further row.
+
+Prints a table and writes ``bench/results/learning-<date>.md`` (and ``.json`` with every run). Runs one after
+the other, nothing else should run on the machine meanwhile: wall-clock is the measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "bench"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi")
+LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
+          "rolloutbus-multi": "rolloutbus, multi-turn agent"}
+
+
+def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path) -> Any:
+    from rolloutbus.demo.driver import DemoConfig
+
+    return DemoConfig(task="sql", minutes=args.minutes, group_size=4, runners=16, groups_per_step=2, held_out=args.held_out,
+                      lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
+                      single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
+                      keep_running=True)  # one broker for every run (each demo run recreates its topics); stopped at the end
+
+
+def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
+    xs = [scores[i] for i in idx] if idx is not None else scores
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def run_rolloutbus(args: argparse.Namespace, single: bool, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
+    from rolloutbus.demo.driver import run_demo_result
+
+    key = "single" if single else "multi"
+    cfg = demo_config(args, single, run, out)
+    t0 = time.monotonic()
+    res = run_demo_result(cfg, first_scores=first.get(key))
+    first.setdefault(key, res.first_scores)
+    return {"first_scores": res.first_scores, "final_scores": res.chosen_scores, "subsets": res.subsets,
+            "version": res.chosen, "last_version": res.final, "validation": {str(k): v for k, v in res.validation.items()},
+            "steps": res.steps, "rollouts": res.rollouts, "train_s": res.train_s, "wall_s": time.monotonic() - t0,
+            "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped}
+
+
+def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
+    from rolloutbus.demo import sql
+    from rolloutbus.demo.driver import evaluate_model
+    from trainer.model_import import import_model
+    from foundation.config import CommonSettings, load_settings
+    from trl_venv import ensure_trl_venv
+
+    t0 = time.monotonic()
+    python = ensure_trl_venv()
+    settings = load_settings(CommonSettings, {})
+    model = import_model("smollm2-135m-instruct", settings.data_dir / "models")
+    cfg = demo_config(args, True, run, out)
+    unseen = round(cfg.held_out * 2 / 3)
+    split = sql.split_databases(seed=cfg.seed, validation=cfg.validation, test_seen=cfg.held_out - unseen, test_unseen=unseen)
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "train.jsonl"
+    with data.open("w") as f:
+        for q in split.train:  # the same questions rolloutbus trains on (its validation set is not trained on either)
+            f.write(json.dumps({"prompt": sql.question_messages(q), "qid": q.qid, "db": q.db, "gold": q.gold,
+                                "level": q.level, "question": q.text}) + "\n")
+    trl_out = out / "trl"
+    cmd = [str(python), str(ROOT / "bench" / "learning_trl.py"), "--model", str(model), "--train", str(data),
+           "--minutes", str(args.minutes), "--group-size", "4", "--groups-per-step", "2", "--lr", "1e-4", "--beta", "0.02",
+           "--temperature", "0.7", "--max-completion-length", "48", "--train-layers", "10", "--threads", str(os.cpu_count() or 2),
+           "--seed", str(run), "--out", str(trl_out)]
+    print("trl        " + " ".join(cmd), flush=True)
+    with (out / "trl.log").open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.minutes * 60 + 1800,
+                              env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    if proc.returncode != 0:
+        tail = (out / "trl.log").read_text(errors="replace").strip().splitlines()[-15:]
+        raise RuntimeError(f"TRL run failed ({proc.returncode}):\n" + "\n".join(tail))
+    summary = json.loads((trl_out / "summary.json").read_text())
+    scores, _problems, subsets = evaluate_model(cfg, str(trl_out / "final"), f"trl-{run}")
+    if "single" not in first:
+        first["single"], _p, _s = evaluate_model(cfg, str(model), "version0-single")
+    return {"first_scores": first["single"], "final_scores": scores, "subsets": subsets, "version": None,
+            "steps": summary.get("steps"), "rollouts": summary.get("rollouts"), "train_s": summary.get("wall_s"),
+            "wall_s": time.monotonic() - t0, "generation_s": summary.get("generation_s"), "training_s": summary.get("training_s"),
+            "cpu_s": {"trl": summary.get("cpu_s")}, "trl": summary}
+
+
+def paired_se(a: list[float], b: list[float]) -> float:
+    d = [y - x for x, y in zip(a, b)]
+    return statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else 0.0
+
+
+def spread(xs: list[float], fmt: str = "{:+.1f}") -> str:
+    if not xs:
+        return "—"
+    m = statistics.fmean(xs)
+    return f"{fmt.format(m)} ({', '.join(fmt.format(x) for x in xs)})" if len(xs) > 1 else fmt.format(m)
+
+
+def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
+    head = ("| system | runs | held-out before → after (mean) | gain, points (runs) | gain per training minute | "
+            "unseen databases before → after | rollouts / min | optimiser steps / min | whole run, min |")
+    lines = [head, "|" + "---|" * 9]
+    for system, runs in results.items():
+        if not runs:
+            continue
+        unseen_key = "databases never trained on"
+        gains = [100 * (mean_of(r["final_scores"]) - mean_of(r["first_scores"])) for r in runs]
+        before = statistics.fmean(mean_of(r["first_scores"]) for r in runs)
+        after = [mean_of(r["final_scores"]) for r in runs]
+        ub = statistics.fmean(mean_of(r["first_scores"], r["subsets"].get(unseen_key)) for r in runs)
+        ua = statistics.fmean(mean_of(r["final_scores"], r["subsets"].get(unseen_key)) for r in runs)
+        per_min = [g / minutes for g in gains]
+        rpm = [r["rollouts"] / (r["train_s"] / 60) for r in runs if r.get("rollouts") and r.get("train_s")]
+        spm = [r["steps"] / (r["train_s"] / 60) for r in runs if r.get("steps") is not None and r.get("train_s")]
+        wall = [r["wall_s"] / 60 for r in runs]
+        lines.append(f"| {LABELS[system]} | {len(runs)} | {before:.1%} → {statistics.fmean(after):.1%} | {spread(gains)} | "
+                     f"{spread(per_min, '{:+.2f}')} | {ub:.1%} → {ua:.1%} | {spread(rpm, '{:.1f}')} | {spread(spm, '{:.2f}')} | "
+                     f"{spread(wall, '{:.1f}')} |")
+    return "\n".join(lines)
+
+
+def where_time_goes(results: dict[str, list[dict[str, Any]]]) -> str:
+    out = []
+    for system, runs in results.items():
+        for i, r in enumerate(runs, 1):
+            if system == "trl-single":
+                t = r.get("trl", {})
+                out.append(f"- {LABELS[system]}, run {i}: train() {r['train_s']:.0f} s = generation {t.get('generation_s') or 0:.0f} s "
+                           f"+ scoring {t.get('scoring_s') or 0:.0f} s (rewards, reference model {t.get('ref_forward_s') or 0:.0f} s) "
+                           f"+ optimiser steps {t.get('training_s') or 0:.0f} s + other {t.get('other_s') or 0:.0f} s, one after "
+                           f"the other; CPU {r['cpu_s'].get('trl') or 0:.0f} s; {r['steps']} steps, {r['rollouts']} completions")
+            else:
+                cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_s", {}).items(), key=lambda kv: -kv[1]))
+                val = ", ".join(f"v{k} {v:.0%}" for k, v in r.get("validation", {}).items())
+                out.append(f"- {LABELS[system]}, run {i}: {r['train_s']:.0f} s of training, optimiser steps {r['step_time_s']:.0f} s "
+                           f"of it (the trainer, one thread, while serve generates); CPU s by process: {cpu}; "
+                           f"{r['steps']} steps, {r['rollouts']} training rollouts; validation {val or '—'}: version "
+                           f"{r['version']} kept (last {r['last_version']})" + (" — early stop" if r.get("early_stopped") else ""))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=5.0, help="training budget per run (wall clock)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    p.add_argument("--held-out", type=int, default=90, help="held-out questions (a third on the training databases)")
+    p.add_argument("--validation", type=int, default=20, help="validation questions per version (rolloutbus rows)")
+    p.add_argument("--validate-every", type=int, default=1)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
+    args = p.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        p.error(f"unknown system(s) {bad}: choose from {SYSTEMS}")
+    started = _dt.datetime.now().replace(microsecond=0)
+    t0 = time.monotonic()
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    first: dict[str, list[float]] = {}
+    raw = args.out / f"learning-{started.date()}.json"
+    for run in range(args.runs):
+        for system in systems:
+            out = args.work / f"{system}-{run + 1}"
+            print(f"\n=== {LABELS[system]}, run {run + 1} of {args.runs} ({args.minutes:g} min of training) ===", flush=True)
+            if system == "trl-single":
+                r = run_trl(args, run, out, first)
+            else:
+                r = run_rolloutbus(args, system == "rolloutbus-single", run, out, first)
+            r["load_after"] = os.getloadavg()[0]
+            results[system].append(r)
+            args.out.mkdir(parents=True, exist_ok=True)
+            raw.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+            print(table(results, args.minutes), flush=True)
+    text = (f"# Learning side by side — {started.isoformat()}\n\n"
+            f"`python bench/bench_learning.py --minutes {args.minutes:g} --runs {args.runs} --held-out {args.held_out} "
+            f"--validation {args.validation}`, {(time.monotonic() - t0) / 60:.0f} min in all, runs one after the other "
+            f"(each system once per round), {platform.machine()} with {os.cpu_count()} cores, nothing else running.\n\n"
+            f"{table(results, args.minutes)}\n\n## Where the time goes\n\n{where_time_goes(results)}\n\nEvery run: {raw.name}.\n")
+    subprocess.run([sys.executable, "-m", "rolloutbus.cli", "down"], check=False)
+    md = args.out / f"learning-{started.date()}.md"
+    md.write_text(text)
+    print(f"\nwritten {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
