@@ -579,13 +579,16 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
         # Version 0 is the warm-up's weights as published (its checkpoint may be pruned by now).
         first_uri = str(base) if first == 0 else versions[first]["uri"]
         threads = 16 if cfg.task == "sql" else 8
+        evaluated: list[int] = []
         if first_scores is None or len(first_scores) != len(held_out):
+            evaluated.append(first)
             first_scores = evaluate(settings, sup, first_uri, first, held_out, "first", task, threads=threads)
         if chosen == first:
             chosen_scores = list(first_scores)  # greedy: the same version answers the same
         else:
             chosen_scores = evaluate(settings, sup, _version_uri(versions, chosen, demo_dir), chosen, held_out, "final", task,
                                      threads=threads)
+            evaluated.append(chosen)
         time.sleep(2.0)  # the sink flushes every 0.5 s
         sup.stop("process", grace=60)
         stop_follow.set()
@@ -593,7 +596,8 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
         from rolloutbus.demo.report import report
 
         report(settings, cfg, live, first, chosen, first_scores, chosen_scores, say, task.title, task.first_label,
-               subsets=task.subsets, final_label="after GRPO" if chosen == final else "after GRPO, validation's choice")
+               subsets=task.subsets, final_label="after GRPO" if chosen == final else "after GRPO, validation's choice",
+               evaluated=tuple(evaluated))
         finished = True
         say(f"done in {time.monotonic() - t_start:.0f}s.")
         if store is not None:

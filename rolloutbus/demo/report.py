@@ -11,9 +11,12 @@ EXAMPLE_QUERIES = [
     ("Reward and success rate by resource version (training rollouts)",
      "SELECT resource_version, rollouts, round(mean_reward, 3) AS mean_reward, round(success_rate, 3) AS success_rate "
      "FROM v_reward_by_version ORDER BY resource_version"),
-    ("Held-out evaluation, as recorded (mode = 'test')",
+    ("Held-out evaluation, as recorded (mode = 'test', task ids heldout-*)",
      "SELECT resource_version, count() AS rollouts, round(avg(final_reward), 3) AS success_rate "
-     "FROM rollouts FINAL WHERE mode = 'test' GROUP BY resource_version ORDER BY resource_version"),
+     "FROM rollouts FINAL WHERE mode = 'test' AND startsWith(task_id, 'heldout-') GROUP BY resource_version ORDER BY resource_version"),
+    ("Validation during training, by the version that answered (greedy, the runners)",
+     "SELECT resource_version, count() AS answers, round(avg(final_reward), 3) AS success_rate "
+     "FROM rollouts FINAL WHERE mode = 'test' AND metadata['validation.run'] != '' GROUP BY resource_version ORDER BY resource_version"),
     ("Tool calls and failures, by tool",
      "SELECT tool, calls, failures, round(error_rate, 3) AS error_rate FROM v_tool_errors"),
 ]
@@ -21,7 +24,9 @@ EXAMPLE_QUERIES = [
 
 def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_scores: list[float],
            final_scores: list[float], say: Any, title: str = "calculator agent", first_label: str = "supervised warm-up only",
-           subsets: dict[str, list[int]] | None = None, final_label: str = "after GRPO") -> None:
+           subsets: dict[str, list[int]] | None = None, final_label: str = "after GRPO",
+           evaluated: tuple[int, ...] | None = None) -> None:
+    """``evaluated``: the versions this run evaluated (their recorded rollouts are checked); default both."""
     from foundation.clickhouse import connect
 
     n = len(first_scores)
@@ -29,7 +34,8 @@ def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_sco
     client = connect(settings.dsn, database=settings.clickhouse_database, create_database=False)
     try:
         recorded = dict(client.query(
-            "SELECT resource_version, avg(final_reward) FROM rollouts FINAL WHERE mode = 'test' GROUP BY resource_version"
+            "SELECT resource_version, avg(final_reward) FROM rollouts FINAL WHERE mode = 'test' AND startsWith(task_id, 'heldout-') "
+            "GROUP BY resource_version"
         ).result_rows)
         per_version = client.query(
             "SELECT resource_version, count(), avg(final_reward) FROM rollouts FINAL WHERE mode = 'train' "
@@ -48,6 +54,8 @@ def report(settings: Any, cfg: Any, live: Any, first: int, final: int, first_sco
                 fa, fb = (sum(s[i] for i in idx) / len(idx) for s in (first_scores, final_scores))
                 say(f"    {name} ({len(idx)}): {fa:.1%} → {fb:.1%}")
         for v, expect in ((first, a), (final, b)):
+            if evaluated is not None and v not in evaluated:
+                continue
             got = recorded.get(v)
             if got is None or abs(got - expect) > 1e-9:
                 say(f"  [yellow]note: ClickHouse holds {got} for version {v}'s held-out rollouts, the agent saw {expect:.3f}[/yellow]")
