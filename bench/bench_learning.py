@@ -122,10 +122,17 @@ def spread(xs: list[float], fmt: str = "{:+.1f}") -> str:
     return f"{fmt.format(m)} ({', '.join(fmt.format(x) for x in xs)})" if len(xs) > 1 else fmt.format(m)
 
 
+def teaching_groups(r: dict[str, Any]) -> float:
+    """Groups with mixed rewards (the only ones with an advantage) that optimiser steps trained on."""
+    if "trl" in r:
+        return sum(2 * (1.0 - float(st.get("frac_reward_zero_std", 1.0))) for st in r["trl"].get("reward_by_step", []))
+    return 2.0 * (r.get("steps") or 0)  # rolloutbus trains with --skip-zero-variance: every group of a step teaches
+
+
 def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
     head = ("| system | runs | held-out before → after (mean) | gain, points (runs) | gain per training minute | "
-            "unseen databases before → after | rollouts / min | optimiser steps / min | whole run, min |")
-    lines = [head, "|" + "---|" * 9]
+            "unseen databases before → after | rollouts / min | optimiser steps / min | groups that teach / min | whole run, min |")
+    lines = [head, "|" + "---|" * 10]
     for system, runs in results.items():
         if not runs:
             continue
@@ -139,9 +146,10 @@ def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
         rpm = [r["rollouts"] / (r["train_s"] / 60) for r in runs if r.get("rollouts") and r.get("train_s")]
         spm = [r["steps"] / (r["train_s"] / 60) for r in runs if r.get("steps") is not None and r.get("train_s")]
         wall = [r["wall_s"] / 60 for r in runs]
+        tpm = [teaching_groups(r) / (r["train_s"] / 60) for r in runs if r.get("train_s")]
         lines.append(f"| {LABELS[system]} | {len(runs)} | {before:.1%} → {statistics.fmean(after):.1%} | {spread(gains)} | "
                      f"{spread(per_min, '{:+.2f}')} | {ub:.1%} → {ua:.1%} | {spread(rpm, '{:.1f}')} | {spread(spm, '{:.2f}')} | "
-                     f"{spread(wall, '{:.1f}')} |")
+                     f"{spread(tpm, '{:.2f}')} | {spread(wall, '{:.1f}')} |")
     return "\n".join(lines)
 
 
@@ -175,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validate-every", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
+    p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")
     args = p.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        minutes = float(saved["args"]["minutes"])
+        print(table(saved["results"], minutes) + "\n\n## Where the time goes\n\n" + where_time_goes(saved["results"]))
+        return 0
     systems = [s for s in args.systems.split(",") if s]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
