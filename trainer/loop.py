@@ -197,8 +197,8 @@ class Trainer:
 
             return connect(self.s.dsn, database=self.s.clickhouse_database, create_database=False)
 
-        log.info("validation: %d tasks for every %s version, early stop after %s", len(inputs),
-                 "" if self.s.validate_every == 1 else f"{self.s.validate_every}th",
+        log.info("validation: %d tasks for %s, early stop after %s", len(inputs),
+                 "every version" if self.s.validate_every == 1 else f"every {self.s.validate_every}th version",
                  f"{self.s.early_stop_patience} versions without a better score" if self.s.early_stop_patience else "never")
         return Validator(inputs, self.state.run_id, self.topics.tasks, self._publish, client,
                          every=self.s.validate_every, patience=self.s.early_stop_patience)

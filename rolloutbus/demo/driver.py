@@ -477,7 +477,7 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
         say(f"validate   {len(task.validation)} validation questions for every "
             f"{'' if cfg.validate_every == 1 else f'{cfg.validate_every}th '}version, greedy, by the runners (mode test); "
             "the version that wins is the one evaluated"
-            + (f"; the trainer stops after {cfg.early_stop_patience} versions without a better score" if cfg.early_stop_patience else ""))
+            + (f"; the trainer stops after {cfg.early_stop_patience} validated version(s) without a better score" if cfg.early_stop_patience else ""))
 
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"), **task.env)
