@@ -175,8 +175,9 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     return req
 
 
-def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], list[str]]:
-    """Map every span of the request; returns (Avro span dicts, reasons of the rejected ones).
+def _map_spans(req: ExportTraceServiceRequest, only: set[int] | None = None) -> Any:
+    """(index, Avro span dict or None, reason or None) of every span of the request (of those at the
+    indices in ``only``), in request order: the reference mapping of an OTLP span.
 
     A span without a sequence id goes on unnumbered (0): the span stage numbers it in the order the
     attempt's spans arrive on their partition, which stays right with any number of gateway replicas
@@ -207,8 +208,7 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
                     return [x.double_value for x in items]
         return any_value(v)
 
-    spans: list[dict[str, Any]] = []
-    errors: list[str] = []
+    i = -1
     for rs in req.resource_spans:
         resource = _attrs(rs.resource.attributes)
         # Once per resource, not per span: otel_to_span only reads these.
@@ -216,34 +216,99 @@ def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any
         resource_strs = {k: attr_str(v) for k, v in resource.items()}
         for ss in rs.scope_spans:
             for s in ss.spans:
+                i += 1
+                if only is not None and i not in only:
+                    continue
                 attrs = {}
                 for kv in s.attributes:
                     attrs[kv.key] = value_of(kv.value)
                 try:
-                    spans.append(
-                        otel_to_span(
-                            name=s.name,
-                            span_id=s.span_id.hex(),
-                            trace_id=s.trace_id.hex(),
-                            parent_id=s.parent_span_id.hex() or None,
-                            start_ns=s.start_time_unix_nano,
-                            end_ns=s.end_time_unix_nano,
-                            status_code=s.status.code,
-                            status_message=s.status.message or None,
-                            attributes=attrs,
-                            events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events] if s.events else (),
-                            resource=resource,
-                            attribution=att,
-                            resource_strs=resource_strs,
-                        )
-                    )
+                    yield i, otel_to_span(
+                        name=s.name,
+                        span_id=s.span_id.hex(),
+                        trace_id=s.trace_id.hex(),
+                        parent_id=s.parent_span_id.hex() or None,
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        status_code=s.status.code,
+                        status_message=s.status.message or None,
+                        attributes=attrs,
+                        events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events] if s.events else (),
+                        resource=resource,
+                        attribution=att,
+                        resource_strs=resource_strs,
+                    ), None
                 except MappingError as exc:
-                    errors.append(f"{s.name}: {exc}")
+                    yield i, None, f"{s.name}: {exc}"
                 except (ArithmeticError, ValueError, TypeError, RecursionError) as exc:
                     # An attribute value the mapping could not take (a token id of 1e999, JSON nested too
                     # deeply in a string): that span is refused and counted, the others go on.
-                    errors.append(f"{s.name}: an attribute value cannot be read ({type(exc).__name__}: {_one_line(exc, 200)})")
+                    yield i, None, f"{s.name}: an attribute value cannot be read ({type(exc).__name__}: {_one_line(exc, 200)})"
+
+
+def request_to_spans(req: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], list[str]]:
+    """Map every span of the request; returns (Avro span dicts, reasons of the rejected ones)."""
+    spans: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for _i, span, error in _map_spans(req):
+        if span is not None:
+            spans.append(span)
+        else:
+            errors.append(error)
     return spans, errors
+
+
+def _encoded(span: dict[str, Any], errors: list[str]) -> tuple[bytes, bytes, str] | None:
+    try:
+        return span["rollout_id"].encode(), encode_raw(SPAN, span), span["name"]
+    except EncodeError as exc:
+        errors.append(f"{span['name']}: {exc}")
+        return None
+
+
+def _compiled_otlp() -> Any | None:
+    """``rolloutbus_native.otlp_spans`` (native/) when it is installed and built for this ``span.avsc``."""
+    from schemas.span_avro import write_span_compiled
+
+    if write_span_compiled is None:  # not installed, or built for another Span schema
+        return None
+    import rolloutbus_native
+
+    return getattr(rolloutbus_native, "otlp_spans", None)
+
+
+_OTLP_COMPILED = _compiled_otlp()
+
+
+def map_body(body: bytes, content_type: str, compiled: Any = _OTLP_COMPILED) -> tuple[list[tuple[bytes, bytes, str]], list[str]]:
+    """An export request's body → its spans as (Kafka key, Span record, span name), and the reasons of
+    the spans refused. Raises :class:`BadRequest` for a body that is not a request.
+
+    A protobuf body goes through the compiled mapping (native/) when installed: the common spans are
+    mapped there in one pass over the bytes; a span it declines (or, when it declines the body, every
+    span) is mapped by :func:`_map_spans` from upb's parse, the reference. Order is the request's."""
+    mapped = compiled(body) if compiled is not None and (not content_type or content_type.startswith(PROTOBUF)) else None
+    errors: list[str] = []
+    if mapped is not None:
+        missing = {i for i, m in enumerate(mapped) if m is None}
+        if not missing:
+            return mapped, errors
+        fill = {i: (span, error) for i, span, error in _map_spans(decode_request(body, content_type), missing)}
+        if fill.keys() == missing:
+            out, unwritable = [], []  # the reference's order: the spans it could not map, then those it could not write
+            for i, m in enumerate(mapped):
+                if m is None:
+                    span, error = fill[i]
+                    if span is None:
+                        errors.append(error)
+                        continue
+                    m = _encoded(span, unwritable)
+                if m is not None:
+                    out.append(m)
+            return out, errors + unwritable
+        errors = []  # the two parses disagree on the spans (never seen): the reference maps them all
+    spans, errors = request_to_spans(decode_request(body, content_type))
+    return [e for e in (_encoded(s, errors) for s in spans) if e is not None], errors
 
 
 class Gateway:
@@ -270,6 +335,9 @@ class Gateway:
         self.agl1_api = AgentLightning1Routes(transport, resources, token=token, retry_after_s=retry_after_s,
                                               max_body_bytes=max_body_bytes)
         self.max_body_bytes = max_body_bytes
+        if _OTLP_COMPILED is None:
+            log.warning("gateway: the compiled OTLP mapping is not installed; spans take the Python path, about ten "
+                        "times the CPU per span (make setup builds it with cargo: see native/README.md)")
         self.token = token
         self.metrics_token = metrics_token
         self.retry_after_s = retry_after_s
@@ -357,16 +425,9 @@ class Gateway:
         # Content-Encoding is decoded already (the _guard middleware).
         ctype = request.headers.get("Content-Type", PROTOBUF).split(";")[0].strip().lower()
         try:
-            req = decode_request(body, ctype)
+            encoded, errors = map_body(body, ctype)
         except BadRequest as exc:
             return self._reply(400, str(exc))
-        spans, errors = request_to_spans(req)
-        encoded: list[tuple[bytes, bytes, str]] = []
-        for span in spans:
-            try:
-                encoded.append((span["rollout_id"].encode(), encode_raw(SPAN, span), span["name"]))
-            except EncodeError as exc:
-                errors.append(f"{span['name']}: {exc}")
         # Kafka down: accept only what the spool can keep (frame overhead included), all or nothing.
         if not self.transport.accepting(sum(len(k) + len(v) + FRAME_OVERHEAD for k, v, _ in encoded)):
             return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",

@@ -13,6 +13,8 @@
 //! construction. `tests/unit/streams/test_native_stage.py` compares the two on random and hostile
 //! input.
 
+mod otlp;
+
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -894,6 +896,7 @@ fn rolloutbus_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SpanDecoder>()?;
     m.add_function(wrap_pyfunction!(write_span, m)?)?;
     m.add_function(wrap_pyfunction!(transition_row, m)?)?;
+    m.add_function(wrap_pyfunction!(otlp::otlp_spans, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SPAN_FINGERPRINT", PyBytes::new(m.py(), &SPAN_FINGERPRINT))?;
     Ok(())
