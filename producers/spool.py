@@ -87,6 +87,7 @@ class Spool:
             raise SpoolLocked(str(self.dir)) from None
         self.acked = self._read_ack()
         self.segments: list[_Segment] = []
+        self._size = 0  # bytes in self.segments (size_bytes is read for every batch the transport takes)
         self._scan()
         self._writer: BinaryIO | None = None
         self._dirty = False
@@ -120,6 +121,7 @@ class Spool:
                 # A gap means records between were already acknowledged and deleted; nothing lost.
                 log.debug("spool: gap before segment %s", path)
             self.segments.append(seg)
+            self._size += seg.size
         if self.segments:
             self.acked = max(self.acked, self.segments[0].base)
 
@@ -130,7 +132,7 @@ class Spool:
 
     @property
     def size_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
+        return self._size
 
     @property
     def pending(self) -> int:
@@ -144,20 +146,48 @@ class Spool:
 
     def append(self, key: bytes, value: bytes) -> int:
         """Append one record; returns its index. The caller checks ``full`` first (the policy is theirs)."""
-        frame = _encode_frame(key, value)
+        return self.append_many([(key, value)])
+
+    def append_many(self, records: list[tuple[bytes, bytes]]) -> int:
+        """Append records in order, one write per segment they go to; returns the index of the first.
+        The caller checks ``full`` for all of them first."""
+        first = self.head
+        frames: list[bytes] = []
+        size = 0
         seg = self.segments[-1] if self.segments else None
-        if seg is None or seg.size >= self.segment_bytes or self._writer is None:
-            if seg is None or seg.size >= self.segment_bytes:
-                self._close_writer()
-                seg = _Segment(self.head, self.dir / f"{self.head:020d}{_SEG_SUFFIX}")
-                self.segments.append(seg)
+        for key, value in records:
+            if seg is None or seg.size + size >= self.segment_bytes:
+                if frames:
+                    self._write(seg, frames, size)  # type: ignore[arg-type]
+                    frames, size = [], 0
+                seg = self._roll()
+            payload = _KEYLEN.pack(len(key)) + key + value
+            frames.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
+            frames.append(payload)
+            size += _HEADER.size + len(payload)
+        if frames:
+            self._write(seg, frames, size)  # type: ignore[arg-type]
+        return first
+
+    def _roll(self) -> _Segment:
+        """The segment to append to: the last one unless it is full (or closed by an ack), else a new one."""
+        seg = self.segments[-1] if self.segments else None
+        if seg is None or seg.size >= self.segment_bytes:
+            self._close_writer()
+            seg = _Segment(self.head, self.dir / f"{self.head:020d}{_SEG_SUFFIX}")
+            self.segments.append(seg)
+        if self._writer is None:
             self._writer = open(seg.path, "ab")
-        self._writer.write(frame)
+        return seg
+
+    def _write(self, seg: _Segment, frames: list[bytes], size: int) -> None:
+        if self._writer is None:
+            self._writer = open(seg.path, "ab")
+        self._writer.write(b"".join(frames))
         self._dirty = True
-        idx = seg.end
-        seg.count += 1
-        seg.size += len(frame)
-        return idx
+        seg.count += len(frames) // 2
+        seg.size += size
+        self._size += size
 
     def flush(self, fsync: bool = False) -> None:
         """Hand buffered frames to the OS (survives SIGKILL); ``fsync`` also survives power loss."""
@@ -188,6 +218,7 @@ class Spool:
         # a fresh one), so the spool does not grow while Kafka keeps up.
         while self.segments and self.segments[0].end <= index:
             seg = self.segments.pop(0)
+            self._size -= seg.size
             if not self.segments:
                 self._close_writer()
             seg.path.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from foundation.errors import ConfigError, EncodeError, ServiceError
 from schemas.codec import encode_raw
 
-from producers.spool import Spool, open_spool
+from producers.spool import FRAME_OVERHEAD, Spool, open_spool
 
 if TYPE_CHECKING:
     from producers.settings import AgentSettings
@@ -342,6 +342,16 @@ class SpanTransport:
         if self._cursor >= head:
             self._cursor = None
 
+    def _hand_off(self, batch: list[tuple[bytes, bytes]]) -> None:
+        """Write records to the spool, then give them to librdkafka (unless a backlog waits on disk)."""
+        first = self.spool.append_many(batch)
+        self.counters["enqueued"] += len(batch)
+        if self._cursor is None:
+            for idx, (key, value) in enumerate(batch, first):
+                if not self._produce(idx, key, value):
+                    self._cursor = idx  # librdkafka is full: the rest waits on disk
+                    return
+
     def _run(self) -> None:
         from confluent_kafka import KafkaException
 
@@ -362,18 +372,22 @@ class SpanTransport:
         while True:
             n = 0
             while q and n < 10000:
-                item = q.popleft()
-                n += 1
-                enc = self._encode(item)
-                if enc is None:
+                batch = []
+                nbytes = 0
+                while q and len(batch) < 1000:
+                    enc = self._encode(q.popleft())
+                    if enc is not None:
+                        batch.append(enc)
+                        nbytes += len(enc[0]) + len(enc[1]) + FRAME_OVERHEAD
+                n += 1000
+                if not batch:
                     continue
-                key, value = enc
-                if not self._spool_room(len(value) + len(key) + 10):
-                    continue
-                idx = self.spool.append(key, value)
-                self.counters["enqueued"] += 1
-                if self._cursor is None and not self._produce(idx, key, value):
-                    self._cursor = idx  # librdkafka is full: the rest waits on disk
+                if not self.spool.full(nbytes):
+                    self._hand_off(batch)
+                else:  # record by record: each waits for room or is dropped, as the policy says
+                    for kv in batch:
+                        if self._spool_room(len(kv[0]) + len(kv[1]) + FRAME_OVERHEAD):
+                            self._hand_off([kv])
             if n:
                 with self._space:
                     self._space.notify_all()
