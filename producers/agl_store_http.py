@@ -172,7 +172,7 @@ class LightningStoreRoutes:
         if event is not None:
             if (busy := self._send(rollout_id, encode(event))) is not None:
                 return busy
-            log.info("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
+            log.debug("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
             if self.queue is not None:
                 self.queue.finished(attempt_id, event.status or "succeeded")
         return web.json_response(attempt_reply(rollout_id, attempt_id, body, now=time.time()))

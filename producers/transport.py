@@ -40,6 +40,11 @@ SPAN = "rolloutbus.Span"
 ROLLOUT_EVENT = "rolloutbus.RolloutEvent"
 
 
+# How often the delivered watermark is written to the spool (a file write and rename): a process killed
+# between two writes sends up to this much again on restart, which the span stage drops as duplicates.
+ACK_EVERY_S = 0.25
+
+
 class FullPolicy(str, Enum):
     """What happens to a new record when the spool (or the in-memory queue) is full."""
 
@@ -399,7 +404,7 @@ class SpanTransport:
             if self._cursor is not None:
                 self._drain_backlog()
             self._producer.poll(0)
-            if now - last_ack >= 0.05:
+            if now - last_ack >= ACK_EVERY_S:
                 self._ack()
                 last_ack = now
             if (self._stop and not q) or self.error is not None:
