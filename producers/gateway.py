@@ -432,12 +432,8 @@ class Gateway:
         if not self.transport.accepting(sum(len(k) + len(v) + FRAME_OVERHEAD for k, v, _ in encoded)):
             return self._reply(503, "Kafka is unreachable and the local spool is full; retry later",
                                {"Retry-After": str(self.retry_after_s)})
-        accepted = 0
-        for key, value, name in encoded:
-            if self.transport.emit_encoded(key, value):
-                accepted += 1
-            else:
-                errors.append(f"{name}: local queue full")
+        accepted = self.transport.emit_encoded_many([(key, value) for key, value, _name in encoded])
+        errors.extend(f"{name}: local queue full" for _key, _value, name in encoded[accepted:])
         self.m_spans.inc(accepted)
         if errors:
             self.m_rejected.inc(len(errors))

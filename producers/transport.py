@@ -43,6 +43,9 @@ ROLLOUT_EVENT = "rolloutbus.RolloutEvent"
 # How often the delivered watermark is written to the spool (a file write and rename): a process killed
 # between two writes sends up to this much again on restart, which the span stage drops as duplicates.
 ACK_EVERY_S = 0.25
+# Records queued before a single emit wakes the transport thread; fewer wait for its next look (every
+# 5 ms at most), so a steady trickle of emits costs no thread switch each.
+WAKE_AT = 256
 
 
 class FullPolicy(str, Enum):
@@ -179,19 +182,35 @@ class SpanTransport:
         if len(q) >= self.max_queue and not self._full_queue():
             return False
         q.append((key, name, record))
-        if self._sleeping:
+        if self._sleeping and len(q) >= WAKE_AT:
             self._wake.set()
         return True
 
     def emit_encoded(self, key: bytes, value: bytes) -> bool:
         """Enqueue an already-encoded record (single-object Avro bytes); raises as :meth:`emit` does."""
         self._raise_failure()
-        if len(self._q) >= self.max_queue and not self._full_queue():
+        q = self._q
+        if len(q) >= self.max_queue and not self._full_queue():
             return False
-        self._q.append(_Encoded(key, value))
-        if self._sleeping:
+        q.append(_Encoded(key, value))
+        if self._sleeping and len(q) >= WAKE_AT:
             self._wake.set()
         return True
+
+    def emit_encoded_many(self, records: list[tuple[bytes, bytes]]) -> int:
+        """Enqueue already-encoded records in order and wake the worker once; returns how many were taken,
+        from the first (the rest were dropped: the queue is full). Raises as :meth:`emit` does."""
+        self._raise_failure()
+        q = self._q
+        if len(q) + len(records) > self.max_queue:  # record by record, as the policy says
+            for n, (key, value) in enumerate(records):
+                if not self.emit_encoded(key, value):
+                    return n
+            return len(records)
+        q.extend([_Encoded(key, value) for key, value in records])
+        if self._sleeping:
+            self._wake.set()
+        return len(records)
 
     def _full_queue(self) -> bool:
         """The in-memory queue is full: block until there is room, or drop (loudly). True: go on."""
@@ -393,7 +412,7 @@ class SpanTransport:
                     for kv in batch:
                         if self._spool_room(len(kv[0]) + len(kv[1]) + FRAME_OVERHEAD):
                             self._hand_off([kv])
-            if n:
+            if n and self.policy is FullPolicy.BLOCK:
                 with self._space:
                     self._space.notify_all()
             now = time.monotonic()

@@ -20,5 +20,12 @@ class MemoryTransport:
         self.records.append((key, value))
         return True
 
+    def emit_encoded_many(self, records: list[tuple[bytes, bytes]]) -> int:
+        """As SpanTransport's: the records taken, from the first (through ``emit_encoded``, which a subclass may refuse)."""
+        for n, (key, value) in enumerate(records):
+            if not self.emit_encoded(key, value):
+                return n
+        return len(records)
+
     def stats(self) -> dict[str, Any]:
         return {"spool_pending": 0}
