@@ -100,7 +100,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- faust offset fixes
-# streams/faust_guards.py: two faust/aiokafka behaviours that lose records, guarded there.
+# streams/faust_guards.py: faust/aiokafka behaviours that lose or stall records, guarded there.
 
 
 SCAN_EVERY_S = 30.0

@@ -1,7 +1,7 @@
-"""Guards against two faust/aiokafka behaviours that lose records after a crash or a rebalance.
+"""Guards against three faust/aiokafka behaviours that lose or stall records after a crash or a rebalance.
 
 Patches of a library belong here and nowhere else. :func:`install` refuses to patch a faust-streaming or
-aiokafka version these guards were not checked against (an upgrade must re-read the two code paths
+aiokafka version these guards were not checked against (an upgrade must re-read the three code paths
 below, re-run the fault suite, and then add the version to ``CHECKED``), and checks that the patched
 functions still exist with the names and arguments the patches assume.
 """
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import defaultdict
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-# (faust-streaming, aiokafka) versions whose Consumer._new_offset and AIOKafkaConsumerThread.seek_to_committed
-# were read and the fault suite (tests/faults) passed with these guards installed.
+# (faust-streaming, aiokafka) versions whose Consumer._new_offset, Consumer._drain_messages and
+# AIOKafkaConsumerThread.seek_to_committed were read and the fault suite (tests/faults) passed with these
+# guards installed.
 CHECKED: set[tuple[str, str]] = {("0.15.3", "0.14.0")}
 
 
@@ -23,13 +25,14 @@ class FaustGuardError(RuntimeError):
     """faust or aiokafka changed under the guards: see this module's docstring."""
 
 
-# Two faust/aiokafka behaviours lose records after a crash or a rebalance; the SIGKILL test shows
-# both. (1) faust's Consumer._new_offset commits past the longest run of acked offsets and checks for an
-# unacked head only when the partition has a (truthy) committed offset, and even then lets one unacked
-# offset through. (2) faust fetches while it recovers its tables, drops what it fetched when it
-# suspends the flow, and rewinds with aiokafka's seek_to_committed — which seeks only partitions with
-# a committed offset above 0: a partition with no commit yet stays where the fetcher got to, and the
-# records fetched (and dropped) are never processed by anyone.
+# Two faust/aiokafka behaviours lose records after a crash or a rebalance; the SIGKILL test shows both
+# (and a third, (3) below, that stalls them). (1) faust's Consumer._new_offset commits past the longest
+# run of acked offsets and checks for an unacked head only when the partition has a (truthy) committed
+# offset, and even then lets one unacked offset through. (2) faust fetches while it recovers its
+# tables, drops what it fetched when it suspends the flow, and rewinds with aiokafka's
+# seek_to_committed — which seeks only partitions with a committed offset above 0: a partition with no
+# commit yet stays where the fetcher got to, and the records fetched (and dropped) are never processed
+# by anyone.
 #
 # So, for the topics whose records must each be processed (STRICT_TOPICS): after faust's rewind we
 # seek partitions with no commit to their beginning (what auto_offset_reset=earliest reads) and note
@@ -41,6 +44,16 @@ class FaustGuardError(RuntimeError):
 # A compacted topic has gaps in its offsets, so the frontier cannot hold it; its records are few and
 # its table deduplicates. For those (REPLAY_TOPICS) every assignment reads the partition again from its
 # beginning, whatever was committed: a record skipped by (1) or (2) is read on the next assignment.
+#
+# (3) faust's Consumer._drain_messages drops every fetched record below its read offset, and sets that
+# offset after handing each record to its stream — over the offset a seek has just set (the seek runs
+# in the consumer's thread, the hand-over goes on meanwhile). The records the worker's seek back to its
+# frontier fetches again then fall below it and are dropped before the agent sees them; with nothing new
+# arriving, the partition stands still (tests/faults/test_crash.py: rb.metrics after a restart, because
+# faust hands over records while it is still seeking to the committed offsets, before the frontier is
+# known). For STRICT_TOPICS the frontier already tells a record read again (below it) from one fetched
+# before a seek (past it), so their read offset reads as None: every fetched record reaches the agent.
+# That also keeps faust's gap bookkeeping (Consumer._add_gap, counted as acked) off these partitions.
 STRICT_TOPICS: set[str] = set()
 REPLAY_TOPICS: set[str] = set()
 START: dict[tuple[str, int], int] = {}
@@ -65,6 +78,33 @@ def _patch_faust_commit_floor() -> None:
 
     _new_offset._rolloutbus_floor = True  # type: ignore[attr-defined]
     faust_consumer.Consumer._new_offset = _new_offset
+
+
+class _ReadOffsets(defaultdict):  # type: ignore[type-arg]
+    """faust's read offsets per partition, except that a STRICT_TOPICS partition has none (see (3))."""
+
+    def __getitem__(self, tp: Any) -> Any:
+        if tp.topic in STRICT_TOPICS:
+            return None
+        return super().__getitem__(tp)
+
+
+def _patch_faust_strict_read_offsets() -> None:
+    from faust.transport import consumer as faust_consumer
+
+    original = faust_consumer.Consumer._drain_messages
+    if getattr(original, "_rolloutbus_read_offsets", False):
+        return
+
+    async def _drain_messages(self: Any, fetcher: Any) -> None:
+        # _drain_messages binds self._read_offset.__getitem__ as it starts: swap the mapping in first, once,
+        # before faust's first fetch (the same entries; faust's seeks look the attribute up and write to it).
+        if not isinstance(self._read_offset, _ReadOffsets):
+            self._read_offset = _ReadOffsets(lambda: None, self._read_offset)
+        await original(self, fetcher)
+
+    _drain_messages._rolloutbus_read_offsets = True  # type: ignore[attr-defined]
+    faust_consumer.Consumer._drain_messages = _drain_messages
 
 
 def _patch_faust_seek_uncommitted() -> None:
@@ -114,20 +154,25 @@ def check_versions() -> None:
     if installed not in CHECKED:
         raise FaustGuardError(
             f"faust-streaming {installed[0]} / aiokafka {installed[1]} are not the versions streams/faust_guards.py was "
-            f"checked against ({', '.join(f'{f} / {a}' for f, a in sorted(CHECKED))}): re-read Consumer._new_offset and "
-            "AIOKafkaConsumerThread.seek_to_committed, run tests/faults, then add the pair to CHECKED"
+            f"checked against ({', '.join(f'{f} / {a}' for f, a in sorted(CHECKED))}): re-read Consumer._new_offset, "
+            "Consumer._drain_messages and AIOKafkaConsumerThread.seek_to_committed, run tests/faults, then add the pair to CHECKED"
         )
     for owner, name, params in ((faust_consumer.Consumer, "_new_offset", ["self", "tp"]),
+                                (faust_consumer.Consumer, "_drain_messages", ["self", "fetcher"]),
                                 (faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", ["self"])):
         fn = getattr(owner, name, None)
         if fn is None or list(inspect.signature(fn).parameters) != params:
             raise FaustGuardError(f"{owner.__qualname__}.{name} is gone or changed its arguments: the guard on it no longer applies")
+    drain = faust_consumer.Consumer._drain_messages
+    if not getattr(drain, "_rolloutbus_read_offsets", False) and "self._read_offset.__getitem__" not in inspect.getsource(drain):
+        raise FaustGuardError("Consumer._drain_messages no longer reads self._read_offset.__getitem__: the read-offset guard no longer applies")
 
 
 def install() -> None:
     """Check the versions, then patch (idempotent)."""
     check_versions()
     _patch_faust_commit_floor()
+    _patch_faust_strict_read_offsets()
     _patch_faust_seek_uncommitted()
 
 

@@ -32,3 +32,13 @@ def test_a_guarded_function_that_changed_its_arguments_is_refused(monkeypatch: p
     monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", seek_to_committed)
     with pytest.raises(faust_guards.FaustGuardError, match="seek_to_committed is gone or changed"):
         faust_guards.check_versions()
+
+
+def test_a_drain_loop_that_no_longer_reads_the_read_offsets_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from faust.transport import consumer as faust_consumer
+
+    async def _drain_messages(self: object, fetcher: object) -> None: ...
+
+    monkeypatch.setattr(faust_consumer.Consumer, "_drain_messages", _drain_messages)
+    with pytest.raises(faust_guards.FaustGuardError, match="_drain_messages no longer reads"):
+        faust_guards.check_versions()

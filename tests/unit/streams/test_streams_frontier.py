@@ -7,6 +7,7 @@ that records seeks.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -217,3 +218,83 @@ def test_rewind_reads_uncommitted_strict_partitions_and_every_replay_partition_f
     assert offsets == {spans: 0, metrics: 12, resources: 0, other: 5}
     assert faust_guards.START[("x.spans", 0)] == 3 and faust_guards.START[("x.metrics", 0)] == 12
     assert ("x.resources", 0) not in faust_guards.START
+
+
+
+class FetchLog:
+    """One partition, offsets ``0..end-1``, as faust's Fetcher reads it: each ``getmany`` hands over what
+    lies past the fetch position; ``seek_wait`` moves the position and sets faust's read offset, as
+    faust's aiokafka driver does (``AIOKafkaConsumerThread._seek_wait``, in the consumer's thread)."""
+
+    def __init__(self, consumer: Any, tp: Any, position: int, end: int) -> None:
+        self.consumer, self.tp, self.position, self.end = consumer, tp, position, end
+        self.seeks: list[int] = []
+        self.idle = 0  # getmany calls that found nothing: two, and the fetcher stops
+        self.fetcher = SimpleNamespace(_stopped=SimpleNamespace(is_set=lambda: self.idle > 1))
+
+    async def getmany(self, timeout: float) -> Any:
+        if self.position >= self.end:
+            self.idle += 1
+        batch, self.position = range(self.position, self.end), self.end  # a seek from here on moves the next batch
+        for offset in batch:
+            yield self.tp, SimpleNamespace(topic=self.tp.topic, partition=self.tp.partition, offset=offset, tp=self.tp,
+                                           key=None, value=None)
+
+    async def seek_wait(self, partitions: dict[Any, int]) -> None:
+        for tp, offset in partitions.items():
+            self.seeks.append(offset)
+            self.position = offset
+            self.consumer._read_offset[tp] = offset
+
+
+def test_records_fetched_again_after_a_seek_back_reach_the_worker(frontier: dict) -> None:
+    """Seen in tests/faults/test_crash.py after a restart (TrainSteps 46.. not stored): faust handed over
+    metrics@44 while it was still seeking to the committed offsets, so the frontier (44) became known
+    after the fetch position had passed it. 45 arrived, the worker sought back to 44, and faust, handing
+    over what it had fetched before that seek, set its read offset to 45, 46, ... over the 44 the seek
+    had set. The records fetched again (44..50) were below it and dropped before the agent saw them;
+    nothing new came, and the partition stood still until reread_missing_tails (quiet for 5 ×
+    gap_accept_s) or the next restart."""
+    from faust.transport.consumer import Consumer
+    from faust.types import TP
+
+    faust_guards._patch_faust_strict_read_offsets()
+    tp = TP(TOPIC, 0)
+    w = stand_in()
+    frontier[(TOPIC, 0)] = 44
+    verdicts: list[tuple[int, str]] = []
+    dropped_by_faust: list[int] = []
+
+    async def callback(message: Any) -> None:  # the agent, inline
+        verdicts.append((message.offset, await Worker._admit(w, message)))
+
+    async def wait_first(coro: Any, other: Any) -> None:
+        other.close()
+        await coro
+
+    async def no_gap(*_: Any) -> None: ...
+
+    async def drain() -> None:
+        consumer = SimpleNamespace(
+            callback=callback, _read_offset=defaultdict(lambda: None), _commit_every=None, _n_acked=0,
+            _stopped=SimpleNamespace(is_set=lambda: False), should_stop=False, sleep=asyncio.sleep,
+            wait_first=wait_first, suspend_flow=asyncio.Event(), _add_gap=no_gap, consumer_stopped_errors=(),
+            diag=SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None),
+            log=SimpleNamespace(dev=lambda fmt, offset, *_: dropped_by_faust.append(offset)),
+            app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True)),
+        )
+        consumer._read_offset[tp] = 44  # faust's perform_seek: the committed offset
+        fetch = FetchLog(consumer, tp, position=45, end=51)  # but 44 was fetched (and handed over) before it
+        consumer.getmany = fetch.getmany
+        w.app.consumer.seek_wait = fetch.seek_wait
+        await asyncio.wait_for(Consumer._drain_messages(consumer, fetch.fetcher), 5)
+        assert fetch.seeks == [44]
+
+    streams_app.STRICT_TOPICS.add(TOPIC)
+    try:
+        asyncio.run(drain())
+    finally:
+        streams_app.STRICT_TOPICS.discard(TOPIC)
+    assert verdicts[:6] == [(45, "drop")] + [(o, "drop") for o in range(46, 51)]  # stale: fetched before the seek
+    assert [o for o, v in verdicts if v == "process"] == list(range(44, 51))  # the re-read, all of it
+    assert frontier[(TOPIC, 0)] == 51 and dropped_by_faust == []
