@@ -173,30 +173,54 @@ def committed_behind(conf: dict[str, Any], group: str, topic: str) -> int:
         c.close()
 
 
+SIDE_TOPICS = ("metrics", "dlq", "resources")  # stored by the worker's faust agents (rb.spans: its span stage)
+
+
+def drain_state(conf: dict[str, Any], env: dict[str, str]) -> dict[str, int]:
+    """Records not yet committed, per topic: rb.spans by the span stage's group, the side topics by faust's
+    (the app id). Each commits only what it flushed, so 0 everywhere means every record has its row.
+    rb.resources is compacted and read again from its beginning on every assignment: its commit reaching
+    the end says this assignment's replay got there."""
+    prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    app_id = env.get("ROLLOUTBUS_APP_ID") or f"{prefix}streams"
+    state = {"spans": committed_behind(conf, span_group(app_id), f"{prefix}spans")}
+    for topic in SIDE_TOPICS:
+        state[topic] = committed_behind(conf, app_id, f"{prefix}{topic}")
+    return state
+
+
 def wait_drained(conf: dict[str, Any], env: dict[str, str], proc: WorkerProc | list[WorkerProc], timeout: float = 90.0,
                  settle: float = 6.0) -> None:
-    """Until the worker (or workers, one consumer group) committed every record of rb.spans (so they
-    flushed their rows), then ``settle`` seconds more for timers (timed-out attempts, partial groups)
-    and one more commit."""
-    prefix = env["ROLLOUTBUS_TOPIC_PREFIX"]
+    """Until the worker (or workers, one app) committed every record of rb.spans and of the side topics
+    (so they flushed their rows), then ``settle`` seconds more for timers (timed-out attempts, partial
+    groups) and one more commit.
+
+    A side topic is read by faust's group, which after a restart rejoins, rebalances and recovers its
+    tables on its own schedule: rb.spans drained says nothing about it. A partition that never drains is
+    a stalled consumer (its records have no row until the next restart): that fails here, by name."""
     procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
-    behind = -1
+    behind: dict[str, int] = {}
     while time.monotonic() < deadline:
         for p in procs:
             if p.poll() is not None:
                 raise AssertionError(f"worker exited early: {p.output()[-3000:]}")
-        behind = committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans")
-        if behind == 0:
+        behind = drain_state(conf, env)
+        if not any(behind.values()):
             time.sleep(settle)
-            if committed_behind(conf, span_group(f"{prefix}streams"), f"{prefix}spans") == 0:
+            behind = drain_state(conf, env)
+            if not any(behind.values()):
                 return
         time.sleep(1.0)
     for p in procs:
         p.kill()
         p.wait()
     tail = "\n--\n".join(p.output()[-2500:] for p in procs)
-    raise AssertionError(f"worker still {behind} records behind on {prefix}spans after {timeout}s; its log ends:\n{tail}")
+    lagging = {t: n for t, n in behind.items() if n}
+    side = sorted(t for t in lagging if t != "spans")
+    what = (f"the worker's faust agents never committed to the end of {', '.join(side)} (a stalled partition: those "
+            "records have no row until the next restart)" if side and "spans" not in lagging else "the worker did not drain")
+    raise AssertionError(f"{what}; records not committed after {timeout}s, per topic: {lagging}; its log ends:\n{tail}")
 
 
 def group_ids(conf: dict[str, Any], topic: str) -> Counter[str]:

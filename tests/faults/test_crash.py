@@ -141,6 +141,7 @@ def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, An
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         if what == "worker":
             kill(wk)
+            (logs / "worker-killed.log").write_text(wk.output())  # its output lives in memory only
             wk = worker(test_env, rollout_timeout=20)
         elif what == "gateway":
             kill(gw)
@@ -157,6 +158,7 @@ def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, An
     assert em.wait(120) == 0, (logs / "emitter.log").read_text()[-2000:]
     wait_drained(kafka_conf, test_env, wk, timeout=120)
     rc, out = stop_worker(wk)
+    (logs / "worker.log").write_text(out)
     assert rc == 0, out[-3000:]
     rn.terminate()
     gw.terminate()
