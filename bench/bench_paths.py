@@ -13,9 +13,10 @@ The workload (``--spans`` rounded to whole rollouts of 16 spans, a quarter of th
   (``schemas.codec.encode_raw``). The transport's spool and librdkafka are not in this figure
   (``bench_producers.py`` measures the whole producer into a real broker).
 - **gateway** — OTLP/HTTP protobuf bodies of 512 spans (the workload's spans as an OpenTelemetry
-  exporter sends them: ids and token ids as attributes) → ``decode_request`` → ``request_to_spans``
-  → ``encode_raw``, what ``Gateway.traces`` does per request before it hands the bytes to the
-  transport (``bench_gateway.py`` measures the whole gateway process over HTTP into Kafka).
+  exporter sends them: ids and token ids as attributes) → ``producers.gateway.map_body`` (the
+  compiled mapping of native/ where installed), what ``Gateway.traces`` does per request before it
+  hands the bytes to the transport (``bench_gateway.py`` measures the whole gateway process over HTTP
+  into Kafka).
 - **stage** — ``SpanStage.poll`` itself, in batches of 5,000 records, with its consumer replaced by
   a list of records: decode, checks, the attempts, the ``spans`` RowBinary rows, and at each FINISHED
   the completed attempt (``finish_attempt``, its ``rollouts`` and ``transitions`` rows, its summary
@@ -167,17 +168,16 @@ def otlp_bodies(rollouts: list[list[SynthSpan]]) -> tuple[list[bytes], int]:
 
 
 def gateway(bodies: list[bytes]) -> int:
-    from producers.gateway import decode_request, request_to_spans
-    from schemas.codec import encode_raw
+    """The gateway's work on each body: ``map_body`` (the compiled mapping of native/ where installed,
+    the reference for the spans it declines), to the records the transport takes."""
+    from producers.gateway import map_body
 
     n = 0
     for body in bodies:
-        spans, errors = request_to_spans(decode_request(body, "application/x-protobuf"))
+        records, errors = map_body(body, "application/x-protobuf")
         if errors:
             raise RuntimeError(f"the gateway rejected {len(errors)} spans: {errors[0]}")
-        for span in spans:
-            encode_raw("rolloutbus.Span", span)
-        n += len(spans)
+        n += len(records)
     return n
 
 
