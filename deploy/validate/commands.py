@@ -278,8 +278,11 @@ def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:
         needs += [("group", g, "Read") for g in (worker.app.conf.id, span_group(app_id), f"{span_group(app_id)}-restore")]
         return needs
     if command == "train":
-        return [("topic", t.batches, "Read"), ("group", s.resolved_group(), "Read"), ("topic", t.resources, "Write"),
-                ("topic", t.metrics, "Write"), ("topic", t.dlq, "Write"), *follow]
+        needs = [("topic", t.batches, "Read"), ("group", s.resolved_group(), "Read"), ("topic", t.resources, "Write"),
+                 ("topic", t.metrics, "Write"), ("topic", t.dlq, "Write"), *follow]
+        if s.validation_tasks is not None:  # the validation set goes out as mode-test tasks (trainer/loop.py)
+            needs.append(("topic", t.tasks, "Write"))
+        return needs
     if command == "serve":
         return follow if s.serve_follow else []
     if command == "optimize-prompt":

@@ -118,6 +118,17 @@ def test_kafka_user_acls_must_cover_the_groups_and_topics_the_code_uses(rendered
     assert "container runner: ROLLOUTBUS_KAFKA_SASL_PASSWORD must come from Secret 'rolloutbus-runner'" in problems
 
 
+def test_a_trainer_given_a_validation_set_needs_write_on_the_tasks_topic(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = copy.deepcopy(rendered["base"])
+    assert "rb.tasks" not in _problems(objs)
+    _container(objs, "StatefulSet", "rolloutbus-trainer")["args"] += ["--validation-tasks", "/data/validation.jsonl"]
+    assert "`rolloutbus train` needs Write on topic rb.tasks, which KafkaUser rolloutbus-trainer's ACLs do not allow" in _problems(objs)
+    trainer = _obj(objs, "KafkaUser", "rolloutbus-trainer")
+    trainer["spec"]["authorization"]["acls"].append({"resource": {"type": "topic", "name": "rb.tasks", "patternType": "literal"},
+                                                      "operations": ["Write"]})
+    assert "rb.tasks" not in _problems(objs)
+
+
 def test_the_acls_follow_the_app_id_and_groups_the_processes_are_given(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = copy.deepcopy(rendered["base"])
     _container(objs, "Deployment", "rolloutbus-stream-worker")["env"].append({"name": "ROLLOUTBUS_APP_ID", "value": "team-a.streams"})
