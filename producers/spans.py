@@ -19,10 +19,28 @@ from typing import Any, Protocol
 current_parent: ContextVar[str | None] = ContextVar("rolloutbus_parent", default=None)
 
 _rand = random.Random(int.from_bytes(os.urandom(8), "little"))
+# Span ids drawn 512 at a time (one getrandbits and one hex() for all of them): an emit takes one from
+# the list. ``list.pop`` is atomic, so threads never get the same one.
+_POOL = 512
+_span_ids: list[str] = []
+
+
+def _reseed() -> None:
+    """A forked child must not draw the ids its parent draws (same generator state, same pool)."""
+    _rand.seed(int.from_bytes(os.urandom(8), "little"))
+    _span_ids.clear()
+
+
+os.register_at_fork(after_in_child=_reseed)
 
 
 def new_span_id() -> str:
-    return f"{_rand.getrandbits(64):016x}"
+    try:
+        return _span_ids.pop()
+    except IndexError:
+        h = _rand.getrandbits(64 * _POOL).to_bytes(8 * _POOL, "little").hex()
+        _span_ids.extend([h[i:i + 16] for i in range(16, len(h), 16)])
+        return h[:16]
 
 
 def new_trace_id() -> str:
