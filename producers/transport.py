@@ -370,11 +370,20 @@ class SpanTransport:
         """Write records to the spool, then give them to librdkafka (unless a backlog waits on disk)."""
         first = self.spool.append_many(batch)
         self.counters["enqueued"] += len(batch)
-        if self._cursor is None:
-            for idx, (key, value) in enumerate(batch, first):
-                if not self._produce(idx, key, value):
-                    self._cursor = idx  # librdkafka is full: the rest waits on disk
-                    return
+        if self._cursor is not None:
+            return
+        # _produce, inlined: this loop runs once per record at the producer's full rate.
+        produce, delivered, topic = self._producer.produce, self._on_delivery, self.topic
+        idx = first
+        try:
+            for key, value in batch:
+                produce(topic, value, key, on_delivery=partial(delivered, idx))
+                idx += 1
+        except BufferError:
+            self._cursor = idx  # librdkafka is full: the rest waits on disk
+        finally:
+            self._inflight += idx - first
+            self.counters["produced"] += idx - first
 
     def _run(self) -> None:
         from confluent_kafka import KafkaException
