@@ -86,6 +86,17 @@ class _Encoded:
         self.value = value
 
 
+class _Range:
+    """Consecutive spool records [first, end) handed to librdkafka together, and how many of them
+    are still to be delivered; ``callback`` is every one's delivery callback."""
+
+    __slots__ = ("first", "end", "left", "callback")
+
+    def __init__(self, transport: SpanTransport, first: int, n: int) -> None:
+        self.first, self.end, self.left = first, first + n, n
+        self.callback = partial(transport._on_delivery, self)
+
+
 class SpanTransport:
     """Never-blocking (by default), never-losing producer of Avro records keyed by rollout id."""
 
@@ -115,11 +126,13 @@ class SpanTransport:
         self._wake = threading.Event()
         self._space = threading.Condition()
         self._sleeping = False
+        self._holding = False  # the worker may hold records out of the queue, not yet in the spool
+        self._held = 0  # how many
         self._stop = False
         self._closed = False
         self.spool: Spool = open_spool(Path(spool_dir), spool_name, spool_max_bytes)
         self._low = self.spool.acked  # every record below is delivered
-        self._delivered: set[int] = set()
+        self._done: dict[int, int] = {}  # delivered ranges above the watermark: first index → end
         self._inflight = 0
         # Backlog: records on disk not yet handed to librdkafka (replay after restart, or a full queue).
         self._cursor: int | None = self._low if self.spool.pending else None
@@ -274,7 +287,8 @@ class SpanTransport:
         else:
             log.debug("kafka client: %s", err)
 
-    def _on_delivery(self, idx: int, err: Any, msg: Any) -> None:
+    def _on_delivery(self, rng: _Range, err: Any, msg: Any) -> None:
+        """A record of ``rng`` delivered or failed (librdkafka's callback, on the worker thread)."""
         self._inflight -= 1
         if err is not None:
             if self._fatal(err):  # not acknowledged: the record stays in the spool
@@ -283,11 +297,12 @@ class SpanTransport:
                 self._fail(kafka_failure(self._conf, err, f"write topic {self.topic}"))
                 return
             if err.retriable():
-                # Resend the same bytes under the same index; the watermark waits for it.
-                self._produce(idx, msg.key(), msg.value())
+                # Resend the same bytes in the same range; the watermark waits for it.
+                self._produce(rng, msg.key(), msg.value())
                 return
             self.counters["delivery_failed"] += 1
-            log.error("rolloutbus transport: Kafka rejected record %d for good (%s); kept in %s/rejected", idx, err.str(), self.spool.dir)
+            log.error("rolloutbus transport: Kafka rejected a record of %d..%d for good (%s); kept in %s/rejected",
+                      rng.first, rng.end - 1, err.str(), self.spool.dir)
             try:
                 with open(self.spool.dir / "rejected", "ab") as fh:
                     from producers.spool import _encode_frame
@@ -300,18 +315,24 @@ class SpanTransport:
             if not self.kafka_up:
                 log.info("rolloutbus transport: Kafka reachable again")
             self.kafka_up = True
-        if idx == self._low:
-            self._low += 1
-            d = self._delivered
-            while self._low in d:
-                d.remove(self._low)
-                self._low += 1
-        else:
-            self._delivered.add(idx)
+        rng.left -= 1
+        if rng.left == 0:
+            self._range_done(rng.first, rng.end)
 
-    def _produce(self, idx: int, key: bytes, value: bytes) -> bool:
+    def _range_done(self, first: int, end: int) -> None:
+        """Every record in [first, end) is delivered: move the watermark over it and the ranges above it."""
+        if first != self._low:
+            self._done[first] = end
+            return
+        done = self._done
+        while end in done:
+            end = done.pop(end)
+        self._low = end
+
+    def _produce(self, rng: _Range, key: bytes, value: bytes) -> bool:
+        """One record of ``rng`` to librdkafka (a resend, or one record of the backlog)."""
         try:
-            self._producer.produce(self.topic, value, key, on_delivery=partial(self._on_delivery, idx))
+            self._producer.produce(self.topic, value, key, on_delivery=rng.callback)
         except BufferError:
             return False
         self._inflight += 1
@@ -358,7 +379,7 @@ class SpanTransport:
             if not records:
                 break
             for idx, key, value in records:
-                if not self._produce(idx, key, value):
+                if not self._produce(_Range(self, idx, 1), key, value):
                     return
                 self._cursor = idx + 1
                 self.counters["replayed"] += 1
@@ -372,15 +393,18 @@ class SpanTransport:
         self.counters["enqueued"] += len(batch)
         if self._cursor is not None:
             return
-        # _produce, inlined: this loop runs once per record at the producer's full rate.
-        produce, delivered, topic = self._producer.produce, self._on_delivery, self.topic
+        # _produce, inlined: this loop runs once per record at the producer's full rate. The batch
+        # shares one delivery callback (no Python object per record).
+        rng = _Range(self, first, len(batch))
+        produce, delivered, topic = self._producer.produce, rng.callback, self.topic
         idx = first
         try:
             for key, value in batch:
-                produce(topic, value, key, on_delivery=partial(delivered, idx))
+                produce(topic, value, key, on_delivery=delivered)
                 idx += 1
         except BufferError:
-            self._cursor = idx  # librdkafka is full: the rest waits on disk
+            self._cursor = idx  # librdkafka is full: the rest waits on disk, sent one by one
+            rng.end, rng.left = idx, idx - first  # no callback has run yet: they run in poll(), on this thread
         finally:
             self._inflight += idx - first
             self.counters["produced"] += idx - first
@@ -404,23 +428,28 @@ class SpanTransport:
         q = self._q
         while True:
             n = 0
+            # Records popped from the queue are in neither the queue nor the spool until handed off:
+            # flush() waits while the worker holds some (``_holding`` is set before the first pop).
+            self._holding = True
             while q and n < 10000:
+                items = [q.popleft() for _ in range(min(len(q), 1000))]
+                self._held = len(items)
                 batch = []
                 nbytes = 0
-                while q and len(batch) < 1000:
-                    enc = self._encode(q.popleft())
+                for item in items:
+                    enc = self._encode(item)
                     if enc is not None:
                         batch.append(enc)
                         nbytes += len(enc[0]) + len(enc[1]) + FRAME_OVERHEAD
                 n += 1000
-                if not batch:
-                    continue
-                if not self.spool.full(nbytes):
+                if batch and not self.spool.full(nbytes):
                     self._hand_off(batch)
-                else:  # record by record: each waits for room or is dropped, as the policy says
+                elif batch:  # record by record: each waits for room or is dropped, as the policy says
                     for kv in batch:
                         if self._spool_room(len(kv[0]) + len(kv[1]) + FRAME_OVERHEAD):
                             self._hand_off([kv])
+                self._held = 0
+            self._holding = False
             if n and self.policy is FullPolicy.BLOCK:
                 with self._space:
                     self._space.notify_all()
@@ -453,13 +482,13 @@ class SpanTransport:
         target = None
         while time.monotonic() < deadline:
             self._raise_failure()
-            if not self._q:
+            if not self._q and not self._holding:
                 target = target if target is not None else self.spool.head
-                if self._low >= target and not self._q:
+                if self._low >= target:
                     return 0
             self._wake.set()
             time.sleep(0.005)
-        return self.spool.head - self._low + len(self._q)
+        return self.spool.head - self._low + len(self._q) + self._held
 
     def close(self, timeout: float = 10.0) -> int:
         """Flush (up to ``timeout``), stop the worker and release the spool. What is not delivered

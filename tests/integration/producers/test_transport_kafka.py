@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,30 @@ def test_a_full_librdkafka_queue_sends_the_rest_from_the_spool_once_in_order(kaf
     assert all(rec["rollout_id"] == r.rollout_id for rec in spans)
     assert [rec["sequence_id"] for rec in spans] == list(range(1, 601)), "each once, in emission order"
     assert [rec["attributes"]["state"] for rec in spans] == [str(i) for i in range(600)]
+
+
+def test_a_record_the_broker_rejects_for_good_is_kept_aside_and_the_rest_is_acknowledged(kafka_conf: dict[str, Any], tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"small-{uuid.uuid4().hex[:8]}"  # takes records of up to 2,000 bytes
+    admin = AdminClient(kafka_conf)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result(30)
+    transport = SpanTransport(kafka_conf, topic, tmp_path / "spool")
+    with rollout("task-big", transport=transport):
+        for i in range(30):
+            emit_state(i)
+        assert transport.flush(30) == 0
+        big = os.urandom(4000).hex()  # over the topic's limit even compressed: the broker refuses it, not retriable
+        emit_state(big)
+        assert transport.flush(30) == 0, "the refused record does not hold the others back"
+        for i in range(30):
+            emit_state(i)
+    assert transport.close(30) == 0
+    assert transport.counters["delivery_failed"] == 1
+    assert transport.spool.pending == 0
+    assert big.encode() in next((tmp_path / "spool").rglob("rejected")).read_bytes()
+    records = consume_all(kafka_conf, topic, expect=62)
+    assert sorted(rec["sequence_id"] for _, name, rec, _ in records if name == "rolloutbus.Span") == list(range(1, 31)) + list(range(32, 62))
 
 
 def test_broker_restart_mid_run_loses_nothing(kafka_conf: dict[str, Any], topics: Any, tmp_path: Path, local_broker: Any) -> None:
