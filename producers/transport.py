@@ -126,8 +126,7 @@ class SpanTransport:
         self._wake = threading.Event()
         self._space = threading.Condition()
         self._sleeping = False
-        self._holding = False  # the worker may hold records out of the queue, not yet in the spool
-        self._held = 0  # how many
+        self._held = 0  # records the worker took off the queue and has not spooled yet
         self._stop = False
         self._closed = False
         self.spool: Spool = open_spool(Path(spool_dir), spool_name, spool_max_bytes)
@@ -428,12 +427,11 @@ class SpanTransport:
         q = self._q
         while True:
             n = 0
-            # Records popped from the queue are in neither the queue nor the spool until handed off:
-            # flush() waits while the worker holds some (``_holding`` is set before the first pop).
-            self._holding = True
             while q and n < 10000:
-                items = [q.popleft() for _ in range(min(len(q), 1000))]
-                self._held = len(items)
+                # Popped records are in neither the queue nor the spool until handed off: flush()
+                # waits while ``_held`` says so, and it is set before the first pop.
+                take = self._held = min(len(q), 1000)
+                items = [q.popleft() for _ in range(take)]
                 batch = []
                 nbytes = 0
                 for item in items:
@@ -449,7 +447,6 @@ class SpanTransport:
                         if self._spool_room(len(kv[0]) + len(kv[1]) + FRAME_OVERHEAD):
                             self._hand_off([kv])
                 self._held = 0
-            self._holding = False
             if n and self.policy is FullPolicy.BLOCK:
                 with self._space:
                     self._space.notify_all()
@@ -482,7 +479,7 @@ class SpanTransport:
         target = None
         while time.monotonic() < deadline:
             self._raise_failure()
-            if not self._q and not self._holding:
+            if not self._q and not self._held:
                 target = target if target is not None else self.spool.head
                 if self._low >= target:
                     return 0
