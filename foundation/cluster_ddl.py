@@ -10,6 +10,8 @@ with Keeper (``ROLLOUTBUS_CLICKHOUSE_CLUSTER=<name>``) each statement is rewritt
   views and the sink use. The sharding key is the first ORDER BY column, so every copy of one record
   lands on one shard and FINAL (which merges within a shard) still collapses duplicates.
 * ``CREATE [OR REPLACE] VIEW {db}.<name>`` is created ``ON CLUSTER``.
+* ``ALTER TABLE {db}.<name> MODIFY SETTING ...`` applies to ``{db}.<name>_local ON CLUSTER`` (the
+  settings are the storage's; the Distributed table has none).
 * Each migration begins with ``CREATE DATABASE IF NOT EXISTS {db} ON CLUSTER``.
 
 ``'{cluster}'`` is replaced by the cluster's name when the migration runs; ``{shard}``, ``{replica}``
@@ -27,6 +29,7 @@ from foundation.errors import ConfigError
 ON_CLUSTER = "ON CLUSTER '{cluster}'"
 _TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\{db\}\.(\w+))\s*\n", re.S)
 _VIEW = re.compile(r"^CREATE (OR REPLACE )?VIEW (\{db\}\.\w+) AS\b", re.S)
+_MODIFY_SETTING = re.compile(r"^ALTER TABLE (\{db\}\.\w+) (MODIFY SETTING\b.*)$", re.S)
 _ENGINE = re.compile(r"ENGINE = ReplacingMergeTree(?:\((\w*)\))?\s*\n")
 _ORDER_BY = re.compile(r"^ORDER BY \(?\s*(\w+)", re.M)
 
@@ -55,10 +58,13 @@ def cluster_statements(statements: list[str]) -> list[str]:
     for statement in statements:
         table = _TABLE.match(statement)
         view = _VIEW.match(statement)
+        setting = _MODIFY_SETTING.match(statement)
         if table:
             out += _table(statement, table.group(1), table.group(2))
         elif view:
             out.append(_VIEW.sub(lambda m: f"CREATE {m.group(1) or ''}VIEW {m.group(2)} {ON_CLUSTER} AS", statement, count=1))
+        elif setting:
+            out.append(f"ALTER TABLE {setting.group(1)}_local {ON_CLUSTER} {setting.group(2)}")
         else:
             first = statement.strip().splitlines()[0][:80]
             raise ConfigError(f"cluster DDL: no cluster form for {first!r} (teach foundation/cluster_ddl.py this statement)")

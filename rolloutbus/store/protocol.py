@@ -34,7 +34,6 @@ class InsertWithData:
 _INSERT_HEAD = re.compile(rb"^\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*INSERT\s+INTO\b", re.IGNORECASE | re.DOTALL)
 _FORMAT = re.compile(rb"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)[ \t]*(?:\r?\n)?", re.IGNORECASE)
 _SELECT_INSERT = re.compile(rb"\b(SELECT|VALUES|WITH)\b", re.IGNORECASE)
-_SETTINGS_CLAUSE = re.compile(r"\bSETTINGS\b(?![^()]*\))", re.IGNORECASE)
 
 
 def split_insert(statement: bytes, data: bytes | None = None) -> InsertWithData | None:
@@ -58,16 +57,6 @@ def split_insert(statement: bytes, data: bytes | None = None) -> InsertWithData 
     if data is not None:
         rest = memoryview(bytes(rest) + data) if len(rest) else memoryview(data)
     return InsertWithData(head.decode().strip(), match.group(1).decode(), rest)
-
-
-def infile_statement(insert: InsertWithData, path: str) -> str:
-    """The same insert reading its data from ``path``: ``INSERT INTO t (c) FROM INFILE 'p' [SETTINGS ...] FORMAT f``."""
-    quoted = "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    head = insert.head
-    match = _SETTINGS_CLAUSE.search(head)
-    if match:
-        return f"{head[:match.start()]} FROM INFILE {quoted} {head[match.start():]} FORMAT {insert.fmt}"
-    return f"{head} FROM INFILE {quoted} FORMAT {insert.fmt}"
 
 
 _TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*;?\s*$", re.IGNORECASE)
@@ -217,6 +206,6 @@ def content_type(fmt: str) -> str:
     return CONTENT_TYPES.get(fmt, "application/octet-stream" if fmt in ("Native", "RowBinary", "RowBinaryWithNamesAndTypes", "Parquet", "Arrow", "ArrowStream") else "text/plain; charset=UTF-8")
 
 
-__all__ = ["InsertWithData", "split_insert", "infile_statement", "output_format", "is_read", "http_status",
+__all__ = ["InsertWithData", "split_insert", "output_format", "is_read", "http_status",
            "parse_engine_error", "error_body", "decode_body", "pick_encoding", "encode_body", "content_type",
            "TRANSPORT_PARAMS", "SUPPORTED_ENCODINGS"]

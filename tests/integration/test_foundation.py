@@ -136,6 +136,18 @@ def test_clickhouse_migrations_are_idempotent_and_tables_readable(ch: Any, click
     assert ch.query("SELECT count() FROM resource_versions FINAL").result_rows == [(1,)]
 
 
+@pytest.mark.parametrize("table, key", [("spans", "span_id"), ("transitions", "turn")])
+def test_an_insert_of_token_ids_is_one_compact_part(ch: Any, table: str, key: str) -> None:
+    """A sink-sized insert (12 MB of token ids, past ClickHouse's 10 MiB default for wide parts) is written as
+    one compact part: a few files, not two per column (migration 004)."""
+    ch.command(f"INSERT INTO {table} (rollout_id, attempt_id, {key}, prompt_token_ids) "
+               "SELECT toString(number), 'a', " + ("toString(number)" if key == "span_id" else "number") +
+               ", arrayMap(i -> toUInt32(i * number), range(1000)) FROM numbers(3000)")
+    parts = ch.query("SELECT part_type, rows FROM system.parts WHERE database = currentDatabase() AND table = {t:String} "
+                     "AND active", parameters={"t": table}).result_rows
+    assert parts == [("Compact", 3000)]
+
+
 def test_clickhouse_errors_are_clear(clickhouse_dsn: str) -> None:
     with pytest.raises(ConfigError, match="must start with chdb://"):
         connect("mysql://nope")

@@ -58,6 +58,11 @@ def test_cluster_form_of_one_table() -> None:
                       "ENGINE = Distributed('{cluster}', '{db}', 'audit_local', cityHash64(rollout_id))")
 
 
+def test_a_table_setting_changes_on_every_replica_of_the_local_table() -> None:
+    out = cluster_statements(["ALTER TABLE {db}.spans MODIFY SETTING min_bytes_for_wide_part = 268435456"])
+    assert out[1] == "ALTER TABLE {db}.spans_local ON CLUSTER '{cluster}' MODIFY SETTING min_bytes_for_wide_part = 268435456"
+
+
 def test_a_statement_without_a_cluster_form_is_refused() -> None:
     with pytest.raises(ConfigError, match="no cluster form for 'ALTER TABLE"):
         cluster_statements(["ALTER TABLE {db}.spans ADD COLUMN x String"])

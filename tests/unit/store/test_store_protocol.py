@@ -33,18 +33,6 @@ def test_data_from_the_body_when_the_statement_came_in_the_url() -> None:
     assert got is not None and bytes(got.data) == b"\x01\x02"
 
 
-@pytest.mark.parametrize(
-    "head, expected",
-    [
-        ("INSERT INTO t (a)", "INSERT INTO t (a) FROM INFILE '/x/it''s' FORMAT Native".replace("''", "\\'")),
-        ("INSERT INTO t SETTINGS insert_deduplication_token='k'", "INSERT INTO t  FROM INFILE '/x/it\\'s' SETTINGS insert_deduplication_token='k' FORMAT Native"),
-        ("INSERT INTO t (settings)", "INSERT INTO t (settings) FROM INFILE '/x/it\\'s' FORMAT Native"),
-    ],
-)
-def test_infile_statement(head: str, expected: str) -> None:
-    assert protocol.infile_statement(protocol.InsertWithData(head, "Native", b""), "/x/it's") == expected
-
-
 def test_engine_errors_and_error_bodies() -> None:
     code, name, text = protocol.parse_engine_error("Code: 60. DB::Exception: Table x does not exist. (UNKNOWN_TABLE)")
     assert (code, name) == (60, "UNKNOWN_TABLE")
