@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -406,10 +407,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DATA_PLANE = ("gateway", "process", "store", "proxy")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A bad flag or ``ROLLOUTBUS_*`` value: one line on stderr, exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in DATA_PLANE:
+        # numpy comes in with the ClickHouse client and chDB; its OpenBLAS thread pool did no algebra here,
+        # yet its spinning threads cost the store and the worker 2% of their CPU. Set before numpy loads.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     configure_logging(args.verbose)
     if getattr(args, "unavailable", None):
         print(f"rolloutbus: {args.unavailable}", file=sys.stderr)
