@@ -64,6 +64,8 @@ log = logging.getLogger("rolloutbus.streams")
 GROUPS_OUT = Counter("rolloutbus_streams_groups_emitted_total", "GroupBatch records emitted", ["complete"])
 SINK_LATENCY = Histogram("rolloutbus_streams_sink_flush_seconds", "ClickHouse flush latency")
 SINK_ROWS = Counter("rolloutbus_streams_sink_rows_total", "Rows written to ClickHouse", ["table"])
+SINK_REPLACED = Counter("rolloutbus_streams_sink_rows_replaced_total",
+                        "transitions rows replaced by their group's rows before they were written (written once, not twice)")
 REREADS = Counter("rolloutbus_streams_rereads_total", "Partitions sought back to their frontier", ["reason"])
 
 
@@ -165,6 +167,7 @@ class Worker:
         self.stage: SpanStage | None = None
         self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
+        self._replaced_seen = 0  # sink.rows_dropped already counted in rolloutbus_streams_sink_rows_replaced_total
         self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
@@ -216,6 +219,8 @@ class Worker:
             SINK_LATENCY.observe(time.monotonic() - started)
             for table, n in written.items():
                 SINK_ROWS.labels(table).inc(n)
+            SINK_REPLACED.inc(self.sink.rows_dropped - self._replaced_seen)
+            self._replaced_seen = self.sink.rows_dropped
 
     async def commit_point(self) -> None:
         """Flush the sink, persist changed table entries, wait until the broker has every record
@@ -373,7 +378,7 @@ class Worker:
                          self.cfg.groups.scale_by_std, self.cfg.groups.eps)
         self.sink.add("groups", group_row(batch, adv))
         for result in members:
-            self.sink.add_transitions(result, gid, now)
+            self.sink.add_transitions(result, gid, now, final=True)  # replaces its rows still buffered
             self.sink.add("rollouts", rollout_row(result, gid, now))
         # Queued ahead of the changelog entry below (one buffer, in order); delivered before the acks.
         self._sent.append(self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch)))

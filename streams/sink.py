@@ -5,6 +5,12 @@ came from, so a batch delivered again after a restart (same offsets) is dropped 
 tables are ReplacingMergeTree on each record's identity, so even a batch cut differently on
 re-delivery is one row per record to a reader using FINAL (all views do).
 
+A training rollout's ``transitions`` rows are written twice: when its attempt completes (so they are
+queryable at once) and again, with their advantages, when its group is emitted. When the group's
+rows arrive while the first rows still wait in the buffer, the first are dropped: the insert that
+would have carried them carries their replacement (same rows, newer ``updated_ns``), and the token
+ids go to ClickHouse once instead of twice.
+
 Row builders (``span_row`` ...) are pure functions: record in, dict of column → value out.
 """
 
@@ -172,6 +178,9 @@ def dead_letter_row(dl: DeadLetter, dlq_partition: int, dlq_offset: int) -> dict
 class _Buffer:
     rows: list[dict[str, Any]] = field(default_factory=list)
     encoded: list[bytes] = field(default_factory=list)  # RowBinary rows in ENCODED_COLUMNS[table] order
+    # (rollout_id, attempt_id) → indexes into ``encoded`` of its rows that a newer write may replace
+    replaceable: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    dropped: int = 0  # rows of ``encoded`` replaced before the flush (left as b"")
     # (topic, partition) → [min offset, max offset] of the records these rows came from
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
@@ -217,6 +226,7 @@ class ClickHouseSink:
         self._buffers: dict[str, _Buffer] = defaultdict(_Buffer)
         self._last_flush = time.monotonic()
         self.rows_written: dict[str, int] = defaultdict(int)
+        self.rows_dropped = 0  # transitions rows replaced in the buffer before they were written
         self.last_flush_s = 0.0
         _load_insert_checks()
 
@@ -240,14 +250,28 @@ class ClickHouseSink:
         buf.encoded.append(row)
         buf.note(source)
 
-    def add_transitions(self, result: RolloutResult, group: str, updated_ns: int, source: tuple[str, int, int] | None = None) -> None:
-        """Buffer the ``transitions`` rows of ``result`` (RowBinary: token ids never become Python rows)."""
+    def add_transitions(self, result: RolloutResult, group: str, updated_ns: int, source: tuple[str, int, int] | None = None,
+                        *, final: bool = False) -> None:
+        """Buffer the ``transitions`` rows of ``result`` (RowBinary: token ids never become Python rows).
+
+        ``final``: these rows supersede the attempt's rows still in the buffer (the group stage's, with
+        advantages); those are dropped. Otherwise they stay replaceable until the next flush."""
+        buf = self._buffers["transitions"]
+        key = (result.rollout_id, result.attempt_id)
+        if final:
+            for i in buf.replaceable.pop(key, ()):
+                buf.encoded[i] = b""
+                buf.dropped += 1
+                self.rows_dropped += 1
+        start = len(buf.encoded)
         for step in result.steps:
             self.add_encoded("transitions", rowbinary.transition(step, group, result.credit, updated_ns), source)
+        if not final and result.steps:
+            buf.replaceable.setdefault(key, []).extend(range(start, len(buf.encoded)))
 
     @property
     def pending(self) -> int:
-        return sum(len(b.rows) + len(b.encoded) for b in self._buffers.values())
+        return sum(len(b.rows) + len(b.encoded) - b.dropped for b in self._buffers.values())
 
     def due(self) -> bool:
         return self.pending >= self.batch_size or (
@@ -262,14 +286,14 @@ class ClickHouseSink:
             buf = self._buffers.get(table)
             if not buf or not (buf.rows or buf.encoded):
                 continue
-            n = len(buf.rows) + len(buf.encoded)
+            n = len(buf.rows) + len(buf.encoded) - buf.dropped
             # The token names the rows' source records and the batch size, whichever way they travel.
             token = dedup_token(table, buf.ranges, n)
             try:
-                if buf.encoded:
+                if len(buf.encoded) > buf.dropped:
                     settings = {"insert_deduplication_token": f"{token}-rb"} if token else {}
                     self.client.raw_insert(table, ENCODED_COLUMNS[table], b"".join(buf.encoded), settings=settings, fmt="RowBinary")
-                    buf.encoded = []
+                buf.encoded, buf.replaceable, buf.dropped = [], {}, 0
                 if buf.rows:
                     columns = list(buf.rows[0])
                     data = [[row[c] for c in columns] for row in buf.rows]

@@ -157,6 +157,7 @@ class SpanStage:
         self.decoder = native_decoder() if native else None
         self.parts: dict[int, PartitionState] = {}
         self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0, "assigned": 0}
+        self._said_no_task = False  # a training rollout without a task id was logged
         self.consumer = Consumer({
             **kafka_conf,
             "group.id": group,
@@ -372,7 +373,15 @@ class SpanStage:
         self._complete(st, att, result, offset)
 
     def _complete(self, st: PartitionState, att: Attempt, result: RolloutResult, offset: int) -> None:
-        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" else ""
+        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" and result.task_id else ""
+        if not result.task_id and result.mode == "train" and not self._said_no_task:
+            # GRPO compares rollouts of one task. Grouped under the empty task, every such rollout would
+            # land in one group: its first members trained against each other's unrelated tasks, and all
+            # later ones refused as arriving after the group was emitted.
+            self._said_no_task = True
+            log.warning("rollout %s has no task id (no STARTED event named one): stored, not grouped or trained; "
+                        "start rollouts with their task (LitAgent, `rolloutbus tasks`, or Agent Lightning's "
+                        "start_rollout/enqueue) to train on them (said once)", result.rollout_id)
         now = time.time_ns()
         source = (self.spans_topic, st.partition, offset)
         self.sink.add("rollouts", rollout_row(result, gid, now), source)

@@ -88,3 +88,27 @@ def test_compiled_decoder_rows_read_back_as_the_python_rows(ch: Any) -> None:
         selects.append(_select(ch, "spans", "span_id"))
         ch.command("TRUNCATE TABLE spans")
     assert selects[0] == selects[1] and len(selects[1]) == 4
+
+
+@pytest.mark.parametrize("flushed_between", [False, True])
+def test_a_groups_transitions_replace_the_attempts_rows_still_buffered(ch: Any, flushed_between: bool) -> None:
+    """A training rollout's transitions are buffered when its attempt completes and again, with their advantage,
+    when its group is emitted. Still in the buffer, the first rows are replaced: ClickHouse gets one row per
+    turn. Already flushed, both are written and FINAL shows the group's."""
+    views = [span_view(codec.decode_raw(codec.encode(s))[1]) for s in SPANS]
+    result = finish_attempt(views, finished(span_count=4), Settings())
+    other = finish_attempt([span_view(codec.decode_raw(codec.encode(SPANS[0].model_copy(update={"rollout_id": "r2"})))[1])],
+                           finished(span_count=1).model_copy(update={"rollout_id": "r2"}), Settings())
+    sink = ClickHouseSink(ch)
+    sink.add_transitions(result, "task1@3", 10, ("rb.spans", 0, 7))
+    sink.add_transitions(other, "task1@3", 10, ("rb.spans", 0, 8))
+    if flushed_between:
+        assert sink.flush() == {"transitions": 2}
+    result.steps[0].advantage = 1.5
+    sink.add_transitions(result, "task1@3", 20, final=True)
+    assert sink.flush() == {"transitions": 1 if flushed_between else 2}
+    rows = ch.query("SELECT rollout_id, advantage, updated_ns, length(prompt_token_ids) FROM transitions ORDER BY ALL").result_rows
+    kept = [("r1", 1.5, 20, 301), ("r2", 0.0, 10, 301)]
+    assert rows == (sorted([("r1", 0.0, 10, 301), *kept]) if flushed_between else kept)
+    assert ch.query("SELECT rollout_id, advantage FROM transitions FINAL ORDER BY ALL").result_rows == [("r1", 1.5), ("r2", 0.0)]
+    assert sink.rows_dropped == (0 if flushed_between else 1)
