@@ -279,9 +279,13 @@ class Worker:
         # Everything built so far (faust, the clients, the schemas) lives as long as the process:
         # keep the collector from walking it again on every full collection, and collect young
         # objects less often (the span stage allocates a few per span). Measured: ~3% of the CPU.
+        # The middle generation holds the attempts in flight (their span views): walking it every 20
+        # young collections cost as much as all the young ones (100k spans: 3 × 55-66 ms beside 81 ×
+        # 2 ms, measured with gc.callbacks). Completed attempts are freed by reference counting, not by
+        # the collector: walk it every 200 young collections.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(10_000, 20, 20)
+        gc.set_threshold(10_000, 200, 20)
         last_tick = last_commit = time.monotonic()
         try:
             while not self._stopping:
