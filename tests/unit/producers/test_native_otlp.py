@@ -6,6 +6,8 @@ take the common shapes (else it would be equal by never running)."""
 
 from __future__ import annotations
 
+import struct
+
 import sys
 from pathlib import Path
 from typing import Any
@@ -245,3 +247,31 @@ def test_a_malformed_body_is_upbs_400() -> None:
 def test_json_bodies_take_the_reference() -> None:
     body = b'{"resourceSpans": []}'
     assert gateway.map_body(body, "application/json", compiled=COMPILED) == ([], [])
+
+
+def _ld(field: int, data: bytes) -> bytes:
+    """A length-delimited protobuf field, written by hand (protobuf's own writer would merge a repeated oneof)."""
+    n, size = bytearray(), len(data)
+    while True:
+        n.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return bytes([field << 3 | 2]) + bytes(n) + data
+
+
+@pytest.mark.parametrize("item, why", [
+    (b"\x18\x05", "an int alone: compiled"),
+    (b"\x21" + struct.pack("<d", 0.5), "a double alone (not a token id: declined)"),
+    (b"\x18\x05\x18\x06", "two ints in one AnyValue: upb keeps the last, the compiled path declines"),
+    (b"\x18\x05\x38\x01", "an int and an unknown field"),
+    (b"\x18\x85", "an int cut short"),
+])
+def test_token_id_items_are_read_as_upb_reads_them(item: bytes, why: str) -> None:
+    """Token ids are read item by item on a short path (an AnyValue holding one int); every other item
+    shape gives the reference's answer."""
+    kv = _ld(1, b"prompt_token_ids") + _ld(2, _ld(5, _ld(1, b"\x18\x07") + _ld(1, item)))
+    ids = b"".join(_ld(9, _ld(1, k) + _ld(2, _ld(1, v))) for k, v in ((b"rolloutbus.rollout_id", b"ro"), (b"rolloutbus.attempt_id", b"at")))
+    span = _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8) + _ld(5, b"chat") + ids + _ld(9, kv)
+    body = _ld(1, _ld(2, _ld(2, span)))
+    assert outcome(body, COMPILED) == outcome(body, None), why
