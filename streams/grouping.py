@@ -23,6 +23,13 @@ def group_id(task_id: str, resource_version: int | None) -> str:
     return f"{task_id}@{resource_version}"
 
 
+def group_of(mode: str, task_id: str, resource_version: int | None) -> str:
+    """The group a completed rollout joins, or ``""`` when it joins none: a ``test`` rollout, and a rollout
+    that names no task (GRPO compares rollouts of one task; under the empty task every such rollout
+    would share one group)."""
+    return group_id(task_id, resource_version) if mode == "train" and task_id else ""
+
+
 @dataclass(frozen=True)
 class GroupPolicy:
     """When a group is emitted and how its advantages are scaled."""
@@ -129,4 +136,4 @@ def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_n
     )
 
 
-__all__ = ["group_id", "GroupPolicy", "Advantages", "advantages", "ready", "merge", "build_batch"]
+__all__ = ["group_id", "group_of", "GroupPolicy", "Advantages", "advantages", "ready", "merge", "build_batch"]

@@ -30,7 +30,7 @@ from schemas import codec
 from schemas.checks import check_span
 from schemas.models import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, UNNUMBERED, DeadLetter, RolloutEventType
 from streams.attempts import Attempt, Key, PartitionState, span_view
-from streams.grouping import group_id
+from streams.grouping import group_of
 from streams.rollout import RolloutResult, Settings, finish_attempt
 from streams import rowbinary
 from streams.sink import ClickHouseSink, rollout_row
@@ -373,11 +373,8 @@ class SpanStage:
         self._complete(st, att, result, offset)
 
     def _complete(self, st: PartitionState, att: Attempt, result: RolloutResult, offset: int) -> None:
-        gid = group_id(result.task_id, result.resource_version) if result.mode == "train" and result.task_id else ""
-        if not result.task_id and result.mode == "train" and not self._said_no_task:
-            # GRPO compares rollouts of one task. Grouped under the empty task, every such rollout would
-            # land in one group: its first members trained against each other's unrelated tasks, and all
-            # later ones refused as arriving after the group was emitted.
+        gid = group_of(result.mode, result.task_id, result.resource_version)
+        if not gid and result.mode == "train" and not self._said_no_task:
             self._said_no_task = True
             log.warning("rollout %s has no task id (no STARTED event named one): stored, not grouped or trained; "
                         "start rollouts with their task (LitAgent, `rolloutbus tasks`, or Agent Lightning's "

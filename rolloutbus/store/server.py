@@ -50,6 +50,13 @@ class EngineError(Exception):
         self.code, self.name = code, name
 
 
+def _summary(elapsed: float, result_bytes: int, read: tuple[int, int] = (0, 0), written: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """``X-ClickHouse-Summary`` of one statement: (rows, bytes) read or written."""
+    return {"read_rows": str(read[0]), "read_bytes": str(read[1]), "written_rows": str(written[0]),
+            "written_bytes": str(written[1]), "total_rows_to_read": "0", "result_rows": "0",
+            "result_bytes": str(result_bytes), "elapsed_ns": str(int(elapsed * 1e9))}
+
+
 class Engine:
     """The one chDB engine of this process, opened on ``path``. ``run`` gives each call its own session."""
 
@@ -86,10 +93,7 @@ class Engine:
             body = result.bytes() or b""
             summary: dict[str, Any] = {}
             try:
-                rows, nbytes, elapsed = result.rows_read(), result.bytes_read(), result.elapsed()
-                summary = {"read_rows": str(rows), "read_bytes": str(nbytes), "written_rows": "0", "written_bytes": "0",
-                           "total_rows_to_read": "0", "result_rows": "0", "result_bytes": str(len(body)),
-                           "elapsed_ns": str(int(elapsed * 1e9))}
+                summary = _summary(result.elapsed(), len(body), read=(result.rows_read(), result.bytes_read()))
             except Exception:  # noqa: BLE001 - statistics are best effort
                 pass
             return body, summary
@@ -104,7 +108,7 @@ class Engine:
             stream = conn.send_insert(insert.head, insert.fmt)
             try:
                 if len(insert.data):
-                    stream.append(bytes(insert.data) if isinstance(insert.data, memoryview) else insert.data)
+                    stream.append(insert.data)  # a memoryview is copied by chDB, as bytes are
                 done = stream.finish()
             except BaseException:
                 with contextlib.suppress(Exception):  # the engine's own error is the one to report
@@ -113,9 +117,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - the engine raises RuntimeError with ClickHouse's text
             code, name, message = protocol.parse_engine_error(str(exc))
             raise EngineError(code, name, message) from exc
-        return {"read_rows": "0", "read_bytes": "0", "written_rows": str(done.rows_written),
-                "written_bytes": str(done.bytes_written), "total_rows_to_read": "0", "result_rows": "0",
-                "result_bytes": "0", "elapsed_ns": str(int(done.elapsed * 1e9))}
+        return _summary(done.elapsed, 0, written=(done.rows_written, done.bytes_written))
 
     @staticmethod
     def _q(conn: Any, sql: str, fmt: str = "TabSeparated", params: dict[str, str] | None = None) -> Any:

@@ -62,3 +62,12 @@ def test_merge_keeps_the_latest_attempt_only():
 def test_policy_validation():
     with pytest.raises(ValueError, match="min_rollouts"):
         GroupPolicy(group_size=2, min_rollouts=3)
+
+
+@pytest.mark.parametrize("mode, task, version, group", [
+    ("train", "t1", 3, "t1@3"), ("train", "t1", None, "t1@None"), ("test", "t1", 3, ""), ("train", "", 3, ""),
+])
+def test_which_rollouts_join_a_group(mode: str, task: str, version: int | None, group: str) -> None:
+    from streams.grouping import group_of
+
+    assert group_of(mode, task, version) == group
