@@ -3,7 +3,9 @@
 Each insert carries an ``insert_deduplication_token`` derived from the Kafka offset ranges its rows
 came from, so a batch delivered again after a restart (same offsets) is dropped by ClickHouse; the
 tables are ReplacingMergeTree on each record's identity, so even a batch cut differently on
-re-delivery is one row per record to a reader using FINAL (all views do).
+re-delivery is one row per record to a reader using FINAL (all views do). Rows that came from no
+offset (the group stage's) are named in the token by their content: a replayed batch over the same
+offsets that carries other such rows is a different batch, and is written.
 
 A training rollout's ``transitions`` rows are written twice: when its attempt completes (so they are
 queryable at once) and again, with their advantages, when its group is emitted. When the group's
@@ -183,9 +185,15 @@ class _Buffer:
     dropped: int = 0  # rows of ``encoded`` replaced before the flush (left as b"")
     # (topic, partition) → [min offset, max offset] of the records these rows came from
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    # the content of the rows that came from no record, in order (None: there are none)
+    unsourced: Any = None
 
-    def note(self, source: tuple[str, int, int] | None) -> None:
+    def note(self, source: tuple[str, int, int] | None, content: bytes) -> None:
         if source is None:
+            if self.unsourced is None:
+                self.unsourced = hashlib.sha1()
+            self.unsourced.update(len(content).to_bytes(8, "little"))
+            self.unsourced.update(content)
             return
         topic, partition, offset = source
         r = self.ranges.get((topic, partition))
@@ -197,12 +205,13 @@ class _Buffer:
             r[0] = offset
 
 
-def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]], rows: int) -> str | None:
-    """A token naming exactly which Kafka records a batch holds; ``None`` when it came from none."""
+def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]], rows: int, unsourced: str = "") -> str | None:
+    """A token naming exactly which Kafka records a batch holds, and the digest of the rows in it that
+    came from none (``unsourced``); ``None`` when it came from no record."""
     if not ranges:
         return None
     parts = [f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items())]
-    return hashlib.sha1(f"{table}|{rows}|{'|'.join(parts)}".encode()).hexdigest()
+    return hashlib.sha1(f"{table}|{rows}|{'|'.join(parts)}|{unsourced}".encode()).hexdigest()
 
 
 def _load_insert_checks() -> None:
@@ -236,7 +245,7 @@ class ClickHouseSink:
             raise ValueError(f"unknown table {table!r}; the sink writes {TABLES}")
         buf = self._buffers[table]
         buf.rows.append(row)
-        buf.note(source)
+        buf.note(source, b"" if source is not None else repr(sorted(row.items())).encode())
 
     def add_many(self, table: str, rows: Iterable[dict[str, Any]], source: tuple[str, int, int] | None = None) -> None:
         for row in rows:
@@ -248,7 +257,7 @@ class ClickHouseSink:
             raise ValueError(f"table {table!r} takes no encoded rows; these do: {sorted(ENCODED_COLUMNS)}")
         buf = self._buffers[table]
         buf.encoded.append(row)
-        buf.note(source)
+        buf.note(source, row)
 
     def add_transitions(self, result: RolloutResult, group: str, updated_ns: int, source: tuple[str, int, int] | None = None,
                         *, final: bool = False) -> None:
@@ -288,7 +297,7 @@ class ClickHouseSink:
                 continue
             n = len(buf.rows) + len(buf.encoded) - buf.dropped
             # The token names the rows' source records and the batch size, whichever way they travel.
-            token = dedup_token(table, buf.ranges, n)
+            token = dedup_token(table, buf.ranges, n, buf.unsourced.hexdigest() if buf.unsourced is not None else "")
             try:
                 if len(buf.encoded) > buf.dropped:
                     settings = {"insert_deduplication_token": f"{token}-rb"} if token else {}

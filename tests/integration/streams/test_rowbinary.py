@@ -112,3 +112,29 @@ def test_a_groups_transitions_replace_the_attempts_rows_still_buffered(ch: Any, 
     assert rows == (sorted([("r1", 0.0, 10, 301), *kept]) if flushed_between else kept)
     assert ch.query("SELECT rollout_id, advantage FROM transitions FINAL ORDER BY ALL").result_rows == [("r1", 1.5), ("r2", 0.0)]
     assert sink.rows_dropped == (0 if flushed_between else 1)
+
+
+def test_a_replayed_batch_that_now_carries_its_groups_rows_is_written(ch: Any) -> None:
+    """A worker writes an attempt's transitions and stops before it commits their offsets. Its successor
+    reads the same records again; this time the group is emitted while those rows wait in the buffer and
+    replaces them. Same offsets, same row count, other rows: the insert is a new batch, not a duplicate,
+    and FINAL shows the group's advantages (a token naming only offsets and count dropped it)."""
+    views = [span_view(codec.decode_raw(codec.encode(s))[1]) for s in SPANS]
+    result = finish_attempt(views, finished(span_count=4), Settings())
+    first = ClickHouseSink(ch)
+    first.add_transitions(result, "task1@3", 10, ("rb.spans", 0, 7))
+    assert first.flush() == {"transitions": 1}
+
+    successor = ClickHouseSink(ch)
+    successor.add_transitions(result, "task1@3", 10, ("rb.spans", 0, 7))
+    result.steps[0].advantage = 1.5
+    successor.add_transitions(result, "task1@3", 20, final=True)
+    assert successor.flush() == {"transitions": 1}
+    assert ch.query("SELECT advantage, updated_ns FROM transitions FINAL").result_rows == [(1.5, 20)]
+
+    # The same batch again (same records, same rows) is still a duplicate: ClickHouse keeps one copy.
+    again = ClickHouseSink(ch)
+    again.add_transitions(result, "task1@3", 10, ("rb.spans", 0, 7))
+    again.add_transitions(result, "task1@3", 20, final=True)
+    again.flush()
+    assert ch.query("SELECT count() FROM transitions").result_rows == [(2,)]
