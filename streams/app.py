@@ -33,6 +33,7 @@ import gc
 import json
 import os
 import logging
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -596,6 +597,35 @@ class Worker:
             LAG.labels(tp.topic, str(tp.partition)).set(max(hw - event.message.offset - 1, 0))
 
 
+class HardStop:
+    """Ends the process ``timeout_s`` after a stop signal, whatever the event loop is doing: a stop must
+    end, and with the broker gone faust's own shutdown (or the span stage's wait for the broker) can
+    take far longer. ``on_signal`` (a signal handler) and ``arm`` only note the time; a thread started
+    here does the rest, so nothing in the handler takes a lock the interrupted code may hold."""
+
+    def __init__(self, timeout_s: float, exit_: Any = os._exit) -> None:
+        self.timeout_s = timeout_s
+        self.armed_at: float | None = None
+        self._exit = exit_
+        threading.Thread(target=self._watch, name="rolloutbus-hard-stop", daemon=True).start()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.arm()
+
+    def arm(self) -> None:
+        if self.armed_at is None:
+            self.armed_at = time.monotonic()
+
+    def _watch(self) -> None:
+        while self.armed_at is None:
+            time.sleep(0.2)
+        time.sleep(max(0.0, self.armed_at + self.timeout_s - time.monotonic()))
+        log.error("still stopping %.0fs after the signal (Kafka clients wedged?): exiting now; nothing "
+                  "past the last commit is lost, the next worker replays it", self.timeout_s)
+        logging.shutdown()
+        self._exit(1)
+
+
 def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
     """A faust.Worker whose SIGTERM/SIGINT first flushes the sink and commits, then stops."""
 
@@ -605,6 +635,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
             # faust's terminal spinner sets the root logger to DEBUG so that it can spin on every record:
             # every debug line of aiokafka and faust (several per record produced) would be built.
             self.spinner = None
+            self._rb_hard_stop = HardStop(worker.cfg.shutdown_timeout_s)
 
         def _schedule_shutdown(self, signal: Any) -> None:
             if getattr(self, "_rb_flushing", False):
@@ -625,20 +656,20 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
                 await worker.commit_point()
                 await worker.app.commit(None)
 
-            def hard_exit() -> None:
-                log.error("still stopping %.0fs after the signal (Kafka clients wedged?): exiting now; nothing "
-                          "past the last commit is lost, the next worker replays it", worker.cfg.shutdown_timeout_s)
-                logging.shutdown()
-                os._exit(1)
-
-            # A stop must end: with the broker gone, faust's own shutdown can wait forever.
-            timer = threading.Timer(worker.cfg.shutdown_timeout_s, hard_exit)
-            timer.daemon = True
-            timer.start()
+            self._rb_hard_stop.arm()  # armed at the signal already, unless it came some other way
             self._rb_flushing = True
             asyncio.ensure_future(flush_then_stop())
+
+        def install_signal_handlers(self) -> None:
+            super().install_signal_handlers()
+            # faust's stop runs on the event loop, and the span stage can hold the loop for up to 30 s in a
+            # librdkafka wait (the broker gone, records undelivered). The hard stop is armed in the signal's
+            # own Python handler instead, which librdkafka's flush and poll let run between the slices of
+            # their wait; the signal still reaches asyncio (through its wakeup fd) and faust's stop.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._rb_hard_stop.on_signal)
 
     return _Worker(worker.app, loglevel=loglevel, quiet=True)
 
 
-__all__ = ["Config", "Worker", "done_topic_name", "faust_worker"]
+__all__ = ["Config", "HardStop", "Worker", "done_topic_name", "faust_worker"]

@@ -4,6 +4,7 @@ tables rebuilt by replaying the topics into an empty store equal the original as
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,45 @@ def test_sigterm_with_the_broker_gone_still_ends(kafka_conf: dict[str, Any], top
         local_broker.start()
     print("FIGURES " + json.dumps({"test": "sigterm_broker_gone", "exit_code": rc, "seconds": round(took, 1)}))
     assert took <= 12, wk.output()[-3000:]
+
+
+def test_sigterm_while_the_stage_waits_on_a_gone_broker_ends_in_time(kafka_conf: dict[str, Any], topics: Any,
+                                                                     test_env: dict[str, str], local_broker: Any) -> None:
+    """Before it commits, the span stage waits (up to 30 s) until the broker has what it produced. A SIGTERM
+    that arrives in that wait, with the broker gone, still ends the worker within its shutdown timeout: the
+    stop is armed when the signal arrives, not when the stage next yields to the event loop (it was armed
+    ~30 s late, and the worker outlived the test's wait)."""
+    import signal
+
+    from faultkit import group_ids
+
+    from tests.integration.streams.helpers import encoded, produce, rollout
+
+    wk = worker(test_env, "--shutdown-timeout", "6", "--finish-grace", "4", rollout_timeout=120)
+    items = [it for rid, r in (("ok-a", 1.0), ("ok-b", 0.0)) for it in encoded(*rollout(rid, "k-ok", reward=r))]
+    produce(kafka_conf, topics.spans, items)  # a group: the worker is up and reading
+    deadline = time.monotonic() + 90
+    while not group_ids(kafka_conf, topics.batches) and time.monotonic() < deadline:
+        assert wk.poll() is None, wk.output()[-3000:]
+        time.sleep(0.5)
+    # An attempt whose last span never comes: it completes when its grace period ends, then the stage
+    # produces its summary and waits for the broker to take it.
+    spans, ev = rollout("gap", "k-gap", reward=1.0)
+    produce(kafka_conf, topics.spans, encoded(spans[:-1], ev))
+    sent = time.monotonic()
+    time.sleep(1.5)  # read by the worker
+    local_broker.stop()
+    try:
+        time.sleep(max(0.0, sent + 4 + 2 - time.monotonic()))  # the grace period over, the stage waiting
+        assert wk.poll() is None, wk.output()[-3000:]
+        started = time.monotonic()
+        wk.send_signal(signal.SIGTERM)
+        try:
+            rc = wk.wait(45)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - started
+    finally:
+        local_broker.start()
+    print("FIGURES " + json.dumps({"test": "sigterm_stage_waiting_broker_gone", "exit_code": rc, "seconds": round(took, 1)}))
+    assert rc is not None and took <= 6 + 3, f"exited {rc} after {took:.1f}s\n" + wk.output()[-3000:]
