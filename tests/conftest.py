@@ -13,6 +13,7 @@ Integration tests run against the real Kafka broker and the real ClickHouse engi
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -25,8 +26,19 @@ import pytest
 
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a connection's own (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1 now (the broker's and its controller's)."""
+    """A port p with p, p + 1, p + 500 and p + 501 free on 127.0.0.1 now (the session broker's and its
+    controller's, and the same for the broker `rolloutbus up` starts in its test). Below the ephemeral
+    range: a port from it, free when the session starts, can be any connection's own port by the time a
+    broker binds it minutes later (seen: `rolloutbus up` failing with its controller port in use)."""
     def free(port: int) -> bool:
         with socket.socket() as s:
             try:
@@ -35,11 +47,14 @@ def _free_port_pair() -> int:
                 return False
             return True
 
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 64000 and free(port + 1) and free(port + 500) and free(port + 501):
+    top = min(_ephemeral_low(), 65536) - 502
+    for _ in range(200):
+        port = random.randrange(10000, top) if top > 10000 else None
+        if port is None:  # no room below the ephemeral range: any free port, as before
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        if port < 64000 and all(free(port + d) for d in (0, 1, 500, 501)):
             return port
     raise RuntimeError("no free port pair for the test broker")
 
