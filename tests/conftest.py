@@ -47,10 +47,11 @@ def _free_port_pair() -> int:
                 return False
             return True
 
-    top = min(_ephemeral_low(), 65536) - 502
+    top = _ephemeral_low() - 502
     for _ in range(200):
-        port = random.randrange(10000, top) if top > 10000 else None
-        if port is None:  # no room below the ephemeral range: any free port, as before
+        if top > 10000:
+            port = random.randrange(10000, top)
+        else:  # no room below the ephemeral range: any free port, as before
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
