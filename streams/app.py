@@ -36,8 +36,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from prometheus_client import Counter, Histogram
@@ -60,6 +61,7 @@ from streams.sink import (
 )
 from streams.spans_stage import DLQ_OUT, LAG, SEP, SpanStage, dead_letter_reason, span_group, state_topic_name
 
+T = TypeVar("T")
 log = logging.getLogger("rolloutbus.streams")
 
 GROUPS_OUT = Counter("rolloutbus_streams_groups_emitted_total", "GroupBatch records emitted", ["complete"])
@@ -169,6 +171,7 @@ class Worker:
         self._stopping = False
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
         self._replaced_seen = 0  # sink.rows_dropped already counted in rolloutbus_streams_sink_rows_replaced_total
+        self._written_seen: dict[str, int] = {}  # sink.rows_written already counted in rolloutbus_streams_sink_rows_total
         self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
@@ -196,10 +199,10 @@ class Worker:
             table.data[k] = value
         self._dirty[slot] = (table, partition, fresh)
 
-    def _send_changelogs(self) -> None:
+    def _take_changelogs(self) -> list[tuple[tuple[int, bytes], tuple[Any, int, bool], bytes | None]]:
+        """The changed entries and their values now (sent once the rows written so far are in ClickHouse)."""
         dirty, self._dirty = self._dirty, {}
-        for (_, k), (table, partition, _fresh) in dirty.items():
-            self._sent.append(table.send_changelog(partition, k, table.data.get(k)))
+        return [(slot, how, how[0].data.get(slot[1])) for slot, how in dirty.items()]
 
     @staticmethod
     def _get(table: Any, key: str) -> bytes | None:
@@ -208,29 +211,56 @@ class Worker:
     # ------------------------------------------------------------------ commit point
 
     def flush_sink(self) -> None:
-        """Write every buffered row (both stages share the sink). Raises ClickHouseError, keeping them."""
+        """Write every row not yet written (both stages share the sink). Raises ClickHouseError, keeping them."""
         if self.sink.pending:
-            started = time.monotonic()
-            try:
-                written = self.sink.flush()
-            except ClickHouseError:
-                self.health.clickhouse(False)
-                raise
+            self._sink_call(self.sink.flush)
+
+    def submit_sink(self) -> int:
+        """Hand the buffered rows to the sink's writer (after the batch before them is written); → the
+        batch's number. Raises the batch before's ClickHouseError, keeping the rows."""
+        return self._sink_call(self.sink.submit)
+
+    def _sink_call(self, call: Callable[[], T]) -> T:
+        try:
+            out = call()
+        except ClickHouseError:
+            self.health.clickhouse(False)
+            self._sink_metrics()
+            raise
+        self._sink_metrics()
+        return out
+
+    def _sink_metrics(self) -> None:
+        """Rows written since the last look (on the writer thread too), as metrics; ClickHouse answered."""
+        written = dict(self.sink.rows_written)
+        if written != self._written_seen:
             self.health.clickhouse(True)
-            SINK_LATENCY.observe(time.monotonic() - started)
+            SINK_LATENCY.observe(self.sink.last_flush_s)
             for table, n in written.items():
-                SINK_ROWS.labels(table).inc(n)
-            SINK_REPLACED.inc(self.sink.rows_dropped - self._replaced_seen)
-            self._replaced_seen = self.sink.rows_dropped
+                if n > self._written_seen.get(table, 0):
+                    SINK_ROWS.labels(table).inc(n - self._written_seen.get(table, 0))
+            self._written_seen = written
+        SINK_REPLACED.inc(self.sink.rows_dropped - self._replaced_seen)
+        self._replaced_seen = self.sink.rows_dropped
 
     async def commit_point(self) -> None:
-        """Flush the sink, persist changed table entries, wait until the broker has every record
-        produced since the last commit point, then ack what they carried."""
+        """Write the rows buffered so far, then persist the table entries changed so far, wait until the
+        broker has every record produced since the last commit point, then ack what they carried. The
+        rows are written on the sink's writer thread while the event loop (the span stage) runs on; the
+        entries and acks are the ones taken before it."""
         async with self._lock:
             pending, self._pending = self._pending, []
+            changes = self._take_changelogs()
             try:
-                self.flush_sink()
-                self._send_changelogs()
+                await self._write_sink()
+            except BaseException:
+                self._pending[:0] = pending  # acked at the next commit point that succeeds
+                for slot, how, _ in changes:  # sent at the next one, with the value then
+                    self._dirty.setdefault(slot, how)
+                raise
+            try:
+                for (_, k), (table, partition, _fresh), value in changes:
+                    self._sent.append(table.send_changelog(partition, k, value))
                 await self.app.producer.flush()
                 # faust's flush stops waiting for its send buffer after 0.1 s without a send
                 # (ProducerBuffer.flush_atmost): on a busy worker, changelog entries and batches can
@@ -238,10 +268,27 @@ class Worker:
                 sent, self._sent = self._sent, []
                 await asyncio.gather(*sent)
             except BaseException:
-                self._pending[:0] = pending  # acked at the next commit point that succeeds
+                self._pending[:0] = pending
                 raise
             for stream, event in pending:
                 await stream.ack(event)
+
+    async def _write_sink(self) -> None:
+        """Hand the buffered rows to the sink's writer and wait, without holding the event loop, until
+        they are written. Raises ClickHouseError (the rows kept)."""
+        if not self.sink.pending:
+            return
+        seq: int | None = None
+        while True:
+            fut = self.sink.inflight
+            if fut is not None and not fut.done():  # the batch before ours, or ours, is being written
+                await asyncio.wait([asyncio.wrap_future(fut)])
+                continue
+            if seq is not None and self.sink.written >= seq:
+                return
+            # Collects the batch before (raising its failure) and hands off what is not written. Ours
+            # again only when the span stage collected its failure first.
+            seq = self.submit_sink()
 
     async def _maybe_commit(self) -> None:
         if self.sink.due() or len(self._pending) >= self.sink.batch_size:
@@ -269,6 +316,7 @@ class Worker:
         return SpanStage(
             self.cfg.kafka_conf, group=span_group(self.cfg.app_id), spans_topic=f"{p}spans", done_topic=done_topic_name(p),
             dlq_topic=f"{p}dlq", state_topic=state_topic_name(self.cfg.app_id), sink=self.sink, flush_sink=self.flush_sink,
+            submit_sink=self.submit_sink,
             core=self.cfg.core, finish_grace_s=self.cfg.finish_grace_s, rollout_timeout_s=self.cfg.rollout_timeout_s,
             completed_retention_s=self.cfg.completed_retention_s, session_timeout_s=self.cfg.session_timeout_s,
         )
@@ -316,7 +364,7 @@ class Worker:
     def _watch(self, stage: SpanStage, now: float) -> None:
         """Readiness: the stage's assignment and backlog; with no rows to write, whether ClickHouse answers."""
         self.health.watch(stage.consumer, stage.spans_topic, now)
-        if self.health.ping_due(now):
+        if not self.sink.busy and self.health.ping_due(now):  # a batch being written is a contact
             self.health.clickhouse(bool(self.sink.client.ping(timeout=2)), "not answering a ping")
 
     def stop_stage(self) -> None:
@@ -324,7 +372,7 @@ class Worker:
         self._stopping = True
         if self.stage is not None:
             try:
-                self.stage.commit_point()
+                self.stage.commit_point(final=True)
             finally:
                 self.stage.close()
 

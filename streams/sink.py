@@ -13,6 +13,10 @@ rows arrive while the first rows still wait in the buffer, the first are dropped
 would have carried them carries their replacement (same rows, newer ``updated_ns``), and the token
 ids go to ClickHouse once instead of twice.
 
+Writes happen on one writer thread when rows are handed off with ``submit()`` (the stream worker's
+commit points: the event loop reads on while ClickHouse inserts), in order, one batch in flight; the
+caller learns from ``written`` which batches are in ClickHouse before it commits their offsets.
+
 Row builders (``span_row`` ...) are pure functions: record in, dict of column → value out.
 """
 
@@ -23,6 +27,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,8 +230,22 @@ def _load_insert_checks() -> None:
     _ = options.pd, options.np
 
 
+@dataclass
+class _Batch:
+    """Rows taken from the buffers together, written in order after every batch before them."""
+    seq: int
+    buffers: dict[str, _Buffer]
+    count: int  # rows not written yet
+
+
 class ClickHouseSink:
-    """Buffers rows per table; flushes when ``batch_size`` rows are buffered or ``interval_s`` passed."""
+    """Buffers rows per table; flushes when ``batch_size`` rows are buffered or ``interval_s`` passed.
+
+    ``flush()`` writes everything buffered before it returns. ``submit()`` hands the buffered rows to a
+    writer thread as one numbered batch and returns at once; ``written`` is the number of the last batch
+    whose every row is in ClickHouse (batches are written in order, one hand-off at a time). A batch
+    whose insert failed stays whole, with the token it had, and is written first at the next
+    ``submit()`` or ``flush()``."""
 
     def __init__(self, client: Any, batch_size: int = 20000, interval_s: float = 1.0) -> None:
         self.client = client
@@ -237,6 +256,12 @@ class ClickHouseSink:
         self.rows_written: dict[str, int] = defaultdict(int)
         self.rows_dropped = 0  # transitions rows replaced in the buffer before they were written
         self.last_flush_s = 0.0
+        self.submitted = 0  # the number of the last batch taken from the buffers
+        self.written = 0  # every batch up to this number is written
+        self._unwritten: list[_Batch] = []  # taken, not yet written, in order
+        self._unwritten_rows = 0
+        self._inflight: Future[dict[str, int]] | None = None
+        self._writer: ThreadPoolExecutor | None = None
         _load_insert_checks()
 
     def add(self, table: str, row: dict[str, Any], source: tuple[str, int, int] | None = None) -> None:
@@ -279,43 +304,114 @@ class ClickHouseSink:
             buf.replaceable.setdefault(key, []).extend(range(start, len(buf.encoded)))
 
     @property
-    def pending(self) -> int:
+    def buffered(self) -> int:
+        """Rows added since the last hand-off."""
         return sum(len(b.rows) + len(b.encoded) - b.dropped for b in self._buffers.values())
 
+    @property
+    def pending(self) -> int:
+        """Rows not known to be written: buffered, and in batches handed off."""
+        return self.buffered + self._unwritten_rows
+
+    @property
+    def inflight(self) -> Future[dict[str, int]] | None:
+        """The batch handed off last, until a ``wait()`` collects it."""
+        return self._inflight
+
+    @property
+    def busy(self) -> bool:
+        """A batch is being written."""
+        return self._inflight is not None and not self._inflight.done()
+
     def due(self) -> bool:
-        return self.pending >= self.batch_size or (
+        return self.buffered >= self.batch_size or (
             self.pending > 0 and time.monotonic() - self._last_flush >= self.interval_s
         )
 
     def flush(self) -> dict[str, int]:
-        """Write every buffered row, one insert per table. Raises ClickHouseError, keeping the rows."""
-        started = time.monotonic()
-        written: dict[str, int] = {}
-        for table in TABLES:
-            buf = self._buffers.get(table)
-            if not buf or not (buf.rows or buf.encoded):
-                continue
-            n = len(buf.rows) + len(buf.encoded) - buf.dropped
-            # The token names the rows' source records and the batch size, whichever way they travel.
-            token = dedup_token(table, buf.ranges, n, buf.unsourced.hexdigest() if buf.unsourced is not None else "")
-            try:
-                if len(buf.encoded) > buf.dropped:
-                    settings = {"insert_deduplication_token": f"{token}-rb"} if token else {}
-                    self.client.raw_insert(table, ENCODED_COLUMNS[table], b"".join(buf.encoded), settings=settings, fmt="RowBinary")
-                buf.encoded, buf.replaceable, buf.dropped = [], {}, 0
-                if buf.rows:
-                    columns = list(buf.rows[0])
-                    data = [[row[c] for c in columns] for row in buf.rows]
-                    settings = {"insert_deduplication_token": token} if token else {}
-                    self.client.insert(table, data, column_names=columns, settings=settings)
-            except Exception as exc:  # noqa: BLE001 - mapped once, here
-                raise ClickHouseError(f"insert of {n} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
-            written[table] = n
-            self.rows_written[table] += n
-            del self._buffers[table]
+        """Write every row not yet written (a batch handed off first); → rows this call wrote per table.
+        Raises ClickHouseError, keeping the rows."""
+        self.wait()
+        self._take()
+        try:
+            return self._write()
+        finally:
+            self._count_unwritten()
+
+    def submit(self) -> int:
+        """Hand every buffered row to the writer thread as one batch, written after those before it;
+        → its number (the last batch's when nothing is buffered). Waits for the batch handed off before
+        (raising its ClickHouseError, the rows kept: they go with the next hand-off)."""
+        self.wait()
+        self._take()
+        if self._unwritten:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="rolloutbus-sink")
+            self._inflight = self._writer.submit(self._write)
+        return self.submitted
+
+    def wait(self) -> None:
+        """Wait until the batch handed off last is written. Raises its ClickHouseError."""
+        fut, self._inflight = self._inflight, None
+        if fut is None:
+            return
+        try:
+            fut.result()
+        finally:
+            self._count_unwritten()
+
+    def _take(self) -> None:
+        """The buffered rows become the next batch (rows all replaced before a write leave nothing to write)."""
+        rows = self.buffered
+        if rows:
+            self.submitted += 1
+            self._unwritten.append(_Batch(self.submitted, dict(self._buffers), rows))
+            self._unwritten_rows += rows
+        self._buffers = defaultdict(_Buffer)
         self._last_flush = time.monotonic()
-        self.last_flush_s = self._last_flush - started
-        return written
+
+    def _count_unwritten(self) -> None:
+        self._unwritten_rows = sum(b.count for b in self._unwritten)
+
+    def _write(self) -> dict[str, int]:
+        """Write the batches taken, in order, one insert per table; a failure leaves the batch with the
+        tables it has not written (on the writer thread when handed off: nothing else touches them then)."""
+        started = time.monotonic()
+        written: dict[str, int] = defaultdict(int)
+        while self._unwritten:
+            batch = self._unwritten[0]
+            for table in TABLES:
+                buf = batch.buffers.get(table)
+                if buf is None:
+                    continue
+                if buf.rows or buf.encoded:
+                    n = self._insert(table, buf)
+                    batch.count -= n
+                    written[table] += n
+                    self.rows_written[table] += n
+                del batch.buffers[table]
+            self._unwritten.pop(0)
+            self.written = batch.seq
+        self.last_flush_s = time.monotonic() - started
+        return dict(written)
+
+    def _insert(self, table: str, buf: _Buffer) -> int:
+        n = len(buf.rows) + len(buf.encoded) - buf.dropped
+        # The token names the rows' source records and the batch size, whichever way they travel.
+        token = dedup_token(table, buf.ranges, n, buf.unsourced.hexdigest() if buf.unsourced is not None else "")
+        try:
+            if len(buf.encoded) > buf.dropped:
+                settings = {"insert_deduplication_token": f"{token}-rb"} if token else {}
+                self.client.raw_insert(table, ENCODED_COLUMNS[table], b"".join(buf.encoded), settings=settings, fmt="RowBinary")
+            buf.encoded, buf.replaceable, buf.dropped = [], {}, 0
+            if buf.rows:
+                columns = list(buf.rows[0])
+                data = [[row[c] for c in columns] for row in buf.rows]
+                settings = {"insert_deduplication_token": token} if token else {}
+                self.client.insert(table, data, column_names=columns, settings=settings)
+        except Exception as exc:  # noqa: BLE001 - mapped once, here
+            raise ClickHouseError(f"insert of {n} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
+        return n
 
 
 __all__ = [

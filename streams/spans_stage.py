@@ -9,9 +9,11 @@ Per record, the common span takes the compiled decoder (``native/``, :func:`nati
 checks, span view and ``spans`` row in one pass. Everything else, and everything where it is not
 installed, takes the Python path, the reference for its results and for every dead letter.
 
-Delivery: offsets are committed only at a commit point, after the sink flushed every row the
+Delivery: offsets are committed only at a commit point, after the sink wrote every row the
 records below them produced and the producer delivered every summary, dead letter and changelog
-entry they caused. A crash replays from the last commit; see :mod:`streams.attempts`.
+entry they caused. A crash replays from the last commit; see :mod:`streams.attempts`. Inserts are
+pipelined: a commit point hands its rows to the sink's writer thread and settles the commit point
+before it, whose rows are written by then (:meth:`SpanStage.commit_point`).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class SpanStage:
         sink: ClickHouseSink,
         flush_sink: Callable[[], None],
         core: Settings,
+        submit_sink: Callable[[], int] | None = None,
         finish_grace_s: float = 10.0,
         rollout_timeout_s: float = 600.0,
         completed_retention_s: float = 3600.0,
@@ -148,6 +151,11 @@ class SpanStage:
         self.spans_topic, self.done_topic, self.dlq_topic, self.state_topic = spans_topic, done_topic, dlq_topic, state_topic
         self.sink = sink
         self.flush_sink = flush_sink
+        # None: each commit point writes its rows before it goes on (the tests' stages)
+        self.submit_sink = submit_sink
+        # (batch number, (partition, changelog key, value) entries, partition → offset to commit) of
+        # commit points whose rows were handed to the sink and are not known to be written yet
+        self._unsettled: list[tuple[int, list[tuple[int, bytes, bytes | None]], dict[int, TopicPartition]]] = []
         self.core = core
         self.finish_grace_s = finish_grace_s
         self.rollout_timeout_s = rollout_timeout_s
@@ -250,14 +258,16 @@ class SpanStage:
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         try:
-            self.commit_point()
+            self.commit_point(final=True)
         except Exception:  # noqa: BLE001 - the next owner replays what was not committed
             log.exception("commit on revoke failed; the next owner of %s replays from the last commit", partitions)
+        self._forget(partitions)
         for tp in partitions:
             self.parts.pop(tp.partition, None)
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         log.warning("span stage lost %s (session expired); the new owner replays from the last commit", partitions)
+        self._forget(partitions)
         for tp in partitions:
             self.parts.pop(tp.partition, None)
 
@@ -423,21 +433,46 @@ class SpanStage:
             except BufferError:  # librdkafka's queue is full: let it drain
                 self.producer.poll(0.05)
 
-    def commit_point(self) -> None:
-        """Flush the sink, persist completed attempts, deliver what was produced, commit offsets."""
+    def commit_point(self, *, final: bool = False) -> None:
+        """Hand the rows buffered since the last commit point to the sink, and settle every earlier commit
+        point whose rows are written: deliver the completed attempts' changelog entries and what was
+        produced, then commit the offsets those rows came from.
+
+        The rows go to the sink's writer thread and the stage reads on while ClickHouse inserts them; the
+        next commit point waits for them (at most one batch in flight) and commits their offsets then.
+        ``final`` (revoke, stop) writes everything and commits before it returns."""
         if self._closed:
             return
-        self.flush_sink()
+        if final or self.submit_sink is None:
+            self.flush_sink()  # the batch in flight first, then the rest
+            seq = self.sink.submitted
+        else:
+            seq = self.submit_sink()  # raises the batch in flight's failure: it goes with the next one
         now_ns = time.time_ns()
-        offsets = []
+        entries: list[tuple[int, bytes, bytes | None]] = []
+        offsets: dict[int, TopicPartition] = {}
         for st in self.parts.values():
-            entries, offset = st.commit_point(now_ns, self.retention_ns)
-            for (rid, att), fin in entries:
+            done, offset = st.commit_point(now_ns, self.retention_ns)
+            for (rid, att), fin in done:
                 value = None if fin is None else json.dumps({"o": fin, "t": now_ns}).encode()
-                self._produce(self.state_topic, f"{rid}{SEP}{att}".encode(), value, partition=st.partition)
+                entries.append((st.partition, f"{rid}{SEP}{att}".encode(), value))
             if offset is not None:
                 position, replay_from = offset
-                offsets.append(TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}"))
+                offsets[st.partition] = TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}")
+        self._unsettled.append((seq, entries, offsets))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Deliver and commit what the commit points whose rows are all written carry."""
+        ready = [u for u in self._unsettled if u[0] <= self.sink.written]
+        if not ready:
+            return
+        self._unsettled = self._unsettled[len(ready):]
+        offsets: dict[int, TopicPartition] = {}
+        for _, entries, later in ready:
+            for partition, key, value in entries:
+                self._produce(self.state_topic, key, value, partition=partition)
+            offsets.update(later)
         left = self.producer.flush(30)
         if left or self._failed:
             failed, self._failed = self._failed, []
@@ -446,7 +481,7 @@ class SpanStage:
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
         if offsets:
             try:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
+                self.consumer.commit(offsets=list(offsets.values()), asynchronous=False)
             except KafkaException as exc:  # e.g. the group rebalanced: the new owner replays from the last commit
                 for st in self.parts.values():
                     st.committed = (-1, -1)
@@ -457,6 +492,14 @@ class SpanStage:
                 else:
                     raise KafkaUnavailable(f"offset commit failed: {err}") from exc
         self._lag()
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        """Drop what is not settled for partitions no longer ours: their next owner replays them."""
+        gone = {tp.partition for tp in partitions}
+        for _, entries, offsets in self._unsettled:
+            entries[:] = [e for e in entries if e[0] not in gone]
+            for p in gone:
+                offsets.pop(p, None)
 
     def _lag(self) -> None:
         for st in self.parts.values():

@@ -141,7 +141,11 @@ class FakeTable:
 def table_worker() -> Any:
     w = SimpleNamespace(_dirty={}, _sent=[])
     w._put = lambda table, p, key, value: Worker._put(w, table, p, key, value)
-    w.flush = lambda: Worker._send_changelogs(w)
+    def flush() -> None:  # what a commit point sends once its rows are written
+        for (_, k), (table, partition, _fresh), value in Worker._take_changelogs(w):
+            table.send_changelog(partition, k, value)
+
+    w.flush = flush
     return w
 
 

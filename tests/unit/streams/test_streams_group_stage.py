@@ -15,11 +15,15 @@ from typing import Any
 
 from faust.types import TP
 
+from foundation.errors import ClickHouseError
 from streams.app import Config, Worker
 from streams.grouping import GroupPolicy, group_id
+from streams.health import StreamHealth
 from streams.rollout import Settings, finish_attempt
+from streams.sink import ClickHouseSink
 from streams.spans_stage import SEP
 from tests.unit.streams.spans import finished, llm
+from tests.unit.streams.test_sink_pipeline import GatedClient
 
 DONE = "x.rollouts-done"
 GID = group_id("task1", 3)
@@ -39,8 +43,10 @@ def done_future() -> asyncio.Future[Any]:
 class FakeTable:
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
+        self.sent: list[tuple[int, bytes, bytes | None]] = []
 
     def send_changelog(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        self.sent.append((partition, key, value))
         return done_future()
 
 
@@ -158,6 +164,72 @@ def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> 
     assert asyncio.run(run(False)) == ([], ["event"], [])
     before, acked, pending = asyncio.run(run(True))
     assert acked == [] and pending == ["event"]  # kept for the next commit point
+
+
+def sink_worker(client: GatedClient) -> tuple[Any, list[str]]:
+    """A worker with a real sink on ``client``, one row buffered, one entry changed and one event to ack."""
+    w = worker()
+    w.sink = ClickHouseSink(client)
+    w.health = StreamHealth()
+    w._written_seen, w._replaced_seen = {}, 0
+    acked: list[str] = []
+
+    async def ack(event: str) -> None:
+        acked.append(event)
+
+    w.sink.add_encoded("spans", b"row", ("s", 0, 1))
+    w._put(w.group_state, 1, "g", b"v1")
+    w._pending = [(SimpleNamespace(ack=ack), "event")]
+    return w, acked
+
+
+def test_the_commit_point_sends_entries_and_acks_only_once_the_rows_are_written_and_the_loop_runs_meanwhile() -> None:
+    """The rows go to the sink's writer thread; the event loop (the span stage, the agents) runs on while they are
+    inserted. The changelog gets the entries as they were when the rows were handed off, never a later value
+    whose rows are not written yet (a crash then would restore a state that ClickHouse does not have)."""
+    async def run() -> tuple[list[Any], list[str], list[Any], list[Any], list[str]]:
+        client = GatedClient()
+        client.gate.clear()
+        w, acked = sink_worker(client)
+        task = asyncio.ensure_future(w.commit_point())
+        for _ in range(100):  # the loop is free while the insert waits
+            await asyncio.sleep(0.01)
+            if client.started.is_set():
+                break
+        w._put(w.group_state, 1, "g", b"v2")  # an agent changes the entry meanwhile
+        during = (list(w.group_state.sent), list(acked))
+        client.gate.set()
+        await task
+        after = (list(w.group_state.sent), list(acked))
+        w.sink.add_encoded("spans", b"row2", ("s", 0, 2))
+        await w.commit_point()
+        return during[0], during[1], after[0], list(w.group_state.sent), [d.decode() for _, d, _ in client.inserts]
+
+    sent_during, acked_during, sent_after, sent_next, inserted = asyncio.run(run())
+    assert (sent_during, acked_during) == ([], [])
+    assert sent_after == [(1, b"g", b"v1")]
+    assert sent_next == [(1, b"g", b"v1"), (1, b"g", b"v2")]
+    assert inserted == ["row", "row2"]
+
+
+def test_a_failed_insert_leaves_the_entries_unsent_and_the_events_unacked_for_the_next_commit_point() -> None:
+    async def run() -> tuple[str, list[Any], list[str], list[Any], list[str]]:
+        client = GatedClient()
+        client.fail = 1
+        w, acked = sink_worker(client)
+        try:
+            await w.commit_point()
+            error = ""
+        except ClickHouseError as exc:
+            error = str(exc)
+        failed = (list(w.group_state.sent), list(acked))
+        await w.commit_point()
+        return error, failed[0], failed[1], list(w.group_state.sent), acked
+
+    error, sent_failed, acked_failed, sent, acked = asyncio.run(run())
+    assert error.startswith("insert of 1 rows into spans failed")
+    assert (sent_failed, acked_failed) == ([], [])
+    assert (sent, acked) == ([(1, b"g", b"v1")], ["event"])
 
 
 def test_a_group_with_a_members_summary_missing_waits_instead_of_going_out_short() -> None:

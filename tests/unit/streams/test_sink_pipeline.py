@@ -1,0 +1,163 @@
+"""The sink's hand-off to its writer thread, and the span stage committing offsets only once their rows
+are written. The ClickHouse client is a recording fake here (the inserts themselves are tested against
+the real engine in tests/integration/streams)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+
+from foundation.errors import ClickHouseError
+from streams.attempts import PartitionState
+from streams.rollout import Settings
+from streams.sink import ClickHouseSink
+from streams.spans_stage import SpanStage
+
+
+class GatedClient:
+    """Inserts wait for ``gate``; the ones named in ``fail`` raise. Records (table, rows, token)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+        self.fail = 0  # how many of the next inserts raise
+        self.inserts: list[tuple[str, bytes, str]] = []
+
+    def raw_insert(self, table: str, columns: Any, data: bytes, settings: dict[str, str], fmt: str) -> None:
+        self.started.set()
+        assert self.gate.wait(10)
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("Code: 241. Memory limit exceeded\nstack")
+        self.inserts.append((table, data, settings.get("insert_deduplication_token", "")))
+
+
+def test_submit_returns_while_the_batch_is_written_and_batches_land_in_order() -> None:
+    client = GatedClient()
+    sink = ClickHouseSink(client)
+    client.gate.clear()
+    sink.add_encoded("spans", b"a", ("s", 0, 1))
+    assert sink.submit() == 1
+    assert client.started.wait(5)
+    assert (sink.written, sink.busy, sink.pending, sink.buffered) == (0, True, 1, 0)
+    sink.add_encoded("spans", b"b", ("s", 0, 2))
+    assert sink.buffered == 1 and not sink.due()  # what is in flight does not make the next batch due
+    client.gate.set()
+    assert sink.submit() == 2  # waited for batch 1, handed off batch 2
+    sink.wait()
+    assert sink.written == 2 and sink.pending == 0
+    assert [data for _, data, _ in client.inserts] == [b"a", b"b"]
+    assert sink.submit() == 2  # nothing buffered: no new batch
+
+
+def test_a_failed_batch_is_kept_whole_and_written_first_with_its_token() -> None:
+    client = GatedClient()
+    sink = ClickHouseSink(client)
+    client.fail = 1
+    sink.add_encoded("spans", b"a", ("s", 0, 1))
+    sink.submit()
+    sink.add_encoded("spans", b"b", ("s", 0, 2))
+    with pytest.raises(ClickHouseError, match="insert of 1 rows into spans failed: Code: 241. Memory limit exceeded$"):
+        sink.submit()
+    assert sink.written == 0 and sink.pending == 2 and sink.buffered == 1  # b stays buffered
+    sink.submit()  # a again, then b
+    sink.wait()
+    assert [data for _, data, _ in client.inserts] == [b"a", b"b"]
+    failed_token = client.inserts[0][2]
+    fresh = GatedClient()
+    again = ClickHouseSink(fresh)
+    again.add_encoded("spans", b"a", ("s", 0, 1))
+    again.flush()
+    assert fresh.inserts[0][2] == failed_token  # the retry is the same batch to ClickHouse's dedup
+    assert sink.written == 2 and sink.pending == 0
+
+
+def test_flush_writes_the_batch_in_flight_then_the_rest() -> None:
+    client = GatedClient()
+    sink = ClickHouseSink(client)
+    client.gate.clear()
+    sink.add_encoded("spans", b"a", ("s", 0, 1))
+    sink.submit()
+    sink.add_encoded("spans", b"b", ("s", 0, 2))
+    threading.Timer(0.2, client.gate.set).start()
+    assert sink.flush() == {"spans": 1}  # the rows this call wrote; the batch before counts in rows_written
+    assert [data for _, data, _ in client.inserts] == [b"a", b"b"]
+    assert (sink.written, sink.pending, sink.rows_written["spans"]) == (2, 0, 2)
+
+
+class RecordingConsumer:
+    def __init__(self) -> None:
+        self.commits: list[dict[int, int]] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        self.commits.append({tp.partition: tp.offset for tp in offsets})
+
+    def get_watermark_offsets(self, tp: Any, cached: bool) -> tuple[int, int]:
+        raise KafkaException("no broker here")
+
+    def close(self) -> None:
+        pass
+
+
+def _stage(client: GatedClient) -> tuple[SpanStage, ClickHouseSink, RecordingConsumer]:
+    sink = ClickHouseSink(client)
+    s = SpanStage({"bootstrap.servers": "127.0.0.1:1"}, group="g", spans_topic="s", done_topic="d", dlq_topic="q",
+                  state_topic="c", sink=sink, flush_sink=sink.flush, submit_sink=sink.submit, core=Settings())
+    s.consumer.close()
+    consumer = RecordingConsumer()
+    s.consumer = consumer  # type: ignore[assignment]
+    s.parts = {0: PartitionState(0)}
+    return s, sink, consumer
+
+
+def _read(s: SpanStage, sink: ClickHouseSink, offset: int) -> None:
+    sink.add_encoded("spans", f"row{offset}".encode(), ("s", 0, offset))
+    s.parts[0].position = offset + 1
+
+
+def test_the_stage_commits_an_offset_only_after_its_row_is_written() -> None:
+    client = GatedClient()
+    s, sink, consumer = _stage(client)
+    client.gate.clear()
+    _read(s, sink, 0)
+    s.commit_point()  # handed off; the insert waits
+    assert consumer.commits == []
+    _read(s, sink, 1)  # the stage reads on meanwhile
+    client.gate.set()
+    s.commit_point()  # row 0 written: offset 1 committed; row 1 handed off
+    assert consumer.commits == [{0: 1}]
+    s.commit_point(final=True)
+    assert consumer.commits == [{0: 1}, {0: 2}]
+    assert [data for _, data, _ in client.inserts] == [b"row0", b"row1"]
+
+
+def test_the_stage_commits_nothing_past_a_failed_insert_until_it_is_written() -> None:
+    client = GatedClient()
+    s, sink, consumer = _stage(client)
+    client.fail = 1
+    _read(s, sink, 0)
+    s.commit_point()
+    _read(s, sink, 1)
+    with pytest.raises(ClickHouseError):
+        s.commit_point()
+    assert consumer.commits == []
+    s.commit_point()  # row 0 again, with row 1
+    s.commit_point()
+    assert consumer.commits == [{0: 2}]
+    assert [data for _, data, _ in client.inserts] == [b"row0", b"row1"]
+
+
+def test_a_revoked_partition_keeps_no_offset_to_commit() -> None:
+    client = GatedClient()
+    s, sink, consumer = _stage(client)
+    client.gate.clear()
+    _read(s, sink, 0)
+    s.commit_point()
+    s._forget([type("TP", (), {"partition": 0})()])  # lost while its batch was being written
+    client.gate.set()
+    s.commit_point()
+    assert consumer.commits == []
