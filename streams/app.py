@@ -102,6 +102,8 @@ class Config:
     shutdown_timeout_s: float = 60.0
     # A restarted worker rejoins only when the dead member's session expired: keep it short.
     session_timeout_s: float = 10.0
+    # Read on while ClickHouse inserts a batch (the sink's writer thread); False: wait for each insert.
+    sink_pipelined: bool = True
 
 
 # --------------------------------------------------------------------------- faust offset fixes
@@ -252,7 +254,10 @@ class Worker:
             pending, self._pending = self._pending, []
             changes = self._take_changelogs()
             try:
-                await self._write_sink()
+                if self.cfg.sink_pipelined:
+                    await self._write_sink()
+                else:
+                    self.flush_sink()
             except BaseException:
                 self._pending[:0] = pending  # acked at the next commit point that succeeds
                 for slot, how, _ in changes:  # sent at the next one, with the value then
@@ -316,7 +321,7 @@ class Worker:
         return SpanStage(
             self.cfg.kafka_conf, group=span_group(self.cfg.app_id), spans_topic=f"{p}spans", done_topic=done_topic_name(p),
             dlq_topic=f"{p}dlq", state_topic=state_topic_name(self.cfg.app_id), sink=self.sink, flush_sink=self.flush_sink,
-            submit_sink=self.submit_sink,
+            submit_sink=self.submit_sink if self.cfg.sink_pipelined else None,
             core=self.cfg.core, finish_grace_s=self.cfg.finish_grace_s, rollout_timeout_s=self.cfg.rollout_timeout_s,
             completed_retention_s=self.cfg.completed_retention_s, session_timeout_s=self.cfg.session_timeout_s,
         )

@@ -26,6 +26,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--completed-retention", {"type": float, "dest": "completed_retention_s", "help": "seconds a completed attempt is remembered, so later spans count as late (default 3600)"}),
     ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 20000)"}),
     ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
+    ("--sink-sync", {"action": "store_const", "const": False, "dest": "sink_pipelined",
+                     "help": "wait for each insert instead of reading on while ClickHouse takes it (env ROLLOUTBUS_SINK_PIPELINED=false)"}),
     ("--metrics-port", {"type": int, "dest": "streams_metrics_port",
                         "help": "port of /metrics, /healthz and /readyz (env ROLLOUTBUS_STREAMS_METRICS_PORT, default 9101; 0: off)"}),
     ("--metrics-host", {"dest": "streams_metrics_host",
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = Config(
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
-        finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s,
+        finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s, sink_pipelined=s.sink_pipelined,
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink, health)

@@ -34,6 +34,8 @@ class StreamSettings(CommonSettings):
     completed_retention_s: float = Field(default=3600.0, gt=0, description="How long a completed rollout is remembered (late-span detection).")
     sink_batch_size: int = Field(default=20000, ge=1, description="Rows buffered before a ClickHouse insert.")
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
+    sink_pipelined: bool = Field(default=True, description="Read on while ClickHouse inserts a batch (one in flight); "
+                                 "false: each insert is waited for (less CPU where the worker shares its cores with the store).")
     streams_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],
                                       description="Port of /metrics, /healthz and /readyz; 0: off.")
     streams_metrics_host: str = Field(default="127.0.0.1", description="Address /metrics, /healthz and /readyz bind; "

@@ -161,3 +161,16 @@ def test_a_revoked_partition_keeps_no_offset_to_commit() -> None:
     client.gate.set()
     s.commit_point()
     assert consumer.commits == []
+
+
+def test_sink_sync_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from streams.cli import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).sink_pipelined is True
+    assert settings_from_args(parser.parse_args(["--sink-sync"])).sink_pipelined is False
+    monkeypatch.setenv("ROLLOUTBUS_SINK_PIPELINED", "false")
+    assert settings_from_args(parser.parse_args([])).sink_pipelined is False

@@ -212,6 +212,18 @@ def test_the_commit_point_sends_entries_and_acks_only_once_the_rows_are_written_
     assert inserted == ["row", "row2"]
 
 
+def test_a_sync_worker_writes_its_rows_on_the_loop_before_the_commit_point_goes_on() -> None:
+    async def run() -> tuple[list[str], list[Any], list[str]]:
+        client = GatedClient()
+        w, acked = sink_worker(client)
+        w.cfg.sink_pipelined = False
+        await w.commit_point()
+        assert w.sink._writer is None  # written on the loop's thread: no writer thread
+        return [d.decode() for _, d, _ in client.inserts], w.group_state.sent, acked
+
+    assert asyncio.run(run()) == (["row"], [(1, b"g", b"v1")], ["event"])
+
+
 def test_a_failed_insert_leaves_the_entries_unsent_and_the_events_unacked_for_the_next_commit_point() -> None:
     async def run() -> tuple[str, list[Any], list[str], list[Any], list[str]]:
         client = GatedClient()
