@@ -174,6 +174,7 @@ class Worker:
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
         self._replaced_seen = 0  # sink.rows_dropped already counted in rolloutbus_streams_sink_rows_replaced_total
         self._written_seen: dict[str, int] = {}  # sink.rows_written already counted in rolloutbus_streams_sink_rows_total
+        self._batch_seen = 0  # sink.written at the last look
         self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
@@ -226,22 +227,23 @@ class Worker:
         try:
             out = call()
         except ClickHouseError:
-            self.health.clickhouse(False)
             self._sink_metrics()
+            self.health.clickhouse(False)
             raise
         self._sink_metrics()
         return out
 
     def _sink_metrics(self) -> None:
-        """Rows written since the last look (on the writer thread too), as metrics; ClickHouse answered."""
+        """What the sink wrote since the last look (on the writer thread too), as metrics."""
         written = dict(self.sink.rows_written)
-        if written != self._written_seen:
+        for table, n in written.items():
+            if n > self._written_seen.get(table, 0):
+                SINK_ROWS.labels(table).inc(n - self._written_seen.get(table, 0))
+        self._written_seen = written
+        if self.sink.written != self._batch_seen:  # a whole batch went in: ClickHouse takes rows
+            self._batch_seen = self.sink.written
             self.health.clickhouse(True)
             SINK_LATENCY.observe(self.sink.last_flush_s)
-            for table, n in written.items():
-                if n > self._written_seen.get(table, 0):
-                    SINK_ROWS.labels(table).inc(n - self._written_seen.get(table, 0))
-            self._written_seen = written
         SINK_REPLACED.inc(self.sink.rows_dropped - self._replaced_seen)
         self._replaced_seen = self.sink.rows_dropped
 
@@ -279,21 +281,21 @@ class Worker:
                 await stream.ack(event)
 
     async def _write_sink(self) -> None:
-        """Hand the buffered rows to the sink's writer and wait, without holding the event loop, until
-        they are written. Raises ClickHouseError (the rows kept)."""
+        """Wait, without holding the event loop, until every row buffered now is written (handing them to
+        the sink's writer when no batch is being written). Raises ClickHouseError (the rows kept)."""
         if not self.sink.pending:
             return
-        seq: int | None = None
-        while True:
+        # The rows buffered now go with the next batch, whoever hands it off (the span stage too).
+        target = self.sink.submitted + (1 if self.sink.buffered else 0)
+        while self.sink.written < target:
             fut = self.sink.inflight
-            if fut is not None and not fut.done():  # the batch before ours, or ours, is being written
-                await asyncio.wait([asyncio.wrap_future(fut)])
+            if fut is not None and not fut.done():
+                waiting = asyncio.wrap_future(fut)
+                await asyncio.wait([waiting])
+                if not waiting.cancelled():
+                    waiting.exception()  # seen here; raised below by whoever collects the batch
                 continue
-            if seq is not None and self.sink.written >= seq:
-                return
-            # Collects the batch before (raising its failure) and hands off what is not written. Ours
-            # again only when the span stage collected its failure first.
-            seq = self.submit_sink()
+            self.submit_sink()  # collects the batch before (raising its failure), hands off the rest
 
     async def _maybe_commit(self) -> None:
         if self.sink.due() or len(self._pending) >= self.sink.batch_size:

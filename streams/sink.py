@@ -376,9 +376,9 @@ class ClickHouseSink:
     def _write(self) -> dict[str, int]:
         """Write the batches taken, in order, one insert per table; a failure leaves the batch with the
         tables it has not written (on the writer thread when handed off: nothing else touches them then)."""
-        started = time.monotonic()
         written: dict[str, int] = defaultdict(int)
         while self._unwritten:
+            started = time.monotonic()
             batch = self._unwritten[0]
             for table in TABLES:
                 buf = batch.buffers.get(table)
@@ -391,8 +391,8 @@ class ClickHouseSink:
                     self.rows_written[table] += n
                 del batch.buffers[table]
             self._unwritten.pop(0)
+            self.last_flush_s = time.monotonic() - started  # the batch's, before ``written`` says it is in
             self.written = batch.seq
-        self.last_flush_s = time.monotonic() - started
         return dict(written)
 
     def _insert(self, table: str, buf: _Buffer) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -171,7 +173,7 @@ def sink_worker(client: GatedClient) -> tuple[Any, list[str]]:
     w = worker()
     w.sink = ClickHouseSink(client)
     w.health = StreamHealth()
-    w._written_seen, w._replaced_seen = {}, 0
+    w._written_seen, w._replaced_seen, w._batch_seen = {}, 0, 0
     acked: list[str] = []
 
     async def ack(event: str) -> None:
@@ -210,6 +212,58 @@ def test_the_commit_point_sends_entries_and_acks_only_once_the_rows_are_written_
     assert sent_after == [(1, b"g", b"v1")]
     assert sent_next == [(1, b"g", b"v1"), (1, b"g", b"v2")]
     assert inserted == ["row", "row2"]
+
+
+def test_the_commit_point_ends_while_the_span_stage_keeps_a_batch_in_flight() -> None:
+    """The span stage hands off its next batch on the loop's thread as soon as the one before is written, so
+    by the time the group stage's commit point wakes there is always another batch in flight. It waited for
+    that one too, and the next, for as long as spans came in: nothing of the group stage was acked."""
+
+    class SlowClient(GatedClient):
+        def raw_insert(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.03)
+            super().raw_insert(*args, **kwargs)
+
+    async def run() -> list[str]:
+        w, acked = sink_worker(SlowClient())
+        going = True
+
+        async def span_stage() -> None:
+            i = 0
+            while going:
+                i += 1
+                w.sink.add_encoded("spans", b"s%d" % i, ("s", 0, 100 + i))
+                w.sink.submit()  # blocks the loop until the batch before is written, then hands this one off
+                await asyncio.sleep(0)
+
+        stage = asyncio.ensure_future(span_stage())
+        await asyncio.sleep(0.05)
+        try:
+            await asyncio.wait_for(w.commit_point(), 5)
+        finally:
+            going = False
+            await stage
+        return acked
+
+    assert asyncio.run(run()) == ["event"]
+
+
+def test_a_batch_that_failed_after_its_first_table_went_in_leaves_clickhouse_unhealthy() -> None:
+    async def run() -> tuple[str, dict[str, Any]]:
+        client = GatedClient()  # takes RowBinary rows only: the rollouts row's insert fails
+        client.gate.clear()
+        w, _ = sink_worker(client)
+        w.sink.add("rollouts", {"rollout_id": "r1"})
+        threading.Timer(0.1, client.gate.set).start()  # the spans row goes in after the hand-off
+        try:
+            await w.commit_point()
+        except ClickHouseError as exc:
+            return str(exc), dict(w.health.problems)
+        return "", dict(w.health.problems)
+
+    error, problems = asyncio.run(run())
+    assert error.startswith("insert of 1 rows into rollouts failed")
+    assert problems["clickhouse"][0].startswith("inserts failing")
 
 
 def test_a_sync_worker_writes_its_rows_on_the_loop_before_the_commit_point_goes_on() -> None:
