@@ -354,6 +354,8 @@ class Worker:
                 if now - last_tick >= self.cfg.tick_s:
                     stage.tick()
                     last_tick = now
+                else:
+                    stage.finish_graced()  # when its grace ends, not at the next tick (up to tick_s later)
                 if self.sink.due() or now - last_commit >= self.cfg.tick_s:
                     try:
                         stage.commit_point()

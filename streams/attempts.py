@@ -26,6 +26,7 @@ Lightning's ``span_sequence_id``) keep theirs: the FINISHED ``span_count`` count
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -112,6 +113,9 @@ class PartitionState:
         self.inflight: dict[Key, Attempt] = {}
         self.completing: dict[Key, int] = {}  # completed, rows not yet flushed → FINISHED offset
         self.done: dict[Key, tuple[int, int]] = {}  # → (FINISHED offset, completed ns), oldest first
+        # (when its FINISHED was read, key) of attempts whose FINISHED found spans missing, in the order
+        # read: the grace period is one length, so the head is always the next one due
+        self.waiting: deque[tuple[float, Key]] = deque()
         self.position = -1  # next offset to process; -1: nothing processed yet
         self.committed: tuple[int, int] = (-1, -1)  # (position, replay_from) of the last commit
 
@@ -175,6 +179,7 @@ class PartitionState:
             att.finished, att.finished_offset, att.finished_at = ev, offset, now
             if att.all_in():
                 return att
+            self.waiting.append((now, key))
         return None
 
     def skip(self, offset: int) -> None:
@@ -186,16 +191,24 @@ class PartitionState:
         self.inflight.pop(att.key, None)
         self.completing[att.key] = finished_offset
 
-    def due(self, now: float, grace_s: float, timeout_s: float) -> tuple[list[Attempt], list[Attempt]]:
-        """(attempts whose FINISHED waited ``grace_s`` for missing spans, attempts idle ``timeout_s``)."""
-        graced, timed_out = [], []
-        for att in self.inflight.values():
-            if att.finished is not None:
-                if now - att.finished_at >= grace_s:
-                    graced.append(att)
-            elif now - att.seen >= timeout_s:
-                timed_out.append(att)
-        return graced, timed_out
+    def graced(self, now: float, grace_s: float) -> list[Attempt]:
+        """Attempts whose FINISHED has waited ``grace_s`` for missing spans, in the order they finished.
+
+        Looks at the head of ``waiting`` only: cheap enough to ask after every poll, so an attempt
+        completes when its grace ends rather than at the next tick."""
+        graced = []
+        waiting = self.waiting
+        while waiting and now - waiting[0][0] >= grace_s:
+            at, key = waiting.popleft()
+            att = self.inflight.get(key)
+            # gone: completed since (its last span came); another time: a later FINISHED, queued again
+            if att is not None and att.finished_at == at:
+                graced.append(att)
+        return graced
+
+    def idle(self, now: float, timeout_s: float) -> list[Attempt]:
+        """Attempts without a FINISHED that have seen nothing for ``timeout_s``."""
+        return [att for att in self.inflight.values() if att.finished is None and now - att.seen >= timeout_s]
 
     def commit_point(self, now_ns: int, retention_ns: int) -> tuple[list[tuple[Key, int | None]], tuple[int, int] | None]:
         """Call after the sink flushed. Completed attempts become done; done ones older than

@@ -399,22 +399,32 @@ class SpanStage:
         ROLLOUTS_DONE.labels(result.status).inc()
         self.stats["rollouts"] += 1
 
+    def finish_graced(self) -> None:
+        """Complete the attempts whose grace period has just run out (cheap: asked after every poll)."""
+        now = time.monotonic()
+        for st in list(self.parts.values()):
+            for att in st.graced(now, self.finish_grace_s):
+                self._complete_due(st, att)
+
     def tick(self) -> None:
         """Complete attempts whose grace period ran out and time out idle ones."""
+        self.finish_graced()
         now = time.monotonic()
         inflight = 0
         for st in list(self.parts.values()):
-            graced, timed_out = st.due(now, self.finish_grace_s, self.rollout_timeout_s)
-            for att in graced + timed_out:
-                try:
-                    if att.finished is not None:
-                        self._finish(st, att, att.finished_offset)
-                    else:
-                        self._time_out(st, att)
-                except Exception:  # noqa: BLE001 - logged; the attempt is dropped, its spans are stored
-                    log.exception("completing %s/%s failed; its spans are stored, it is not trained", att.rollout_id, att.attempt_id)
+            for att in st.idle(now, self.rollout_timeout_s):
+                self._complete_due(st, att)
             inflight += len(st.inflight)
         INFLIGHT.set(inflight)
+
+    def _complete_due(self, st: PartitionState, att: Attempt) -> None:
+        try:
+            if att.finished is not None:
+                self._finish(st, att, att.finished_offset)
+            else:
+                self._time_out(st, att)
+        except Exception:  # noqa: BLE001 - logged; the attempt is dropped, its spans are stored
+            log.exception("completing %s/%s failed; its spans are stored, it is not trained", att.rollout_id, att.attempt_id)
 
     # ------------------------------------------------------------------ commit point
 

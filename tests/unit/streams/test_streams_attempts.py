@@ -108,10 +108,28 @@ def test_due_after_grace_and_after_inactivity() -> None:
     st = PartitionState(0)
     run(st, [(0, span(1, rid="quiet"))], now=0.0)
     run(st, [(1, finished(rid="gap", span_count=2))], now=5.0)
-    graced, timed_out = st.due(now=9.0, grace_s=10.0, timeout_s=10.0)
-    assert graced == [] and timed_out == []
-    graced, timed_out = st.due(now=15.0, grace_s=10.0, timeout_s=10.0)
-    assert [a.rollout_id for a in graced] == ["gap"] and [a.rollout_id for a in timed_out] == ["quiet"]
+    assert st.graced(now=9.0, grace_s=10.0) == [] and st.idle(now=9.0, timeout_s=10.0) == []
+    assert [a.rollout_id for a in st.graced(now=15.0, grace_s=10.0)] == ["gap"]
+    assert [a.rollout_id for a in st.idle(now=15.0, timeout_s=10.0)] == ["quiet"]
+    assert st.graced(now=16.0, grace_s=10.0) == [], "an attempt's grace ends once"
+
+
+def test_graced_attempts_come_due_in_the_order_they_finished_and_only_while_they_wait() -> None:
+    st = PartitionState(0)
+    for i, rid in enumerate(["a", "b", "c", "d"]):
+        run(st, [(2 * i, span(1, rid=rid))], now=0.0)
+        run(st, [(2 * i + 1, finished(rid=rid, span_count=2))], now=float(i))
+    # "b" gets its missing span: complete at once, nothing left to wait for
+    _, _, ready = st.on_span(view(span(2, rid="b")), 8, 1.5)
+    assert ready is not None and ready.rollout_id == "b"
+    st.complete(ready, 3)
+    # "c" finishes again later (a second FINISHED): its grace counts from that one
+    run(st, [(9, finished(rid="c", span_count=2))], now=3.5)
+    assert [a.rollout_id for a in st.graced(now=10.0, grace_s=10.0)] == ["a"]
+    assert st.graced(now=12.9, grace_s=10.0) == [], "b completed; c's grace now ends at 13.5"
+    assert [a.rollout_id for a in st.graced(now=13.0, grace_s=10.0)] == ["d"]
+    assert [a.rollout_id for a in st.graced(now=13.5, grace_s=10.0)] == ["c"]
+    assert not st.waiting
 
 
 def test_replay_from_is_read_back_from_commit_metadata_only_when_it_is_ours() -> None:
@@ -193,9 +211,8 @@ def test_a_finished_without_task_takes_the_started_and_waits_its_grace() -> None
     assert st.on_span(view(span(0, span_id="s1")), 1, 0.0)[2] is None
     assert st.on_event(api_finished, 2, 1.0) is None, "not complete at once: spans may still be on their way"
     assert st.on_span(view(span(0, span_id="s2")), 3, 2.0)[2] is None
-    graced, _ = st.due(now=5.0, grace_s=10.0, timeout_s=60.0)
-    assert graced == []
-    [att] = st.due(now=11.0, grace_s=10.0, timeout_s=60.0)[0]
+    assert st.graced(now=5.0, grace_s=10.0) == []
+    [att] = st.graced(now=11.0, grace_s=10.0)
     assert att.finished is not None and len(att.spans) == 2
     ev = att.finished
     assert (ev.task_id, ev.mode, ev.attempt, ev.resource_version, ev.status) == ("t7", "val", 2, 4, "succeeded")

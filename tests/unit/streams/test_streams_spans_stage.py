@@ -68,3 +68,49 @@ def test_rollouts_without_a_task_are_stored_and_never_grouped(caplog: Any) -> No
     rollouts = [r for r in s.sink._buffers["rollouts"].rows]
     assert [(r["rollout_id"], r["group_id"]) for r in rollouts] == [("r0", ""), ("r1", ""), ("r2", "t1@None"), ("r3", "")]
     assert sum("has no task id" in r.getMessage() for r in caplog.records) == 1, "said once"
+
+
+def test_the_worker_completes_an_attempt_when_its_grace_ends_not_at_the_next_tick() -> None:
+    """An attempt ended through the store API (its span count unknown) waits ``finish_grace_s`` for spans still on
+    their way. It completed only at the worker's next tick: up to ``tick_s`` more before its rows could be written."""
+    import asyncio
+    import gc
+    import time
+
+    from schemas.models import RolloutEvent
+    from streams.app import Config, Worker
+    from streams.attempts import PartitionState
+    from streams.health import StreamHealth
+
+    s = stage()
+    s.finish_grace_s = 0.05
+    fake: Any = s.consumer
+    fake.consume = lambda n, timeout: []
+    st = s.parts[0] = PartitionState(0)
+    ended = RolloutEvent(rollout_id="r1", attempt_id="a1", event="FINISHED", time_ns=1, task_id="", status="succeeded",
+                         final_reward=1.0, span_count=0, metadata={"rolloutbus.spans_unknown": "1"})
+    assert st.on_event(ended, 0, time.monotonic()) is None  # waits its grace
+    w = Worker.__new__(Worker)
+    w.cfg = Config(app_id="x", broker="kafka://", topic_prefix="x.", partitions=1, tick_s=30.0)
+    w.sink, w.health, w._stopping = s.sink, StreamHealth(), False
+    w.make_stage = lambda: s  # type: ignore[method-assign]
+    w._watch = lambda stage, now: None  # type: ignore[method-assign]
+
+    async def run() -> float:
+        started = time.monotonic()
+        task = asyncio.ensure_future(w.run_stage())
+        while not s.stats["rollouts"] and time.monotonic() - started < 5:
+            await asyncio.sleep(0.01)
+        w._stopping = True
+        await task
+        return time.monotonic() - started
+
+    threshold = gc.get_threshold()
+    try:
+        took = asyncio.run(run())
+    finally:  # the loop tunes the collector for the worker's process
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+    assert s.stats["rollouts"] == 1 and not st.inflight, "completed, with its tick 30 s away"
+    assert [r["rollout_id"] for r in s.sink._buffers["rollouts"].rows] == ["r1"]
+    assert took < 5
