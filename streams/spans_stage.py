@@ -477,7 +477,6 @@ class SpanStage:
         ready = [u for u in self._unsettled if u[0] <= self.sink.written]
         if not ready:
             return
-        self._unsettled = self._unsettled[len(ready):]
         offsets: dict[int, TopicPartition] = {}
         for _, entries, later in ready:
             for partition, key, value in entries:
@@ -488,7 +487,9 @@ class SpanStage:
             failed, self._failed = self._failed, []
             for st in self.parts.values():
                 st.committed = (-1, -1)  # commit again next time
+            # kept: the next commit point sends these entries again (a compacted topic keeps the last)
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
+        self._unsettled = self._unsettled[len(ready):]
         if offsets:
             try:
                 self.consumer.commit(offsets=list(offsets.values()), asynchronous=False)

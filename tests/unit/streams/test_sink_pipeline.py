@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException
 
-from foundation.errors import ClickHouseError
+from foundation.errors import ClickHouseError, KafkaUnavailable
 from streams.attempts import PartitionState
 from streams.rollout import Settings
 from streams.sink import ClickHouseSink
-from streams.spans_stage import SpanStage
+from streams.spans_stage import SEP, SpanStage
 
 
 class GatedClient:
@@ -174,3 +174,39 @@ def test_sink_sync_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
     assert settings_from_args(parser.parse_args(["--sink-sync"])).sink_pipelined is False
     monkeypatch.setenv("ROLLOUTBUS_SINK_PIPELINED", "false")
     assert settings_from_args(parser.parse_args([])).sink_pipelined is False
+
+
+class FlakyProducer:
+    """Takes records; ``flush`` reports the next ``undelivered`` counts (then 0)."""
+
+    def __init__(self, undelivered: list[int]) -> None:
+        self.undelivered = undelivered
+        self.sent: list[tuple[str, bytes, int]] = []
+
+    def produce(self, topic: str, value: bytes | None, key: bytes, partition: int = -1, on_delivery: Any = None) -> None:
+        self.sent.append((topic, key, partition))
+
+    def flush(self, timeout: float) -> int:
+        return self.undelivered.pop(0) if self.undelivered else 0
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def test_a_completed_attempts_changelog_entry_is_sent_again_after_a_failed_delivery() -> None:
+    """The entry that says an attempt is done was taken off the stage's list before the producer's flush: when the
+    flush failed it was never sent again, and a restarted worker completed the attempt a second time."""
+    client = GatedClient()
+    s, sink, consumer = _stage(client)
+    s.producer = FlakyProducer([1])  # type: ignore[assignment]
+    _read(s, sink, 0)
+    s.parts[0].completing[("r1", "a1")] = 0
+    with pytest.raises(KafkaUnavailable):
+        s.commit_point(final=True)  # written; its entry's delivery fails
+    assert s.producer.sent == [("c", f"r1{SEP}a1".encode(), 0)]  # type: ignore[attr-defined]
+    assert consumer.commits == []
+    s.commit_point()  # nothing new read: the entry goes again, then the offset
+    assert s.producer.sent == [("c", f"r1{SEP}a1".encode(), 0)] * 2  # type: ignore[attr-defined]
+    assert consumer.commits == [{0: 1}]
+    s.commit_point()
+    assert len(s.producer.sent) == 2 and consumer.commits == [{0: 1}], "settled once"  # type: ignore[attr-defined]
