@@ -719,7 +719,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
 
         def install_signal_handlers(self) -> None:
             super().install_signal_handlers()
-            # faust's stop runs on the event loop, and the span stage can hold the loop for up to 30 s in a
+            # faust's stop runs on the event loop, and the span stage can hold the loop for seconds in a
             # librdkafka wait (the broker gone, records undelivered). The hard stop is armed in the signal's
             # own Python handler instead, which librdkafka's flush and poll let run between the slices of
             # their wait; the signal still reaches asyncio (through its wakeup fd) and faust's stop.

@@ -176,10 +176,12 @@ class PartitionState:
         if ev.event == RolloutEventType.STARTED:
             att.started_ns = ev.time_ns
         elif ev.event == RolloutEventType.FINISHED:
+            waits = att.finished is not None and att.finished_at == now  # already queued at this time
             att.finished, att.finished_offset, att.finished_at = ev, offset, now
             if att.all_in():
                 return att
-            self.waiting.append((now, key))
+            if not waits:
+                self.waiting.append((now, key))
         return None
 
     def skip(self, offset: int) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -38,6 +39,9 @@ from streams import rowbinary
 from streams.sink import ClickHouseSink, rollout_row
 
 log = logging.getLogger("rolloutbus.streams")
+# How long a commit point waits for what it produced (changelog entries, summaries, dead letters) before it
+# gives up until the next one. The event loop waits meanwhile: well under the group's session timeout.
+DELIVERY_WAIT_S = 5.0
 
 SPANS_IN = Counter("rolloutbus_streams_spans_total", "Spans processed", ["late"])
 EVENTS_IN = Counter("rolloutbus_streams_rollout_events_total", "Rollout lifecycle events processed", ["event"])
@@ -189,6 +193,7 @@ class SpanStage:
             "log_level": 3,
         })
         self._failed: list[str] = []  # delivery errors since the last commit point
+        self._redo: list[tuple[str, bytes | None, bytes | None, int]] = []  # (topic, key, value, partition) refused
         self._closed = False
         self._held = False
         self.consumer.subscribe([spans_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -360,27 +365,33 @@ class SpanStage:
         """Complete an attempt whose FINISHED arrived (all spans in, or its grace period over)."""
         ev = att.finished
         assert ev is not None
-        try:
+        with self._completing(st, att, offset):
             result = finish_attempt(list(att.spans.values()), ev, self.core, started_ns=att.started_ns)
-        except Exception:
-            st.complete(att, offset)  # its spans are stored; it must not be tried again on every record
-            raise
-        self._complete(st, att, result, offset)
+            self._complete(st, att, result, offset)
 
     def _time_out(self, st: PartitionState, att: Attempt) -> None:
         # Spans of this attempt after what was read so far are late.
         offset = st.position - 1
-        try:
+        with self._completing(st, att, offset):
             result = finish_attempt(
                 list(att.spans.values()), None, self.core, rollout_id=att.rollout_id, attempt_id=att.attempt_id,
                 task_id=att.task_id, mode=att.mode, attempt=att.attempt, started_ns=att.started_ns, finished_ns=time.time_ns(),
             )
+            if result.resource_version is None:
+                result.resource_version = att.resource_version
+            self._complete(st, att, result, offset)
+
+    @staticmethod
+    @contextmanager
+    def _completing(st: PartitionState, att: Attempt, offset: int) -> Iterator[None]:
+        """A completion that fails anywhere still ends the attempt: its spans are stored, and it must not stay
+        in flight (tried again on every record, holding the partition's replay point back for good)."""
+        try:
+            yield
         except Exception:
-            st.complete(att, offset)
+            if att.key in st.inflight:
+                st.complete(att, offset)
             raise
-        if result.resource_version is None:
-            result.resource_version = att.resource_version
-        self._complete(st, att, result, offset)
 
     def _complete(self, st: PartitionState, att: Attempt, result: RolloutResult, offset: int) -> None:
         gid = group_of(result.mode, result.task_id, result.resource_version)
@@ -431,6 +442,9 @@ class SpanStage:
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
             self._failed.append(f"{msg.topic()}: {err}")
+            # A changelog entry, a summary or a dead letter librdkafka gave up on: the offsets it belongs to are
+            # not committed, and it goes out again at the next commit point.
+            self._redo.append((msg.topic(), msg.key(), msg.value(), msg.partition()))
 
     def _produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
         while True:
@@ -477,19 +491,23 @@ class SpanStage:
         ready = [u for u in self._unsettled if u[0] <= self.sink.written]
         if not ready:
             return
+        self._unsettled = self._unsettled[len(ready):]
+        redo, self._redo = self._redo, []
+        for topic, key, value, partition in redo:  # refused before: sent again, before what follows them
+            self._produce(topic, key, value, partition=partition)
         offsets: dict[int, TopicPartition] = {}
         for _, entries, later in ready:
             for partition, key, value in entries:
                 self._produce(self.state_topic, key, value, partition=partition)
             offsets.update(later)
-        left = self.producer.flush(30)
+        # Not longer: the loop (faust's heartbeats among it) waits meanwhile. What is still queued stays
+        # queued; librdkafka delivers it or reports it failed, and then it is sent again (``_delivered``).
+        left = self.producer.flush(DELIVERY_WAIT_S)
         if left or self._failed:
             failed, self._failed = self._failed, []
             for st in self.parts.values():
                 st.committed = (-1, -1)  # commit again next time
-            # kept: the next commit point sends these entries again (a compacted topic keeps the last)
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
-        self._unsettled = self._unsettled[len(ready):]
         if offsets:
             try:
                 self.consumer.commit(offsets=list(offsets.values()), asynchronous=False)
@@ -507,6 +525,7 @@ class SpanStage:
     def _forget(self, partitions: list[TopicPartition]) -> None:
         """Drop what is not settled for partitions no longer ours: their next owner replays them."""
         gone = {tp.partition for tp in partitions}
+        self._redo = [r for r in self._redo if r[0] != self.state_topic or r[3] not in gone]
         for _, entries, offsets in self._unsettled:
             entries[:] = [e for e in entries if e[0] not in gone]
             for p in gone:

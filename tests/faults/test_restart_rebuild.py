@@ -125,7 +125,7 @@ def test_sigterm_with_the_broker_gone_still_ends(kafka_conf: dict[str, Any], top
 
 def test_sigterm_while_the_stage_waits_on_a_gone_broker_ends_in_time(kafka_conf: dict[str, Any], topics: Any,
                                                                      test_env: dict[str, str], local_broker: Any) -> None:
-    """Before it commits, the span stage waits (up to 30 s) until the broker has what it produced. A SIGTERM
+    """Before it commits, the span stage waits (5 s at a time) until the broker has what it produced. A SIGTERM
     that arrives in that wait, with the broker gone, still ends the worker within its shutdown timeout: the
     stop is armed when the signal arrives, not when the stage next yields to the event loop (it was armed
     ~30 s late, and the worker outlived the test's wait)."""

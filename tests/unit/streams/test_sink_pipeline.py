@@ -5,6 +5,7 @@ the real engine in tests/integration/streams)."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -177,36 +178,61 @@ def test_sink_sync_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 class FlakyProducer:
-    """Takes records; ``flush`` reports the next ``undelivered`` counts (then 0)."""
+    """Queues records; each ``flush`` takes the next outcome: "fail" (librdkafka reports every queued record
+    refused), "slow" (still queued when the wait ends), "ok" (delivered). After the list: "ok"."""
 
-    def __init__(self, undelivered: list[int]) -> None:
-        self.undelivered = undelivered
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
         self.sent: list[tuple[str, bytes, int]] = []
+        self.queued: list[tuple[Any, Any]] = []
 
     def produce(self, topic: str, value: bytes | None, key: bytes, partition: int = -1, on_delivery: Any = None) -> None:
         self.sent.append((topic, key, partition))
+        msg = SimpleNamespace(topic=lambda: topic, key=lambda: key, value=lambda: value, partition=lambda: partition)
+        self.queued.append((msg, on_delivery))
 
     def flush(self, timeout: float) -> int:
-        return self.undelivered.pop(0) if self.undelivered else 0
+        outcome = self.outcomes.pop(0) if self.outcomes else "ok"
+        if outcome == "slow":
+            return len(self.queued)
+        queued, self.queued = self.queued, []
+        for msg, callback in queued:
+            callback("Local: Message timed out" if outcome == "fail" else None, msg)
+        return 0
 
     def poll(self, timeout: float) -> int:
         return 0
 
 
-def test_a_completed_attempts_changelog_entry_is_sent_again_after_a_failed_delivery() -> None:
-    """The entry that says an attempt is done was taken off the stage's list before the producer's flush: when the
-    flush failed it was never sent again, and a restarted worker completed the attempt a second time."""
-    client = GatedClient()
-    s, sink, consumer = _stage(client)
-    s.producer = FlakyProducer([1])  # type: ignore[assignment]
+ENTRY = ("c", f"r1{SEP}a1".encode(), 0)
+
+
+def _completed(outcomes: list[str]) -> tuple[SpanStage, RecordingConsumer, FlakyProducer]:
+    """A stage that read one record and completed one attempt, its producer answering ``outcomes``."""
+    s, sink, consumer = _stage(GatedClient())
+    producer = s.producer = FlakyProducer(outcomes)  # type: ignore[assignment]
     _read(s, sink, 0)
     s.parts[0].completing[("r1", "a1")] = 0
+    return s, consumer, producer  # type: ignore[return-value]
+
+
+def test_a_changelog_entry_librdkafka_refused_is_sent_again_before_the_offset_is_committed() -> None:
+    """The entry that says an attempt is done was sent once: when its delivery failed (the broker gone past
+    librdkafka's timeout), a worker restarted later found the attempt not done and completed it a second time."""
+    s, consumer, producer = _completed(["fail"])
     with pytest.raises(KafkaUnavailable):
-        s.commit_point(final=True)  # written; its entry's delivery fails
-    assert s.producer.sent == [("c", f"r1{SEP}a1".encode(), 0)]  # type: ignore[attr-defined]
-    assert consumer.commits == []
+        s.commit_point(final=True)  # the row is written; the entry is refused
+    assert producer.sent == [ENTRY] and consumer.commits == []
     s.commit_point()  # nothing new read: the entry goes again, then the offset
-    assert s.producer.sent == [("c", f"r1{SEP}a1".encode(), 0)] * 2  # type: ignore[attr-defined]
-    assert consumer.commits == [{0: 1}]
+    assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}]
     s.commit_point()
-    assert len(s.producer.sent) == 2 and consumer.commits == [{0: 1}], "settled once"  # type: ignore[attr-defined]
+    assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}], "settled once"
+
+
+def test_an_entry_still_queued_is_waited_for_not_sent_twice() -> None:
+    s, consumer, producer = _completed(["slow", "slow"])
+    for _ in range(2):
+        with pytest.raises(KafkaUnavailable):
+            s.commit_point(final=True)
+    s.commit_point()
+    assert producer.sent == [ENTRY] and consumer.commits == [{0: 1}]

@@ -132,6 +132,13 @@ def test_graced_attempts_come_due_in_the_order_they_finished_and_only_while_they
     assert not st.waiting
 
 
+def test_two_finished_records_read_in_one_poll_make_one_completion() -> None:
+    """Both were queued at the same time and both matched the attempt's time: it completed twice."""
+    st = PartitionState(0)
+    run(st, [(0, span(1)), (1, finished(span_count=2)), (2, finished(span_count=2))], now=1.0)
+    assert [a.rollout_id for a in st.graced(now=11.0, grace_s=10.0)] == ["r1"]
+
+
 def test_replay_from_is_read_back_from_commit_metadata_only_when_it_is_ours() -> None:
     from streams.spans_stage import REPLAY_PREFIX, parse_replay_from
 

@@ -84,6 +84,7 @@ def test_the_worker_completes_an_attempt_when_its_grace_ends_not_at_the_next_tic
 
     s = stage()
     s.finish_grace_s = 0.05
+    s.sink.interval_s = 3600.0  # no commit point (its producer would wait for a broker that is not there)
     fake: Any = s.consumer
     fake.consume = lambda n, timeout: []
     st = s.parts[0] = PartitionState(0)
@@ -114,3 +115,24 @@ def test_the_worker_completes_an_attempt_when_its_grace_ends_not_at_the_next_tic
     assert s.stats["rollouts"] == 1 and not st.inflight, "completed, with its tick 30 s away"
     assert [r["rollout_id"] for r in s.sink._buffers["rollouts"].rows] == ["r1"]
     assert took < 5
+
+
+def test_an_attempt_whose_completion_fails_is_not_left_in_flight(caplog: Any) -> None:
+    """Its summary could not be produced (too large for the broker, say) after its rows were added: it stayed in
+    flight for good, holding the partition's replay point back, and nothing tried it again."""
+    from streams.attempts import PartitionState
+    from tests.unit.streams.spans import finished, span
+    from tests.unit.streams.test_streams_attempts import run
+
+    s = stage()
+    s.finish_grace_s = 0.0
+
+    def refuse(topic: str, key: Any, value: Any, partition: int = -1) -> None:
+        raise RuntimeError("Broker: Message size too large")
+
+    s._produce = refuse  # type: ignore[method-assign]
+    st = s.parts[0] = PartitionState(0)
+    run(st, [(0, span(1)), (1, finished(span_count=2))])
+    s.finish_graced()
+    assert not st.inflight and st.completing == {("r1", "a1"): 1}
+    assert "completing r1/a1 failed" in caplog.text
