@@ -183,6 +183,7 @@ class SpanStage:
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
             "fetch.max.bytes": 64 * 1024 * 1024,
             "log_level": 3,
+            "on_commit": self._committed,
         })
         self.producer = Producer({
             **kafka_conf,
@@ -193,6 +194,7 @@ class SpanStage:
             "log_level": 3,
         })
         self._failed: list[str] = []  # delivery errors since the last commit point
+        self._commit_error: Any = None  # an asynchronous commit refused since the last commit point
         self._redo: list[tuple[str, bytes | None, bytes | None, int]] = []  # (topic, key, value, partition) refused
         self._closed = False
         self._held = False
@@ -484,9 +486,12 @@ class SpanStage:
                 position, replay_from = offset
                 offsets[st.partition] = TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}")
         self._unsettled.append((seq, entries, offsets))
-        self._settle()
+        self._settle(final)
+        refused, self._commit_error = self._commit_error, None
+        if refused is not None:  # an earlier commit: its offsets are committed again
+            self._commit_refused(refused)
 
-    def _settle(self) -> None:
+    def _settle(self, final: bool = False) -> None:
         """Deliver and commit what the commit points whose rows are all written carry."""
         ready = [u for u in self._unsettled if u[0] <= self.sink.written]
         if not ready:
@@ -510,17 +515,31 @@ class SpanStage:
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
         if offsets:
             try:
-                self.consumer.commit(offsets=list(offsets.values()), asynchronous=False)
-            except KafkaException as exc:  # e.g. the group rebalanced: the new owner replays from the last commit
+                # A revoke or a stop hands the partitions on: their offsets are in before it returns. Otherwise the
+                # loop does not wait for the group coordinator (with the broker gone, 45 s): ``_committed`` hears
+                # the answer at a later poll, and a refused commit is made again at the next commit point.
+                self.consumer.commit(offsets=list(offsets.values()), asynchronous=not final)
+            except KafkaException as exc:
                 for st in self.parts.values():
-                    st.committed = (-1, -1)
-                err = exc.args[0] if exc.args else exc
-                if getattr(err, "code", lambda: None)() in _REBALANCING:
-                    # Expected while a cooperative rebalance is under way: committed at the next commit point.
-                    log.info("span stage commit deferred, the group is rebalancing: %s", err)
-                else:
-                    raise KafkaUnavailable(f"offset commit failed: {err}") from exc
+                    st.committed = (-1, -1)  # commit again next time
+                self._commit_refused(exc.args[0] if exc.args else exc)
         self._lag()
+
+    def _committed(self, err: Any, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to an asynchronous commit (called inside ``consume``)."""
+        err = err if err is not None else next((tp.error for tp in partitions or () if tp.error is not None), None)
+        if err is not None:
+            for st in self.parts.values():
+                st.committed = (-1, -1)  # commit again next time
+            self._commit_error = err
+
+    def _commit_refused(self, err: Any) -> None:
+        """Say that a commit was refused (its offsets are committed again at the next commit point)."""
+        if getattr(err, "code", lambda: None)() in _REBALANCING:
+            # Expected while a cooperative rebalance is under way: committed at the next commit point.
+            log.info("span stage commit deferred, the group is rebalancing: %s", err)
+        else:
+            raise KafkaUnavailable(f"offset commit failed: {err}")
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         """Drop what is not settled for partitions no longer ours: their next owner replays them."""

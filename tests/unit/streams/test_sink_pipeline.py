@@ -93,9 +93,11 @@ def test_flush_writes_the_batch_in_flight_then_the_rest() -> None:
 class RecordingConsumer:
     def __init__(self) -> None:
         self.commits: list[dict[int, int]] = []
+        self.waited: list[bool] = []  # per commit: did the stage wait for the coordinator's answer
 
     def commit(self, offsets: list[Any], asynchronous: bool) -> None:
         self.commits.append({tp.partition: tp.offset for tp in offsets})
+        self.waited.append(not asynchronous)
 
     def get_watermark_offsets(self, tp: Any, cached: bool) -> tuple[int, int]:
         raise KafkaException("no broker here")
@@ -236,3 +238,24 @@ def test_an_entry_still_queued_is_waited_for_not_sent_twice() -> None:
             s.commit_point(final=True)
     s.commit_point()
     assert producer.sent == [ENTRY] and consumer.commits == [{0: 1}]
+
+
+def test_the_stage_does_not_wait_for_a_commit_and_makes_a_refused_one_again() -> None:
+    """Each commit waited for the group coordinator's answer, holding the event loop: with the broker gone, 45 s.
+    A stop or a revoke still waits (the partitions are handed on)."""
+    from confluent_kafka import KafkaError
+
+    s, sink, consumer = _stage(GatedClient())
+    _read(s, sink, 0)
+    s.commit_point()
+    s.commit_point()
+    assert consumer.commits == [{0: 1}] and consumer.waited == [False]
+    s._committed(KafkaError(KafkaError._WAIT_COORD), [])  # the answer, at a later poll
+    with pytest.raises(KafkaUnavailable, match="offset commit failed"):
+        s.commit_point()  # made again, and the refusal reported (readiness)
+    assert consumer.commits == [{0: 1}, {0: 1}]
+    s.commit_point()
+    assert consumer.commits == [{0: 1}, {0: 1}], "accepted: nothing to commit again"
+    _read(s, sink, 1)
+    s.commit_point(final=True)
+    assert consumer.commits[-1] == {0: 2} and consumer.waited[-1] is True
