@@ -4,8 +4,8 @@ The worker's span-stage loop reports here (:class:`StreamHealth`); :func:`founda
 serves the verdict with ``/healthz`` and ``/metrics`` on the worker's metrics port. Ready when:
 
 * kafka — the span stage holds at least one partition of the spans topic, and its last commit point
-  delivered and committed (a worker with no partition, more workers than partitions, is not ready:
-  it does no work);
+  delivered what it produced, with no offset commit refused or left unanswered for 5 s (a worker with
+  no partition, more workers than partitions, is not ready: it does no work);
 * clickhouse — the last insert succeeded or, with no rows to write, the server answered a ping within
   ``PING_EVERY_S``;
 * progress — records read from the spans topic were written and committed within ``stall_s``, or

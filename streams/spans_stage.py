@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -195,6 +196,7 @@ class SpanStage:
         })
         self._failed: list[str] = []  # delivery errors since the last commit point
         self._commit_error: Any = None  # an asynchronous commit refused since the last commit point
+        self._commits_out: deque[float] = deque()  # when each asynchronous commit not yet answered was sent
         self._redo: list[tuple[str, bytes | None, bytes | None, int]] = []  # (topic, key, value, partition) refused
         self._closed = False
         self._held = False
@@ -488,8 +490,13 @@ class SpanStage:
         self._unsettled.append((seq, entries, offsets))
         self._settle(final)
         refused, self._commit_error = self._commit_error, None
+        if final:  # its own commit was waited for: what an earlier one got is behind it
+            return
         if refused is not None:  # an earlier commit: its offsets are committed again
             self._commit_refused(refused)
+        if self._commits_out and time.monotonic() - self._commits_out[0] > DELIVERY_WAIT_S:
+            # Not answered (the coordinator unknown, the broker gone): not ready, as a refused commit would be.
+            raise KafkaUnavailable(f"offset commit unanswered for {time.monotonic() - self._commits_out[0]:.0f} s")
 
     def _settle(self, final: bool = False) -> None:
         """Deliver and commit what the commit points whose rows are all written carry."""
@@ -519,6 +526,8 @@ class SpanStage:
                 # loop does not wait for the group coordinator (with the broker gone, 45 s): ``_committed`` hears
                 # the answer at a later poll, and a refused commit is made again at the next commit point.
                 self.consumer.commit(offsets=list(offsets.values()), asynchronous=not final)
+                if not final:
+                    self._commits_out.append(time.monotonic())
             except KafkaException as exc:
                 for st in self.parts.values():
                     st.committed = (-1, -1)  # commit again next time
@@ -526,7 +535,9 @@ class SpanStage:
         self._lag()
 
     def _committed(self, err: Any, partitions: list[TopicPartition]) -> None:
-        """librdkafka's answer to an asynchronous commit (called inside ``consume``)."""
+        """librdkafka's answer to an asynchronous commit (called inside ``consume``), in the order they were sent."""
+        if self._commits_out:
+            self._commits_out.popleft()
         err = err if err is not None else next((tp.error for tp in partitions or () if tp.error is not None), None)
         if err is not None:
             for st in self.parts.values():

@@ -259,3 +259,19 @@ def test_the_stage_does_not_wait_for_a_commit_and_makes_a_refused_one_again() ->
     _read(s, sink, 1)
     s.commit_point(final=True)
     assert consumer.commits[-1] == {0: 2} and consumer.waited[-1] is True
+
+
+def test_a_commit_left_unanswered_makes_the_commit_point_fail_until_it_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the broker gone an asynchronous commit may get no answer at all: readiness must still say so."""
+    import streams.spans_stage as spans_stage
+
+    s, sink, consumer = _stage(GatedClient())
+    _read(s, sink, 0)
+    s.commit_point()
+    s.commit_point()  # sent, not answered
+    monkeypatch.setattr(spans_stage, "DELIVERY_WAIT_S", 0.0)
+    with pytest.raises(KafkaUnavailable, match="unanswered"):
+        s.commit_point()
+    s._committed(None, [])  # answered: accepted
+    s.commit_point()
+    assert consumer.commits == [{0: 1}]
