@@ -410,7 +410,7 @@ class ClickHouseSink:
                 settings = {"insert_deduplication_token": token} if token else {}
                 self.client.insert(table, data, column_names=columns, settings=settings)
         except Exception as exc:  # noqa: BLE001 - mapped once, here
-            raise ClickHouseError(f"insert of {n} rows into {table} failed: {str(exc).splitlines()[0]}") from exc
+            raise ClickHouseError(f"insert of {n} rows into {table} failed: {(str(exc).splitlines() or [repr(exc)])[0]}") from exc
         return n
 
 

@@ -108,6 +108,11 @@ def dead_letter_reason(exc: Exception) -> str:
 
 REPLAY_PREFIX = "replay_from="
 _REBALANCING = {KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID}
+# Delivery failures that another try can mend (the idempotent producer retries everything else itself until
+# its timeout, so these are what is left of a broker that was away)
+_TRANSIENT = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+              KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+              KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NETWORK_EXCEPTION}
 
 
 def parse_replay_from(metadata: str | None) -> int | None:
@@ -197,6 +202,7 @@ class SpanStage:
         self._failed: list[str] = []  # delivery errors since the last commit point
         self._commit_error: Any = None  # an asynchronous commit refused since the last commit point
         self._commits_out: deque[float] = deque()  # when each asynchronous commit not yet answered was sent
+        self._consumed_at = 0.0  # when the last poll began
         self._redo: list[tuple[str, bytes | None, bytes | None, int]] = []  # (topic, key, value, partition) refused
         self._closed = False
         self._held = False
@@ -284,6 +290,7 @@ class SpanStage:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Process the records librdkafka has fetched (at most ``batch``); → how many."""
+        self._consumed_at = time.monotonic()  # commit answers that arrived by now are served in this call
         msgs: list[Any] = self.consumer.consume(self.batch, timeout)  # Any: fields are set on records without error
         if not msgs:
             return 0
@@ -444,11 +451,27 @@ class SpanStage:
     # ------------------------------------------------------------------ commit point
 
     def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._failed.append(f"{msg.topic()}: {err}")
-            # A changelog entry, a summary or a dead letter librdkafka gave up on: the offsets it belongs to are
-            # not committed, and it goes out again at the next commit point.
+        if err is None:
+            return
+        # A changelog entry, a summary or a dead letter librdkafka gave up on: the offsets of this commit point are
+        # not committed. One it gave up on for lack of time (the broker away) goes out again at the next commit
+        # point; one the broker refuses for good (too large, not authorised) would be refused again at every one,
+        # and no offset would ever be committed again: it is logged and left.
+        self._failed.append(f"{msg.topic()}: {err}")
+        if err.code() in _TRANSIENT or err.retriable():
             self._redo.append((msg.topic(), msg.key(), msg.value(), msg.partition()))
+        else:
+            log.error("%s refused a record for good (%s): not sent again%s", msg.topic(), err,
+                      "; that rollout is stored, not trained" if msg.topic() == self.done_topic else "")
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
+        """``_produce`` at a commit point: a record librdkafka refuses at once fails this commit point (its
+        offsets wait), is logged, and does not stop the rest from going out."""
+        try:
+            self._produce(topic, key, value, partition)
+        except KafkaException as exc:
+            self._failed.append(f"{topic}: {exc}")
+            log.error("%s refused a record (%s): not sent", topic, exc)
 
     def _produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
         while True:
@@ -476,6 +499,9 @@ class SpanStage:
             seq = self.sink.submitted
         else:
             seq = self.submit_sink()  # raises the batch in flight's failure: it goes with the next one
+        if final and self._commits_out:  # an earlier commit may yet be refused: this one waits, with every offset
+            for st in self.parts.values():
+                st.committed = (-1, -1)
         now_ns = time.time_ns()
         entries: list[tuple[int, bytes, bytes | None]] = []
         offsets: dict[int, TopicPartition] = {}
@@ -494,9 +520,10 @@ class SpanStage:
             return
         if refused is not None:  # an earlier commit: its offsets are committed again
             self._commit_refused(refused)
-        if self._commits_out and time.monotonic() - self._commits_out[0] > DELIVERY_WAIT_S:
-            # Not answered (the coordinator unknown, the broker gone): not ready, as a refused commit would be.
-            raise KafkaUnavailable(f"offset commit unanswered for {time.monotonic() - self._commits_out[0]:.0f} s")
+        if self._commits_out and self._consumed_at - self._commits_out[0] > DELIVERY_WAIT_S:
+            # Not answered by a poll 5 s after it was sent (the coordinator unknown, the broker gone): not ready, as
+            # a refused commit would be. Counted to the last poll: answers are served there, not while we insert.
+            raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commits_out[0]:.0f} s")
 
     def _settle(self, final: bool = False) -> None:
         """Deliver and commit what the commit points whose rows are all written carry."""
@@ -506,11 +533,11 @@ class SpanStage:
         self._unsettled = self._unsettled[len(ready):]
         redo, self._redo = self._redo, []
         for topic, key, value, partition in redo:  # refused before: sent again, before what follows them
-            self._produce(topic, key, value, partition=partition)
+            self._send(topic, key, value, partition=partition)
         offsets: dict[int, TopicPartition] = {}
         for _, entries, later in ready:
             for partition, key, value in entries:
-                self._produce(self.state_topic, key, value, partition=partition)
+                self._send(self.state_topic, key, value, partition=partition)
             offsets.update(later)
         # Not longer: the loop (faust's heartbeats among it) waits meanwhile. What is still queued stays
         # queued; librdkafka delivers it or reports it failed, and then it is sent again (``_delivered``).

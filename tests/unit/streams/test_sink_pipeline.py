@@ -5,11 +5,12 @@ the real engine in tests/integration/streams)."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from foundation.errors import ClickHouseError, KafkaUnavailable
 from streams.attempts import PartitionState
@@ -180,15 +181,21 @@ def test_sink_sync_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 class FlakyProducer:
-    """Queues records; each ``flush`` takes the next outcome: "fail" (librdkafka reports every queued record
-    refused), "slow" (still queued when the wait ends), "ok" (delivered). After the list: "ok"."""
+    """Queues records; each ``flush`` takes the next outcome: "fail" (librdkafka gave up on every queued record:
+    its timeout), "refuse" (the broker refuses them for good), "slow" (still queued when the wait ends), "ok"
+    (delivered). After the list: "ok"."""
+
+    ERRORS = {"fail": KafkaError(KafkaError._MSG_TIMED_OUT), "refuse": KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "ok": None}
 
     def __init__(self, outcomes: list[str]) -> None:
         self.outcomes = outcomes
         self.sent: list[tuple[str, bytes, int]] = []
         self.queued: list[tuple[Any, Any]] = []
+        self.refused_now: set[bytes] = set()  # keys produce() raises for
 
     def produce(self, topic: str, value: bytes | None, key: bytes, partition: int = -1, on_delivery: Any = None) -> None:
+        if key in self.refused_now:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
         self.sent.append((topic, key, partition))
         msg = SimpleNamespace(topic=lambda: topic, key=lambda: key, value=lambda: value, partition=lambda: partition)
         self.queued.append((msg, on_delivery))
@@ -199,7 +206,7 @@ class FlakyProducer:
             return len(self.queued)
         queued, self.queued = self.queued, []
         for msg, callback in queued:
-            callback("Local: Message timed out" if outcome == "fail" else None, msg)
+            callback(self.ERRORS[outcome], msg)
         return 0
 
     def poll(self, timeout: float) -> int:
@@ -229,6 +236,15 @@ def test_a_changelog_entry_librdkafka_refused_is_sent_again_before_the_offset_is
     assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}]
     s.commit_point()
     assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}], "settled once"
+
+
+def test_a_record_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_sent_again() -> None:
+    """Sent again at every commit point, it was refused at every one, and no offset was ever committed again."""
+    s, consumer, producer = _completed(["refuse"])
+    with pytest.raises(KafkaUnavailable):
+        s.commit_point(final=True)
+    s.commit_point()
+    assert producer.sent == [ENTRY] and consumer.commits == [{0: 1}]
 
 
 def test_an_entry_still_queued_is_waited_for_not_sent_twice() -> None:
@@ -270,8 +286,45 @@ def test_a_commit_left_unanswered_makes_the_commit_point_fail_until_it_is_answer
     s.commit_point()
     s.commit_point()  # sent, not answered
     monkeypatch.setattr(spans_stage, "DELIVERY_WAIT_S", 0.0)
+    s.commit_point()  # no poll since it was sent (the stage was inserting): its answer may be waiting there
+    s._consumed_at = time.monotonic()  # a poll that served no answer
     with pytest.raises(KafkaUnavailable, match="unanswered"):
         s.commit_point()
     s._committed(None, [])  # answered: accepted
     s.commit_point()
     assert consumer.commits == [{0: 1}]
+
+
+def test_a_revoke_while_a_commit_is_unanswered_commits_every_offset_and_waits() -> None:
+    """The earlier commit could still be refused, after the partition is gone: its offset was never sent again."""
+    s, sink, consumer = _stage(GatedClient())
+    _read(s, sink, 0)
+    s.commit_point()
+    s.commit_point()  # {0: 1} sent, not answered
+    s.commit_point(final=True)  # nothing new read
+    assert consumer.commits == [{0: 1}, {0: 1}] and consumer.waited == [False, True]
+
+
+def test_a_record_produce_refuses_at_once_fails_its_commit_point_and_the_others_go_out() -> None:
+    """The error left the commit point with its entries taken off the list and the refused ones forgotten; a
+    revoke, which carries on after a failed commit point, then committed past entries never sent."""
+    s, consumer, producer = _completed([])
+    s.parts[0].completing[("r2", "a2")] = 0
+    producer.refused_now.add(f"r1{SEP}a1".encode())
+    with pytest.raises(KafkaUnavailable):
+        s.commit_point(final=True)
+    assert producer.sent == [("c", f"r2{SEP}a2".encode(), 0)] and consumer.commits == []
+    s.commit_point()
+    assert consumer.commits == [{0: 1}]
+
+
+def test_an_insert_failing_with_an_empty_message_is_a_clickhouse_error() -> None:
+    class Silent:
+        def raw_insert(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("")
+
+    sink = ClickHouseSink(Silent())
+    sink.add_encoded("spans", b"a", ("s", 0, 1))
+    with pytest.raises(ClickHouseError, match="RuntimeError"):
+        sink.flush()
+    assert sink.pending == 1
