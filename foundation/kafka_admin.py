@@ -13,6 +13,11 @@ from foundation.config import Topics
 from foundation.errors import KafkaNotAuthorized, KafkaUnavailable, ServiceError
 
 
+# The largest record a topic takes (the broker's default is 1 MB): a rollout's summary, a group's batch or an
+# LLM span with a long prompt's token ids is larger; the producers allow as much (message.max.bytes).
+MAX_RECORD_BYTES = str(16 * 1024 * 1024)
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
@@ -24,14 +29,14 @@ def topic_specs(topics: Topics, span_partitions: int = 4) -> list[TopicSpec]:
     """The topics of the design, with partitions and configs that fit them."""
     return [
         # Spans and lifecycle events, keyed by rollout_id: partitions divide the stream workers' work.
-        TopicSpec(topics.spans, span_partitions, {"compression.type": "producer", "max.message.bytes": "16777216"}),
+        TopicSpec(topics.spans, span_partitions, {"compression.type": "producer", "max.message.bytes": MAX_RECORD_BYTES}),
         TopicSpec(topics.tasks, span_partitions),
         # Groups for the trainer: one partition keeps them in the order they completed.
-        TopicSpec(topics.batches, 1, {"max.message.bytes": "16777216"}),
+        TopicSpec(topics.batches, 1, {"max.message.bytes": MAX_RECORD_BYTES}),
         # Latest version per resource name survives compaction forever.
         TopicSpec(topics.resources, 1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
         TopicSpec(topics.metrics, 1),
-        TopicSpec(topics.dlq, 1, {"max.message.bytes": "16777216"}),
+        TopicSpec(topics.dlq, 1, {"max.message.bytes": MAX_RECORD_BYTES}),
     ]
 
 

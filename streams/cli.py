@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from foundation.kafka_admin import TopicSpec
 
 log = logging.getLogger("rolloutbus.streams")
 
@@ -37,6 +40,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kw in _FLAGS:
         parser.add_argument(flag, default=None, **kw)
@@ -62,13 +66,26 @@ def _span_partitions(conf: dict[str, Any], topic: str) -> int:
     return len(t.partitions) if t is not None and t.partitions else 0
 
 
+def worker_topics(prefix: str, app_id: str, partitions: int) -> list[TopicSpec]:
+    """The topics the worker makes for itself: the rollouts' summaries re-keyed by group id (as many partitions as
+    rb.spans, so the group table co-partitions with it; a summary carries every step's token ids, so it takes
+    records as large as rb.spans does) and the span stage's changelog of completed attempts."""
+    from foundation.kafka_admin import MAX_RECORD_BYTES, TopicSpec
+    from streams.app import done_topic_name
+    from streams.spans_stage import state_topic_name
+
+    return [
+        TopicSpec(done_topic_name(prefix), partitions, {"max.message.bytes": MAX_RECORD_BYTES}),
+        TopicSpec(state_topic_name(app_id), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from foundation.clickhouse import open_store, redact_dsn
     from foundation.health import serve_health
     from foundation.errors import ConfigError, KafkaUnavailable
     from foundation.kafka_admin import TopicSpec, ensure_topics, topic_specs
-    from streams.app import Config, Worker, done_topic_name, faust_worker
-    from streams.spans_stage import state_topic_name
+    from streams.app import Config, Worker, faust_worker
     from streams.grouping import GroupPolicy
     from streams.health import StreamHealth
     from streams.rewards import RewardRules
@@ -105,12 +122,7 @@ def run(args: argparse.Namespace) -> int:
     partitions = _span_partitions(conf, topics.spans)
     if partitions < 1:
         raise KafkaUnavailable(f"topic {topics.spans} has no partitions on {s.bootstrap}")
-    # Summaries re-keyed by group id: same partition count, so the group table co-partitions with it.
-    # The span stage's changelog of completed attempts: one partition per rb.spans partition.
-    ensure_topics(conf, [
-        TopicSpec(done_topic_name(topics.prefix), partitions),
-        TopicSpec(state_topic_name(s.application_id), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
-    ])
+    ensure_topics(conf, worker_topics(topics.prefix, s.application_id, partitions))
 
     client = open_store(s.dsn, s.clickhouse_database, s.clickhouse_password)
     sink = ClickHouseSink(client, batch_size=s.sink_batch_size, interval_s=s.sink_interval_s)

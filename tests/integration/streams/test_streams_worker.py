@@ -26,6 +26,18 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
     rc, out = stop_worker(proc)
     assert rc == 0, out[-3000:]
     assert sorted(b.group_id for b in got) == ["t1@1", "t2@1"]
+    # the summaries' topic, made by the worker, takes records as large as rb.spans does (the broker's default
+    # is 1 MB: a long rollout's summary, every step's token ids, was refused and the rollout never trained)
+    from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
+
+    from streams.app import done_topic_name
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, done_topic_name(topics.prefix))
+    kafka_admin = AdminClient(kafka_conf)
+    config = kafka_admin.describe_configs([res])[res].result(30)
+    setting = config["max.message.bytes"]
+    # the topic's own setting: this test broker's default is 16 MB too, a production broker's is 1 MB
+    assert (setting.value, setting.source) == (str(16 * 1024 * 1024), ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
 
     core = Settings(credit="discounted", gamma=0.5)
     results = {rid: finish_attempt(spans, ev, core) for rid, (spans, ev) in inputs.items()}
