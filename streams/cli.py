@@ -40,7 +40,6 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kw in _FLAGS:
         parser.add_argument(flag, default=None, **kw)

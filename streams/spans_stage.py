@@ -500,8 +500,7 @@ class SpanStage:
         else:
             seq = self.submit_sink()  # raises the batch in flight's failure: it goes with the next one
         if final and self._commits_out:  # an earlier commit may yet be refused: this one waits, with every offset
-            for st in self.parts.values():
-                st.committed = (-1, -1)
+            self._commit_again()
         now_ns = time.time_ns()
         entries: list[tuple[int, bytes, bytes | None]] = []
         offsets: dict[int, TopicPartition] = {}
@@ -544,8 +543,7 @@ class SpanStage:
         left = self.producer.flush(DELIVERY_WAIT_S)
         if left or self._failed:
             failed, self._failed = self._failed, []
-            for st in self.parts.values():
-                st.committed = (-1, -1)  # commit again next time
+            self._commit_again()
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
         if offsets:
             try:
@@ -556,8 +554,7 @@ class SpanStage:
                 if not final:
                     self._commits_out.append(time.monotonic())
             except KafkaException as exc:
-                for st in self.parts.values():
-                    st.committed = (-1, -1)  # commit again next time
+                self._commit_again()
                 self._commit_refused(exc.args[0] if exc.args else exc)
         self._lag()
 
@@ -567,9 +564,13 @@ class SpanStage:
             self._commits_out.popleft()
         err = err if err is not None else next((tp.error for tp in partitions or () if tp.error is not None), None)
         if err is not None:
-            for st in self.parts.values():
-                st.committed = (-1, -1)  # commit again next time
+            self._commit_again()
             self._commit_error = err
+
+    def _commit_again(self) -> None:
+        """Every partition's offset goes with the next commit point, changed or not."""
+        for st in self.parts.values():
+            st.committed = (-1, -1)
 
     def _commit_refused(self, err: Any) -> None:
         """Say that a commit was refused (its offsets are committed again at the next commit point)."""
