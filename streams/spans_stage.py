@@ -545,7 +545,12 @@ class SpanStage:
             failed, self._failed = self._failed, []
             self._commit_again()
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
-        if offsets:
+        if offsets and self._commits_out and not final:
+            # One asynchronous commit at a time. librdkafka sends a commit again after a backoff when the coordinator
+            # moved or timed out, and answers only then; a later commit sent meanwhile could land first and be
+            # overwritten by the older one. These offsets go with the first commit point after the answer.
+            self._commit_again()
+        elif offsets:
             try:
                 # A revoke or a stop hands the partitions on: their offsets are in before it returns. Otherwise the
                 # loop does not wait for the group coordinator (with the broker gone, 45 s): ``_committed`` hears

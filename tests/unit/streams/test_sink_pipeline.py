@@ -277,6 +277,22 @@ def test_the_stage_does_not_wait_for_a_commit_and_makes_a_refused_one_again() ->
     assert consumer.commits[-1] == {0: 2} and consumer.waited[-1] is True
 
 
+def test_one_asynchronous_commit_at_a_time() -> None:
+    """librdkafka sends a commit again after a backoff (the coordinator moved, the request timed out) and answers only
+    then: a commit sent meanwhile could land first and be overwritten by the older one, the group's offset going back."""
+    s, sink, consumer = _stage(GatedClient())
+    _read(s, sink, 0)
+    s.commit_point()
+    s.commit_point()  # {0: 1} sent, not answered
+    _read(s, sink, 1)
+    s.commit_point()
+    s.commit_point()  # row 1 written: its offset waits for the answer
+    assert consumer.commits == [{0: 1}]
+    s._committed(None, [])  # the answer, at a later poll
+    s.commit_point()
+    assert consumer.commits == [{0: 1}, {0: 2}] and consumer.waited == [False, False]
+
+
 def test_a_commit_left_unanswered_makes_the_commit_point_fail_until_it_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the broker gone an asynchronous commit may get no answer at all: readiness must still say so."""
     import streams.spans_stage as spans_stage
