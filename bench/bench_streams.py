@@ -1,6 +1,6 @@
 """Stream-worker benchmark: Kafka → ClickHouse throughput, and end-to-end latencies under live load.
 
-    python bench/bench_streams.py [--small 150000] [--llm 20000] [--live-s 30] [--quick] [--json]
+    python bench/bench_streams.py [--small 150000] [--llm 100000] [--live-s 30] [--quick] [--json]
 
 One stream worker (``python -m streams.cli``, a subprocess with its own data dir and embedded chDB
 store) runs three phases, each on fresh topics and its own ClickHouse database:
@@ -11,7 +11,9 @@ store) runs three phases, each on fresh topics and its own ClickHouse database:
    ``rolloutbus_streams_sink_rows_total{table="spans"}``). "Per core" divides by the worker's CPU
    seconds over the same window (utime+stime of all its threads, from /proc), so a busy shared machine
    does not count against it; the wall-clock rate is shown too.
-2. **llm** — the same with LLM spans carrying 1,000-token prompts and 50-token responses.
+2. **llm** — the same with LLM spans carrying 1,000-token prompts and 50-token responses; 100,000 of
+   them, a window of 6–7 s, long enough to hold the merges of the worker's in-process store (with
+   20,000, 1.8 s, whether one merge fell inside moved the figure between 10.6k and 15.3k per CPU-s).
 3. **live** — rollouts (mixed small + LLM spans, groups of 4) are produced at a fixed pace while the
    worker runs. *group → batch*: from the bench's FINISHED emit of a group's last rollout to the
    bench's consumer receiving its GroupBatch on rb.batches (same clock). *rollout → queryable*: the
@@ -477,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     # Backlogs long enough (7-8 s of processing each) that the worker's first second — consumer group
     # join, first inserts into a new table — does not dominate the figure.
     ap.add_argument("--small", type=int, default=150_000, help="small spans in the backlog")
-    ap.add_argument("--llm", type=int, default=20_000, help="LLM spans (1,000-token prompts) in the backlog")
+    ap.add_argument("--llm", type=int, default=100_000, help="LLM spans (1,000-token prompts) in the backlog")
     ap.add_argument("--live-s", type=float, default=20.0, help="seconds of paced live load")
     ap.add_argument("--live-rate", type=float, default=4.0, help="rollouts started per second in the live phase")
     ap.add_argument("--live-concurrency", type=int, default=8, help="rollouts in flight in the live phase")
