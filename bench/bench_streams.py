@@ -1,6 +1,6 @@
 """Stream-worker benchmark: Kafka → ClickHouse throughput, and end-to-end latencies under live load.
 
-    python bench/bench_streams.py [--small 150000] [--llm 100000] [--live-s 30] [--quick] [--json]
+    python bench/bench_streams.py [--small 150000] [--llm 100000] [--live-s 20] [--quick] [--json]
 
 One stream worker (``python -m streams.cli``, a subprocess with its own data dir and embedded chDB
 store) runs three phases, each on fresh topics and its own ClickHouse database:
