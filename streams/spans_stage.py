@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -201,7 +200,7 @@ class SpanStage:
         })
         self._failed: list[str] = []  # delivery errors since the last commit point
         self._commit_error: Any = None  # an asynchronous commit refused since the last commit point
-        self._commits_out: deque[float] = deque()  # when each asynchronous commit not yet answered was sent
+        self._commit_sent: float | None = None  # when the asynchronous commit not yet answered was sent (one at a time)
         self._consumed_at = 0.0  # when the last poll began
         self._redo: list[tuple[str, bytes | None, bytes | None, int]] = []  # (topic, key, value, partition) refused
         self._closed = False
@@ -499,7 +498,7 @@ class SpanStage:
             seq = self.sink.submitted
         else:
             seq = self.submit_sink()  # raises the batch in flight's failure: it goes with the next one
-        if final and self._commits_out:  # an earlier commit may yet be refused: this one waits, with every offset
+        if final and self._commit_sent is not None:  # an earlier commit may yet be refused: this one waits, with every offset
             self._commit_again()
         now_ns = time.time_ns()
         entries: list[tuple[int, bytes, bytes | None]] = []
@@ -519,10 +518,10 @@ class SpanStage:
             return
         if refused is not None:  # an earlier commit: its offsets are committed again
             self._commit_refused(refused)
-        if self._commits_out and self._consumed_at - self._commits_out[0] > DELIVERY_WAIT_S:
+        if self._commit_sent is not None and self._consumed_at - self._commit_sent > DELIVERY_WAIT_S:
             # Not answered by a poll 5 s after it was sent (the coordinator unknown, the broker gone): not ready, as
             # a refused commit would be. Counted to the last poll: answers are served there, not while we insert.
-            raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commits_out[0]:.0f} s")
+            raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commit_sent:.0f} s")
 
     def _settle(self, final: bool = False) -> None:
         """Deliver and commit what the commit points whose rows are all written carry."""
@@ -545,7 +544,7 @@ class SpanStage:
             failed, self._failed = self._failed, []
             self._commit_again()
             raise KafkaUnavailable(f"{left} records undelivered, {len(failed)} failed ({failed[:3]}): offsets not committed")
-        if offsets and self._commits_out and not final:
+        if offsets and self._commit_sent is not None and not final:
             # One asynchronous commit at a time. librdkafka sends a commit again after a backoff when the coordinator
             # moved or timed out, and answers only then; a later commit sent meanwhile could land first and be
             # overwritten by the older one. These offsets go with the first commit point after the answer.
@@ -557,16 +556,15 @@ class SpanStage:
                 # the answer at a later poll, and a refused commit is made again at the next commit point.
                 self.consumer.commit(offsets=list(offsets.values()), asynchronous=not final)
                 if not final:
-                    self._commits_out.append(time.monotonic())
+                    self._commit_sent = time.monotonic()
             except KafkaException as exc:
                 self._commit_again()
                 self._commit_refused(exc.args[0] if exc.args else exc)
         self._lag()
 
     def _committed(self, err: Any, partitions: list[TopicPartition]) -> None:
-        """librdkafka's answer to an asynchronous commit (called inside ``consume``), in the order they were sent."""
-        if self._commits_out:
-            self._commits_out.popleft()
+        """librdkafka's answer to the asynchronous commit in flight (called inside ``consume``)."""
+        self._commit_sent = None
         err = err if err is not None else next((tp.error for tp in partitions or () if tp.error is not None), None)
         if err is not None:
             self._commit_again()
