@@ -1,6 +1,6 @@
 """Stream-worker benchmark: Kafka → ClickHouse throughput, and end-to-end latencies under live load.
 
-    python bench/bench_streams.py [--small 150000] [--llm 100000] [--live-s 20] [--quick] [--json]
+    python bench/bench_streams.py [--small 600000] [--llm 100000] [--live-s 20] [--quick] [--json]
 
 One stream worker (``python -m streams.cli``, a subprocess with its own data dir and embedded chDB
 store) runs three phases, each on fresh topics and its own ClickHouse database:
@@ -476,9 +476,11 @@ def verify(worker_dir: Path, phases: dict[str, dict[str, Any]]) -> dict[str, dic
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cap-s", type=float, default=60.0, help="most seconds of processing measured per throughput phase")
-    # Backlogs long enough (7-8 s of processing each) that the worker's first second — consumer group
-    # join, first inserts into a new table — does not dominate the figure.
-    ap.add_argument("--small", type=int, default=150_000, help="small spans in the backlog")
+    # Backlogs long enough (6-8 s of processing each) that the worker's first second (consumer group
+    # join, first inserts into a new table) and the timing of its store's merges do not decide the
+    # figure. 150,000 small spans had become a 2 s window: 58-65k per CPU-s pipelined against 71-79k
+    # with 600,000 (bench/results/streams-worker-2026-11-26/).
+    ap.add_argument("--small", type=int, default=600_000, help="small spans in the backlog")
     ap.add_argument("--llm", type=int, default=100_000, help="LLM spans (1,000-token prompts) in the backlog")
     ap.add_argument("--live-s", type=float, default=20.0, help="seconds of paced live load")
     ap.add_argument("--live-rate", type=float, default=4.0, help="rollouts started per second in the live phase")
