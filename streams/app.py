@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import faust
+from aiokafka.errors import BrokerResponseError
 from prometheus_client import Counter, Histogram
 
 from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
@@ -175,7 +176,9 @@ class Worker:
         self._replaced_seen = 0  # sink.rows_dropped already counted in rolloutbus_streams_sink_rows_replaced_total
         self._written_seen: dict[str, int] = {}  # sink.rows_written already counted in rolloutbus_streams_sink_rows_total
         self._batch_seen = 0  # sink.written at the last look
-        self._sent: list[Any] = []  # delivery futures of what was produced since the last commit point
+        # Batches and dead letters produced since the last commit point: (topic, key, value, delivery). Sent
+        # again while the broker is away; the changelog entries they depend on wait until they are delivered.
+        self._out: list[tuple[Any, bytes | None, bytes, Any]] = []
         self._lock = asyncio.Lock()
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
         self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
@@ -248,10 +251,11 @@ class Worker:
         self._replaced_seen = self.sink.rows_dropped
 
     async def commit_point(self) -> None:
-        """Write the rows buffered so far, then persist the table entries changed so far, wait until the
-        broker has every record produced since the last commit point, then ack what they carried. The
-        rows are written on the sink's writer thread while the event loop (the span stage) runs on; the
-        entries and acks are the ones taken before it."""
+        """Write the rows buffered so far; wait until the broker has every batch and dead letter produced
+        so far; then persist the table entries changed so far and wait for them; then ack what they
+        carried. The rows are written on the sink's writer thread while the event loop (the span stage)
+        runs on; the entries and acks are the ones taken before it. On a failure nothing is acked and the
+        entries go at the next commit point, with their values then."""
         async with self._lock:
             pending, self._pending = self._pending, []
             changes = self._take_changelogs()
@@ -260,25 +264,53 @@ class Worker:
                     await self._write_sink()
                 else:
                     self.flush_sink()
+                # faust's flush stops waiting for its send buffer after 0.1 s without a send
+                # (ProducerBuffer.flush_atmost), so each record's own future is awaited: it resolves once
+                # the broker has it. First what was produced (a group's batch), then the entries that
+                # record it (the group marked emitted): they go to other partitions, maybe other brokers,
+                # and an entry landing first, then a crash, would restore the group as emitted with its
+                # batch lost. A crash between the two sends the batch again; the trainer drops it by id.
+                await self.app.producer.flush()
+                await self._deliver()
+                sent = [table.send_changelog(partition, k, value) for (_, k), (table, partition, _fresh), value in changes]
+                await self.app.producer.flush()
+                failed = [r for r in await asyncio.gather(*sent, return_exceptions=True) if isinstance(r, BaseException)]
+                if failed:
+                    raise KafkaUnavailable(f"{len(failed)} changelog entries not delivered ({failed[0]!r}); "
+                                           "sent again at the next commit point")
             except BaseException:
                 self._pending[:0] = pending  # acked at the next commit point that succeeds
-                for slot, how, _ in changes:  # sent at the next one, with the value then
+                for slot, how, _ in changes:
                     self._dirty.setdefault(slot, how)
-                raise
-            try:
-                for (_, k), (table, partition, _fresh), value in changes:
-                    self._sent.append(table.send_changelog(partition, k, value))
-                await self.app.producer.flush()
-                # faust's flush stops waiting for its send buffer after 0.1 s without a send
-                # (ProducerBuffer.flush_atmost): on a busy worker, changelog entries and batches can
-                # still be in it. Each record's own future resolves once the broker has it.
-                sent, self._sent = self._sent, []
-                await asyncio.gather(*sent)
-            except BaseException:
-                self._pending[:0] = pending
                 raise
             for stream, event in pending:
                 await stream.ack(event)
+
+    def _produce(self, topic: Any, key: bytes | None, value: bytes) -> None:
+        """Queue a record for the broker; the next commit point waits for its delivery (and sends it again)."""
+        self._out.append((topic, key, value, topic.send_soon(key=key, value=value)))
+
+    async def _deliver(self) -> None:
+        """Wait until the broker has every batch and dead letter produced so far. One it did not take for
+        lack of time or a connection is queued again for the next commit point and this one fails: its
+        acks and entries wait. One the broker refuses for good (too large, not authorised) would be refused
+        at every commit point and hold every ack back: it is logged and left."""
+        out = list(self._out)  # taken off once answered: a commit point cancelled meanwhile loses none
+        results = await asyncio.gather(*(fut for *_, fut in out), return_exceptions=True)
+        del self._out[:len(out)]  # (only appended to meanwhile)
+        failed = []
+        for (topic, key, value, _), res in zip(out, results):
+            if not isinstance(res, BaseException):
+                continue
+            name = topic.get_topic_name()
+            failed.append(f"{name}: {res!r}")
+            if isinstance(res, BrokerResponseError) and not res.retriable:
+                log.error("%s refused a record for good (%r): not sent again%s", name, res,
+                          "; that group is stored, not trained" if topic is self.batches_topic else "")
+            else:
+                self._produce(topic, key, value)
+        if failed:
+            raise KafkaUnavailable(f"{len(failed)} records not delivered ({failed[0]}); sent again at the next commit point")
 
     async def _write_sink(self) -> None:
         """Wait, without holding the event loop, until every row buffered now is written (handing them to
@@ -310,7 +342,7 @@ class Worker:
             value=msg.value if isinstance(msg.value, (bytes, type(None))) else None,
             reason=reason, detail=detail[:4000], stage="streams", time_ns=time.time_ns(),
         )
-        self._sent.append(await self.dlq_topic.send(key=msg.key, value=codec.encode(dl)))
+        self._produce(self.dlq_topic, msg.key, codec.encode(dl))
         DLQ_OUT.labels(msg.topic).inc()
         self.stats["dlq"] += 1
         log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
@@ -442,8 +474,8 @@ class Worker:
         for result in members:
             self.sink.add_transitions(result, gid, now, final=True)  # replaces its rows still buffered
             self.sink.add("rollouts", rollout_row(result, gid, now))
-        # Queued ahead of the changelog entry below (one buffer, in order); delivered before the acks.
-        self._sent.append(self.batches_topic.send_soon(key=gid.encode(), value=codec.encode(batch)))
+        # Delivered before the entry below is sent (commit_point): the marker never lands without the batch.
+        self._produce(self.batches_topic, gid.encode(), codec.encode(batch))
         # Only the marker stays: a replay or a straggler finds the group emitted and is not trained twice.
         for rid in state["members"]:
             self._put(self.group_members, state["p"], f"{gid}{SEP}{rid}", None)

@@ -139,7 +139,7 @@ class FakeTable:
 
 
 def table_worker() -> Any:
-    w = SimpleNamespace(_dirty={}, _sent=[])
+    w = SimpleNamespace(_dirty={})
     w._put = lambda table, p, key, value: Worker._put(w, table, p, key, value)
     def flush() -> None:  # what a commit point sends once its rows are written
         for (_, k), (table, partition, _fresh), value in Worker._take_changelogs(w):

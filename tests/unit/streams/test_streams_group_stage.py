@@ -15,9 +15,12 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.types import TP
 
-from foundation.errors import ClickHouseError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NotLeaderForPartitionError
+
+from foundation.errors import ClickHouseError, KafkaUnavailable
 from streams.app import Config, Worker
 from streams.grouping import GroupPolicy, group_id
 from streams.health import StreamHealth
@@ -53,22 +56,29 @@ class FakeTable:
 
 
 class FakeTopic:
-    """``send`` yields to the loop as faust's does; ``send_soon`` only queues."""
+    """``send_soon`` only queues. Each record's delivery is the next of ``outcomes`` (delivered when none
+    is left): ``"wait"`` stays unanswered (in ``waiting``), an exception fails it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.sent: list[bytes] = []
+        self.outcomes: list[Any] = []
+        self.waiting: list[asyncio.Future[Any]] = []
 
     def get_topic_name(self) -> str:
         return self.name
 
     def send_soon(self, key: bytes, value: bytes) -> Any:
         self.sent.append(key)
-        return done_future()
-
-    async def send(self, key: bytes, value: bytes) -> Any:
-        await asyncio.sleep(0)
-        return self.send_soon(key, value)
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome is None:
+            return done_future()
+        fut = asyncio.get_running_loop().create_future()
+        if outcome == "wait":
+            self.waiting.append(fut)
+        else:
+            fut.set_exception(outcome)
+        return fut
 
 
 class FakeSink:
@@ -92,10 +102,10 @@ def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0) -> Any:
                    groups=GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s))
     w.sink = FakeSink()
     w.group_state, w.group_members = FakeTable(), FakeTable()
-    w.done_topic, w.batches_topic = FakeTopic(DONE), FakeTopic("x.batches")
+    w.done_topic, w.batches_topic, w.dlq_topic = FakeTopic(DONE), FakeTopic("x.batches"), FakeTopic("x.dlq")
     w.app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
                             consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
-    w._open_groups, w._incomplete, w._last_scan, w._dirty, w._sent, w._pending = set(), set(), 0, {}, [], []
+    w._open_groups, w._incomplete, w._last_scan, w._dirty, w._out, w._pending = set(), set(), 0, {}, [], []
     w._lock = asyncio.Lock()
     w.stats = {"groups": 0}
     return w
@@ -147,19 +157,19 @@ def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> 
         async def ack(event: str) -> None:
             acked.append(event)
 
-        delivery = asyncio.get_running_loop().create_future()
-        w._sent = [delivery]  # e.g. a changelog entry still in faust's send buffer
+        w.dlq_topic.outcomes = ["wait"]
+        w._produce(w.dlq_topic, b"k", b"dead letter")  # e.g. still in faust's send buffer
         w._pending = [(SimpleNamespace(ack=ack), "event")]
         task = asyncio.ensure_future(w.commit_point())
         await asyncio.sleep(0.05)
         before = list(acked)
         if fail:
-            delivery.set_exception(RuntimeError("delivery failed"))
+            w.dlq_topic.waiting[0].set_exception(KafkaTimeoutError())
         else:
-            delivery.set_result(None)
+            w.dlq_topic.waiting[0].set_result(None)
         try:
             await task
-        except RuntimeError:
+        except KafkaUnavailable:
             pass
         return before, acked, [e for _s, e in w._pending]
 
@@ -314,3 +324,125 @@ def test_a_group_with_a_members_summary_missing_waits_instead_of_going_out_short
         return sent
 
     assert asyncio.run(run()) == [[], [GID.encode()]]
+
+
+def acks(w: Any) -> list[str]:
+    """The group's two arrivals pending ack, as the agent leaves them; → what gets acked."""
+    acked: list[str] = []
+
+    async def ack(event: str) -> None:
+        acked.append(event)
+
+    w._pending = [(SimpleNamespace(ack=ack), "a"), (SimpleNamespace(ack=ack), "b")]
+    return acked
+
+
+def emitted_on(table: FakeTable) -> list[bool]:
+    """What the changelog says of the group, entry by entry."""
+    return [json.loads(v)["emitted"] for _p, k, v in table.sent if k == GID.encode() and v is not None]
+
+
+def test_the_group_is_marked_emitted_on_its_changelog_only_once_its_batch_is_on_the_broker() -> None:
+    """Seen in the container test: the batch's broker was killed with the worker. The changelog (another
+    broker) had the marker, the batch was still being retried; the restarted worker restored the group as
+    emitted and never sent the batch. Here the batch's delivery hangs, the worker dies, and a worker
+    restored from what the changelog has and replaying what was not acked sends it."""
+    async def run() -> tuple[list[bool], list[str], list[bytes], list[bool], list[str]]:
+        w = worker()
+        acked = acks(w)
+        w.batches_topic.outcomes = ["wait"]
+        await w.on_rollout_done(arrival("a"))
+        await w.on_rollout_done(arrival("b"))  # complete: emitted, its batch queued
+        task = asyncio.ensure_future(w.commit_point())
+        await asyncio.sleep(0.05)
+        on_changelog, acked_then = emitted_on(w.group_state), list(acked)
+        task.cancel()  # SIGKILL: the batch never arrives
+        # A new worker: the tables as their changelogs have them, the unacked arrivals replayed.
+        again = worker()
+        for table, old in ((again.group_state, w.group_state), (again.group_members, w.group_members)):
+            for _p, k, v in old.sent:
+                if v is None:
+                    table.data.pop(k, None)
+                else:
+                    table.data[k] = v
+        await again.on_rollout_done(arrival("a"))
+        await again.on_rollout_done(arrival("b"))
+        acked_again = acks(again)
+        await again.commit_point()
+        return on_changelog, acked_then, again.batches_topic.sent, emitted_on(again.group_state), acked_again
+
+    on_changelog, acked_then, resent, marker, acked_again = asyncio.run(run())
+    assert (on_changelog, acked_then) == ([], [])  # nothing says emitted while the batch is unanswered
+    assert resent == [GID.encode()]
+    assert (marker, acked_again) == ([True], ["a", "b"])
+
+
+def test_a_batch_the_broker_did_not_take_is_sent_again_and_its_group_marked_emitted_after() -> None:
+    """Without a crash: the batch's delivery failed (the broker away past the producer's timeout). The
+    commit point failed, the acks waited, but the batch was not sent again and the group was already
+    marked emitted: once the broker was back, the next commit point acked the group's rollouts without it."""
+    async def run() -> tuple[str, list[bytes], list[bool], list[str], list[bytes], list[bool], list[str]]:
+        w = worker()
+        acked = acks(w)
+        w.batches_topic.outcomes = [KafkaTimeoutError(), NotLeaderForPartitionError()]
+        await w.on_rollout_done(arrival("a"))
+        await w.on_rollout_done(arrival("b"))
+        errors = []
+        for _ in range(2):
+            with pytest.raises(KafkaUnavailable) as exc:
+                await w.commit_point()
+            errors.append(str(exc.value))
+        failed = (list(w.batches_topic.sent), emitted_on(w.group_state), list(acked))
+        await w.commit_point()  # the broker is back
+        await w.commit_point()  # nothing new: nothing sent again
+        return errors[0], *failed, w.batches_topic.sent, emitted_on(w.group_state), acked
+
+    error, sent_failed, marker_failed, acked_failed, sent, marker, acked = asyncio.run(run())
+    assert error.startswith("1 records not delivered (x.batches: KafkaTimeoutError")
+    assert (sent_failed, marker_failed, acked_failed) == ([GID.encode()] * 3, [], [])
+    assert (sent, marker, acked) == ([GID.encode()] * 3, [True], ["a", "b"])
+
+
+def test_a_batch_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_sent_again(caplog: pytest.LogCaptureFixture) -> None:
+    """Sent again at every commit point, it would be refused at every one, and nothing would be acked again."""
+    async def run() -> tuple[list[bytes], list[bool], list[str]]:
+        w = worker()
+        acked = acks(w)
+        w.batches_topic.outcomes = [MessageSizeTooLargeError()]
+        await w.on_rollout_done(arrival("a"))
+        await w.on_rollout_done(arrival("b"))
+        with pytest.raises(KafkaUnavailable):
+            await w.commit_point()
+        await w.commit_point()
+        return w.batches_topic.sent, emitted_on(w.group_state), acked
+
+    assert asyncio.run(run()) == ([GID.encode()], [True], ["a", "b"])
+    assert "x.batches refused a record for good" in caplog.text and "that group is stored, not trained" in caplog.text
+
+
+def test_a_changelog_entry_not_delivered_is_sent_again_before_the_acks() -> None:
+    """Its failure failed the commit point, but the entry was not sent again: the next commit point acked the
+    events whose state the changelog never got, and a restart lost that state."""
+    async def run() -> tuple[list[bool], list[str], list[bool], list[str]]:
+        w = worker()
+        acked = acks(w)
+        sends = 0
+
+        def send_changelog(partition: int, key: bytes, value: bytes | None) -> Any:
+            nonlocal sends
+            sends += 1
+            FakeTable.send_changelog(w.group_state, partition, key, value)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(KafkaTimeoutError()) if sends == 1 else fut.set_result(None)
+            return fut
+
+        w.group_state.send_changelog = send_changelog
+        await w.on_rollout_done(arrival("a"))
+        await w.on_rollout_done(arrival("b"))
+        with pytest.raises(KafkaUnavailable, match="1 changelog entries not delivered"):
+            await w.commit_point()
+        failed = (emitted_on(w.group_state), list(acked))
+        await w.commit_point()
+        return *failed, emitted_on(w.group_state), acked
+
+    assert asyncio.run(run()) == ([True], [], [True, True], ["a", "b"])
