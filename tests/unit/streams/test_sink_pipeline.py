@@ -181,9 +181,9 @@ def test_sink_sync_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 class FlakyProducer:
-    """Queues records; each ``flush`` takes the next outcome: "fail" (librdkafka gave up on every queued record:
-    its timeout), "refuse" (the broker refuses them for good), "slow" (still queued when the wait ends), "ok"
-    (delivered). After the list: "ok"."""
+    """Queues records; each ``flush`` with records queued takes the next outcome: "fail" (librdkafka gave up on every
+    queued record: its timeout), "refuse" (the broker refuses them for good), "slow" (still queued when the wait
+    ends), "ok" (delivered). After the list: "ok"."""
 
     ERRORS = {"fail": KafkaError(KafkaError._MSG_TIMED_OUT), "refuse": KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "ok": None}
 
@@ -201,6 +201,8 @@ class FlakyProducer:
         self.queued.append((msg, on_delivery))
 
     def flush(self, timeout: float) -> int:
+        if not self.queued:
+            return 0
         outcome = self.outcomes.pop(0) if self.outcomes else "ok"
         if outcome == "slow":
             return len(self.queued)
@@ -236,6 +238,18 @@ def test_a_changelog_entry_librdkafka_refused_is_sent_again_before_the_offset_is
     assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}]
     s.commit_point()
     assert producer.sent == [ENTRY, ENTRY] and consumer.commits == [{0: 1}], "settled once"
+
+
+def test_the_entry_that_says_an_attempt_is_done_waits_until_its_summary_is_on_the_broker() -> None:
+    """Sent together, the two went to different brokers: with the summary's broker killed and the worker with it,
+    the entry landed and the summary did not. The restarted worker found the attempt done and never sent it."""
+    s, consumer, producer = _completed(["fail"])
+    s._produce("d", b"group", b"summary")  # what completing the attempt produced
+    with pytest.raises(KafkaUnavailable):
+        s.commit_point(final=True)  # the row is written; the summary is not delivered
+    assert [key for _, key, _ in producer.sent] == [b"group"] and consumer.commits == []
+    s.commit_point()
+    assert producer.sent == [("d", b"group", -1), ("d", b"group", -1), ENTRY] and consumer.commits == [{0: 1}]
 
 
 def test_a_record_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_sent_again() -> None:
