@@ -29,7 +29,8 @@ class GatedClient:
         self.fail = 0  # how many of the next inserts raise
         self.inserts: list[tuple[str, bytes, str]] = []
 
-    def raw_insert(self, table: str, columns: Any, data: bytes, settings: dict[str, str], fmt: str) -> None:
+    def raw_insert(self, table: str, columns: Any, data: Any, settings: dict[str, str], fmt: str) -> None:
+        data = data if isinstance(data, bytes) else b"".join(data)  # the sink sends pieces
         self.started.set()
         assert self.gate.wait(10)
         if self.fail:
@@ -358,3 +359,29 @@ def test_an_insert_failing_with_an_empty_message_is_a_clickhouse_error() -> None
     with pytest.raises(ClickHouseError, match="RuntimeError"):
         sink.flush()
     assert sink.pending == 1
+
+
+def test_a_large_batch_goes_to_clickhouse_in_pieces_of_whole_rows_in_order() -> None:
+    """Joined whole, a batch of LLM rows (tens of MB) was fresh memory on every insert, and over HTTP a second copy
+    with the INSERT statement in front."""
+    pieces: list[bytes] = []
+
+    class PieceClient(GatedClient):
+        def raw_insert(self, table: str, columns: Any, data: Any, settings: dict[str, str], fmt: str) -> None:
+            pieces.extend(data)
+
+    sink = ClickHouseSink(PieceClient())
+    rows = [bytes([i % 251]) * (4000 + i % 700) for i in range(1000)]  # ~4.4 MB
+    for i, row in enumerate(rows):
+        sink.add_encoded("spans", row, ("s", 0, i))
+    sink.flush()
+    assert b"".join(pieces) == b"".join(rows)
+    assert len(pieces) == 5 and all(len(p) >= 1 << 20 for p in pieces[:-1]) and all(len(p) < (1 << 20) + 4700 for p in pieces)
+    starts = {0}
+    for p in pieces[:-1]:
+        starts.add(max(starts) + len(p))
+    offsets, at = set(), 0
+    for row in rows:
+        offsets.add(at)
+        at += len(row)
+    assert starts <= offsets  # no row split between two pieces
