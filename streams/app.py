@@ -259,6 +259,7 @@ class Worker:
         async with self._lock:
             pending, self._pending = self._pending, []
             changes = self._take_changelogs()
+            sending = False
             try:
                 if self.cfg.sink_pipelined:
                     await self._write_sink()
@@ -272,16 +273,20 @@ class Worker:
                 # batch lost. A crash between the two sends the batch again; the trainer drops it by id.
                 await self.app.producer.flush()
                 await self._deliver()
+                sending = True
                 sent = [table.send_changelog(partition, k, value) for (_, k), (table, partition, _fresh), value in changes]
                 await self.app.producer.flush()
-                failed = [r for r in await asyncio.gather(*sent, return_exceptions=True) if isinstance(r, BaseException)]
+                results = await asyncio.gather(*sent, return_exceptions=True)
+                failed = [(c, r) for c, r in zip(changes, results) if isinstance(r, BaseException)]
                 if failed:
-                    raise KafkaUnavailable(f"{len(failed)} changelog entries not delivered ({failed[0]!r}); "
+                    changes = [c for c, r in failed if not _refused_for_good(r, f"the changelog of table {c[1][0].name}")]
+                    raise KafkaUnavailable(f"{len(failed)} changelog entries not delivered ({failed[0][1]!r}); "
                                            "sent again at the next commit point")
             except BaseException:
                 self._pending[:0] = pending  # acked at the next commit point that succeeds
-                for slot, how, _ in changes:
-                    self._dirty.setdefault(slot, how)
+                for slot, (table, partition, fresh), _ in changes:
+                    # An entry sent may be on the changelog, failed or not: dropping the key later needs a tombstone.
+                    self._dirty.setdefault(slot, (table, partition, fresh and not sending))
                 raise
             for stream, event in pending:
                 await stream.ack(event)
@@ -293,8 +298,8 @@ class Worker:
     async def _deliver(self) -> None:
         """Wait until the broker has every batch and dead letter produced so far. One it did not take for
         lack of time or a connection is queued again for the next commit point and this one fails: its
-        acks and entries wait. One the broker refuses for good (too large, not authorised) would be refused
-        at every commit point and hold every ack back: it is logged and left."""
+        acks and entries wait. One the broker refuses for good (too large for the topic, not authorised)
+        would be refused at every commit point and hold every ack back: it is logged and left."""
         out = list(self._out)  # taken off once answered: a commit point cancelled meanwhile loses none
         results = await asyncio.gather(*(fut for *_, fut in out), return_exceptions=True)
         del self._out[:len(out)]  # (only appended to meanwhile)
@@ -304,10 +309,7 @@ class Worker:
                 continue
             name = topic.get_topic_name()
             failed.append(f"{name}: {res!r}")
-            if isinstance(res, BrokerResponseError) and not res.retriable:
-                log.error("%s refused a record for good (%r): not sent again%s", name, res,
-                          "; that group is stored, not trained" if topic is self.batches_topic else "")
-            else:
+            if not _refused_for_good(res, name, "; that group is stored, not trained" if topic is self.batches_topic else ""):
                 self._produce(topic, key, value)
         if failed:
             raise KafkaUnavailable(f"{len(failed)} records not delivered ({failed[0]}); sent again at the next commit point")
@@ -684,6 +686,16 @@ class Worker:
             return
         if hw is not None:
             LAG.labels(tp.topic, str(tp.partition)).set(max(hw - event.message.offset - 1, 0))
+
+
+def _refused_for_good(exc: BaseException, topic: str, consequence: str = "") -> bool:
+    """The broker's answer that it will never take this record (too large for the topic, not authorised):
+    logged, and the record is not sent again (it would be refused at every commit point and hold every ack
+    back). Anything else (a timeout, a lost connection, a leader moving) is worth sending again."""
+    if isinstance(exc, BrokerResponseError) and not exc.retriable:
+        log.error("%s refused a record for good (%r): not sent again%s", topic, exc, consequence)
+        return True
+    return False
 
 
 class HardStop:

@@ -46,7 +46,8 @@ def done_future() -> asyncio.Future[Any]:
 
 
 class FakeTable:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "group-state") -> None:
+        self.name = name
         self.data: dict[bytes, bytes] = {}
         self.sent: list[tuple[int, bytes, bytes | None]] = []
 
@@ -101,7 +102,7 @@ def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0) -> Any:
     w.cfg = Config(app_id="x", broker="kafka://", topic_prefix="x.", partitions=6,
                    groups=GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s))
     w.sink = FakeSink()
-    w.group_state, w.group_members = FakeTable(), FakeTable()
+    w.group_state, w.group_members = FakeTable(), FakeTable("group-members")
     w.done_topic, w.batches_topic, w.dlq_topic = FakeTopic(DONE), FakeTopic("x.batches"), FakeTopic("x.dlq")
     w.app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
                             consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
@@ -446,3 +447,50 @@ def test_a_changelog_entry_not_delivered_is_sent_again_before_the_acks() -> None
         return *failed, emitted_on(w.group_state), acked
 
     assert asyncio.run(run()) == ([True], [], [True, True], ["a", "b"])
+
+
+def failing_changelog(table: FakeTable, outcomes: list[BaseException | None]) -> None:
+    """``table``'s changelog answers each entry with the next of ``outcomes`` (delivered when none is left)."""
+    def send_changelog(partition: int, key: bytes, value: bytes | None) -> Any:
+        FakeTable.send_changelog(table, partition, key, value)
+        fut = asyncio.get_running_loop().create_future()
+        outcome = outcomes.pop(0) if outcomes else None
+        fut.set_exception(outcome) if outcome is not None else fut.set_result(None)
+        return fut
+
+    table.send_changelog = send_changelog  # type: ignore[method-assign]
+
+
+def test_a_changelog_entry_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_sent_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Put back at every failure, an entry too large for its changelog failed every commit point after it: nothing
+    of the group stage was acked again."""
+    async def run() -> tuple[int, list[str]]:
+        w = worker()
+        acked = acks(w)
+        failing_changelog(w.group_members, [MessageSizeTooLargeError()])
+        await w.on_rollout_done(arrival("a"))
+        with pytest.raises(KafkaUnavailable):
+            await w.commit_point()
+        await w.commit_point()
+        return len(w.group_members.sent), acked
+
+    assert asyncio.run(run()) == (1, ["a", "b"])
+    assert "the changelog of table group-members refused a record for good" in caplog.text
+
+
+def test_a_key_dropped_after_its_entry_failed_gets_its_tombstone() -> None:
+    """The entry's send failed, but it may have landed: restored as never sent, the key's drop before the next commit
+    point sent nothing, and a restart restored the key from the changelog."""
+    async def run() -> list[tuple[int, bytes, bytes | None]]:
+        w = worker()
+        w._pending = []
+        failing_changelog(w.group_state, [KafkaTimeoutError()])
+        w._put(w.group_state, 1, "k", b"v")  # new: not on the changelog yet
+        with pytest.raises(KafkaUnavailable):
+            await w.commit_point()
+        w._put(w.group_state, 1, "k", None)  # dropped before the next commit point
+        await w.commit_point()
+        return w.group_state.sent
+
+    assert asyncio.run(run()) == [(1, b"k", b"v"), (1, b"k", None)]
