@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from foundation.clickhouse import open_store, redact_dsn
     from foundation.health import serve_health
     from foundation.errors import ConfigError, KafkaUnavailable
-    from foundation.kafka_admin import TopicSpec, ensure_topics, topic_specs
+    from foundation.kafka_admin import MAX_RECORD_BYTES, TopicSpec, ensure_topics, topic_specs
     from streams.app import Config, Worker, faust_worker
     from streams.grouping import GroupPolicy
     from streams.health import StreamHealth
@@ -136,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
     # worker's) fetched metadata; a group leader that does not know a changelog leaves it out of the
     # assignment for up to aiokafka's metadata max age (5 min), and that table is not recovered after
     # a rebalance. Created before any worker's faust starts, every worker knows them.
-    ensure_topics(conf, [TopicSpec(name, partitions, {"cleanup.policy": "compact"}) for name in worker.table_changelogs()])
+    # A group-members entry is a whole rollout summary: as large as the done topic's records.
+    ensure_topics(conf, [TopicSpec(name, partitions, {"cleanup.policy": "compact", "max.message.bytes": MAX_RECORD_BYTES})
+                         for name in worker.table_changelogs()])
     print(
         f"rolloutbus process: {topics.spans} ({partitions} partitions) → {redact_dsn(s.dsn)}/{s.clickhouse_database}, "
         f"groups of {s.group_size} → {topics.batches}",

@@ -32,12 +32,14 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
 
     from streams.app import done_topic_name
 
-    res = ConfigResource(ConfigResource.Type.TOPIC, done_topic_name(topics.prefix))
+    # and so do the group tables' changelogs (a group-members entry is a whole summary)
     kafka_admin = AdminClient(kafka_conf)
-    config = kafka_admin.describe_configs([res])[res].result(30)
-    setting = config["max.message.bytes"]
-    # the topic's own setting: this test broker's default is 16 MB too, a production broker's is 1 MB
-    assert (setting.value, setting.source) == (str(16 * 1024 * 1024), ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    changelogs = [f"{topics.prefix}streams-{table}-changelog" for table in ("group-state", "group-members")]
+    for name in [done_topic_name(topics.prefix), *changelogs]:
+        res = ConfigResource(ConfigResource.Type.TOPIC, name)
+        setting = kafka_admin.describe_configs([res])[res].result(30)["max.message.bytes"]
+        # the topic's own setting: this test broker's default is 16 MB too, a production broker's is 1 MB
+        assert (setting.value, setting.source) == (str(16 * 1024 * 1024), ConfigSource.DYNAMIC_TOPIC_CONFIG.value), name
 
     core = Settings(credit="discounted", gamma=0.5)
     results = {rid: finish_attempt(spans, ev, core) for rid, (spans, ev) in inputs.items()}
