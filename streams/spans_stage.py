@@ -534,14 +534,16 @@ class SpanStage:
         # What these attempts produced (their summaries, dead letters) is on the broker before the entries that
         # say they are done are sent: those go to other partitions, maybe another broker, and an entry landing
         # first, then a crash, would restore an attempt as done with its summary lost (its group short of it).
-        self._flush()
+        # Both waits together take at most DELIVERY_WAIT_S.
+        deadline = time.monotonic() + DELIVERY_WAIT_S
+        self._flush(deadline)
         self._unsettled = self._unsettled[len(ready):]
         offsets: dict[int, TopicPartition] = {}
         for _, entries, later in ready:
             for partition, key, value in entries:
                 self._send(self.state_topic, key, value, partition=partition)
             offsets.update(later)
-        self._flush()
+        self._flush(deadline)
         if offsets and self._commit_sent is not None and not final:
             # One asynchronous commit at a time. librdkafka sends a commit again after a backoff when the coordinator
             # moved or timed out, and answers only then; a later commit sent meanwhile could land first and be
@@ -560,11 +562,11 @@ class SpanStage:
                 self._commit_refused(exc.args[0] if exc.args else exc)
         self._lag()
 
-    def _flush(self) -> None:
-        """Wait until the broker has everything produced; raise (offsets not committed) if it does not. Not longer
-        than DELIVERY_WAIT_S: the loop (faust's heartbeats among it) waits meanwhile. What is still queued stays
+    def _flush(self, deadline: float) -> None:
+        """Wait until the broker has everything produced; raise (offsets not committed) if it does not by
+        ``deadline`` (monotonic): the loop (faust's heartbeats among it) waits meanwhile. What is still queued stays
         queued; librdkafka delivers it or reports it failed, and then it is sent again (``_delivered``)."""
-        left = self.producer.flush(DELIVERY_WAIT_S)
+        left = self.producer.flush(max(deadline - time.monotonic(), 0.0))
         if left or self._failed:
             failed, self._failed = self._failed, []
             self._commit_again()

@@ -385,3 +385,26 @@ def test_a_large_batch_goes_to_clickhouse_in_pieces_of_whole_rows_in_order() -> 
         offsets.add(at)
         at += len(row)
     assert starts <= offsets  # no row split between two pieces
+
+
+def test_the_two_waits_for_the_broker_take_at_most_the_delivery_wait_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What was produced, then the entries: each waited up to 5 s, and the loop (faust's heartbeats) was held 10 s
+    against a 10 s session timeout."""
+    from streams import spans_stage
+
+    s, consumer, producer = _completed([])
+    s._produce("d", b"group", b"summary")
+    clock = [1000.0]
+    monkeypatch.setattr(spans_stage.time, "monotonic", lambda: clock[0])
+    asked: list[float] = []
+    flush = producer.flush
+
+    def slow_flush(timeout: float) -> int:
+        asked.append(timeout)
+        clock[0] += min(timeout, 4.0)  # the broker takes 4 s to answer (or the whole wait, if shorter)
+        return flush(timeout)
+
+    producer.flush = slow_flush  # type: ignore[method-assign]
+    s.commit_point(final=True)
+    assert asked[0] == spans_stage.DELIVERY_WAIT_S and asked[1] == pytest.approx(spans_stage.DELIVERY_WAIT_S - 4.0)
+    assert consumer.commits == [{0: 1}]
