@@ -421,34 +421,6 @@ def test_a_batch_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_s
     assert "x.batches refused a record for good" in caplog.text and "that group is stored, not trained" in caplog.text
 
 
-def test_a_changelog_entry_not_delivered_is_sent_again_before_the_acks() -> None:
-    """Its failure failed the commit point, but the entry was not sent again: the next commit point acked the
-    events whose state the changelog never got, and a restart lost that state."""
-    async def run() -> tuple[list[bool], list[str], list[bool], list[str]]:
-        w = worker()
-        acked = acks(w)
-        sends = 0
-
-        def send_changelog(partition: int, key: bytes, value: bytes | None) -> Any:
-            nonlocal sends
-            sends += 1
-            FakeTable.send_changelog(w.group_state, partition, key, value)
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_exception(KafkaTimeoutError()) if sends == 1 else fut.set_result(None)
-            return fut
-
-        w.group_state.send_changelog = send_changelog
-        await w.on_rollout_done(arrival("a"))
-        await w.on_rollout_done(arrival("b"))
-        with pytest.raises(KafkaUnavailable, match="1 changelog entries not delivered"):
-            await w.commit_point()
-        failed = (emitted_on(w.group_state), list(acked))
-        await w.commit_point()
-        return *failed, emitted_on(w.group_state), acked
-
-    assert asyncio.run(run()) == ([True], [], [True, True], ["a", "b"])
-
-
 def failing_changelog(table: FakeTable, outcomes: list[BaseException | None]) -> None:
     """``table``'s changelog answers each entry with the next of ``outcomes`` (delivered when none is left)."""
     def send_changelog(partition: int, key: bytes, value: bytes | None) -> Any:
@@ -459,6 +431,24 @@ def failing_changelog(table: FakeTable, outcomes: list[BaseException | None]) ->
         return fut
 
     table.send_changelog = send_changelog  # type: ignore[method-assign]
+
+
+def test_a_changelog_entry_not_delivered_is_sent_again_before_the_acks() -> None:
+    """Its failure failed the commit point, but the entry was not sent again: the next commit point acked the
+    events whose state the changelog never got, and a restart lost that state."""
+    async def run() -> tuple[list[bool], list[str], list[bool], list[str]]:
+        w = worker()
+        acked = acks(w)
+        failing_changelog(w.group_state, [KafkaTimeoutError()])
+        await w.on_rollout_done(arrival("a"))
+        await w.on_rollout_done(arrival("b"))
+        with pytest.raises(KafkaUnavailable, match="1 changelog entries not delivered"):
+            await w.commit_point()
+        failed = (emitted_on(w.group_state), list(acked))
+        await w.commit_point()
+        return *failed, emitted_on(w.group_state), acked
+
+    assert asyncio.run(run()) == ([True], [], [True, True], ["a", "b"])
 
 
 def test_a_changelog_entry_the_broker_refuses_for_good_fails_one_commit_point_and_is_not_sent_again(
