@@ -154,6 +154,8 @@ def schema_set() -> SchemaSet:
 def _pack(code: str, values: Any) -> bytes:
     if _LITTLE and isinstance(values, array) and values.typecode == code:
         return values.tobytes()  # already packed in memory: a copy, not a conversion per item
+    if code == "B" and isinstance(values, (list, bytes, bytearray)):
+        return bytes(values)  # the same bytes as array("B", ...), a third of the time for a list
     arr = array(code, values)
     if not _LITTLE:
         arr.byteswap()

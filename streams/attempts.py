@@ -25,7 +25,6 @@ Lightning's ``span_sequence_id``) keep theirs: the FINISHED ``span_count`` count
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -52,7 +51,7 @@ def span_view(d: dict[str, Any]) -> Any:
             prompt_token_ids=unpack_array("I", llm["prompt_token_ids"]),
             response_token_ids=unpack_array("I", llm["response_token_ids"]),
             response_logprobs=unpack_array("f", llm["response_logprobs"]),
-            response_mask=array("B", llm["response_mask"]).tolist(),
+            response_mask=list(llm["response_mask"]),  # a list of 0/1 either way (the decoders give bytes or a list)
             resource_version=llm["resource_version"],
             request_id=llm["request_id"],
             finish_reason=llm["finish_reason"],

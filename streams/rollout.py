@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from schemas.codec import PACKED_FIELDS, pack_array, unpack_array
@@ -21,7 +21,8 @@ from streams.transitions import Step, extract_transitions
 TIMED_OUT = "timed_out"
 # rollouts.metadata key: the reward span whose value became the final reward (none was reported)
 FINAL_REWARD_SPAN = "rolloutbus.final_reward_span"
-SUMMARY_MAGIC = b"RS1"
+SUMMARY_MAGIC = b"RS2"
+_RS1 = b"RS1"  # the format before RS2, still read
 _LEN = struct.Struct("<I")
 
 
@@ -67,50 +68,86 @@ class RolloutResult:
         return self.final_reward if self.final_reward is not None else 0.0
 
     def to_bytes(self) -> bytes:
-        """The summary the span stage sends to the group stage: ``RS1``, a 4-byte little-endian
+        """The summary the span stage sends to the group stage: ``RS2``, a 4-byte little-endian
         length, a JSON header, then each step's token ids, logprobs and mask as their packed wire
-        bytes (the header gives each one's length). JSON-encoding thousands of token ids per
-        rollout, even as base64, would cost more than all the other work on it."""
-        # Not dataclasses.asdict: it copies every token id of every step one Python call at a time.
+        bytes. The header holds the attempt's fields and its steps as columns (``steps``: one list
+        per field of :class:`Step`, and ``packed``: each packed field's length, steps in order, fields
+        as :data:`PACKED_FIELDS`); a step's rollout, attempt and task id are left out where they are
+        the attempt's. JSON-encoding thousands of token ids per rollout, even as base64, would cost
+        more than all the other work on it; a header per step (``RS1``) cost more than its columns."""
+        steps = self.steps
         head = dict(vars(self))
-        steps, blobs = [], []
-        for step in self.steps:
-            sd = dict(vars(step))
-            for name, code in PACKED_FIELDS.items():
-                blob = pack_array(code, sd[name])
-                sd[name] = len(blob)
-                blobs.append(blob)
-            steps.append(sd)
-        head["steps"] = steps
+        cols: dict[str, Any] = {name: [getattr(s, name) for s in steps] for name in _STEP_SCALARS}
+        for name in _STEP_IDS:
+            own = head[name]
+            if all(v == own for v in cols[name]):
+                del cols[name]
+        blobs = [pack_array(code, getattr(s, name)) for s in steps for name, code in PACKED_FIELDS.items()]
+        cols["packed"] = [len(b) for b in blobs]
+        head["steps"] = cols
         header = json.dumps(head, separators=(",", ":")).encode()
         return b"".join((SUMMARY_MAGIC, _LEN.pack(len(header)), header, *blobs))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RolloutResult:
-        """Inverse of :meth:`to_bytes`; ValueError when ``data`` is not such a summary."""
-        if data[:3] != SUMMARY_MAGIC or len(data) < 7:
-            raise ValueError("not a rollout summary (expected the RS1 marker)")
+        """Inverse of :meth:`to_bytes`, and reads the ``RS1`` summaries written before it (still on the
+        done topic and in the group tables after an upgrade); ValueError when ``data`` is neither."""
+        magic = data[:3]
+        if magic not in (SUMMARY_MAGIC, _RS1) or len(data) < 7:
+            raise ValueError("not a rollout summary (expected the RS2 or RS1 marker)")
         (n,) = _LEN.unpack_from(data, 3)
         if 7 + n > len(data):
             raise ValueError(f"rollout summary is truncated ({len(data)} bytes, header of {n})")
         try:
             d: dict[str, Any] = json.loads(data[7:7 + n])
             view, pos = memoryview(data), 7 + n
-            steps = []
-            for sd in d["steps"]:
-                for name, code in PACKED_FIELDS.items():
-                    end = pos + sd[name]
-                    if end > len(data):
-                        raise ValueError(f"rollout summary is truncated ({len(data)} bytes)")
-                    sd[name] = unpack_array(code, view[pos:end])
-                    pos = end
-                steps.append(Step(**sd))
+            steps, pos = (_rs2_steps if magic == SUMMARY_MAGIC else _rs1_steps)(d, view, pos)
             if pos != len(data):
                 raise ValueError(f"{len(data) - pos} trailing bytes after a rollout summary")
             d["steps"] = steps
             return cls(**d)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rollout summary header is not valid: {exc!r}") from exc
+
+
+_STEP_IDS = ("rollout_id", "attempt_id", "task_id")
+_STEP_SCALARS = tuple(f.name for f in fields(Step) if f.name not in PACKED_FIELDS)
+
+
+def _packed(view: memoryview, pos: int, size: int, code: str) -> tuple[Any, int]:
+    end = pos + size
+    if size < 0 or end > len(view):
+        raise ValueError(f"rollout summary is truncated ({len(view)} bytes)")
+    return unpack_array(code, view[pos:end]), end
+
+
+def _rs2_steps(d: dict[str, Any], view: memoryview, pos: int) -> tuple[list[Step], int]:
+    cols: dict[str, list[Any]] = d["steps"]
+    sizes = cols.pop("packed")
+    n, rest = divmod(len(sizes), len(PACKED_FIELDS))
+    if rest or any(len(col) != n for col in cols.values()):
+        raise ValueError("rollout summary header is not valid: its step columns differ in length")
+    for name in _STEP_IDS:
+        if name not in cols:
+            cols[name] = [d[name]] * n
+    sizes_at = iter(sizes)
+    steps = []
+    for i in range(n):
+        kw = {name: col[i] for name, col in cols.items()}
+        for name, code in PACKED_FIELDS.items():
+            kw[name], pos = _packed(view, pos, next(sizes_at), code)
+        steps.append(Step(**kw))
+    return steps, pos
+
+
+def _rs1_steps(d: dict[str, Any], view: memoryview, pos: int) -> tuple[list[Step], int]:
+    """``RS1``: the header lists each step as an object, each packed field as its length."""
+    steps = []
+    for sd in d["steps"]:
+        for name, code in PACKED_FIELDS.items():
+            sd[name], pos = _packed(view, pos, sd[name], code)
+        steps.append(Step(**sd))
+    return steps, pos
 
 
 def finish_attempt(

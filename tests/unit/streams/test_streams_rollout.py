@@ -1,5 +1,10 @@
+import dataclasses
+import json
+import struct
+
 import pytest
 
+from schemas.codec import PACKED_FIELDS, pack_array
 from streams.rollout import RolloutResult, Settings, finish_attempt
 from tests.unit.streams.spans import finished, llm, reward, tool
 
@@ -23,10 +28,53 @@ def test_timed_out_attempt_has_no_final_reward():
     assert res.steps[0].return_ == 0.0
 
 
-@pytest.mark.parametrize("cut", [b"", b"{}", b"RS1", b"RS1\xff\x00\x00\x00{}"])
+@pytest.mark.parametrize("cut", [b"", b"{}", b"RS1", b"RS1\xff\x00\x00\x00{}", b"RS2\x02\x00\x00\x00{}", b"RS3\x02\x00\x00\x00{}"])
 def test_a_broken_summary_is_a_value_error(cut):
     with pytest.raises(ValueError):
         RolloutResult.from_bytes(cut)
+
+
+def rs1(res: RolloutResult) -> bytes:
+    """The summary as the span stage wrote it before RS2: a JSON object per step (the old encoder)."""
+    head = dataclasses.asdict(res)
+    blobs = []
+    for sd, step in zip(head["steps"], res.steps, strict=True):
+        for name, code in PACKED_FIELDS.items():
+            blobs.append(pack_array(code, getattr(step, name)))
+            sd[name] = len(blobs[-1])
+    header = json.dumps(head).encode()
+    return b"".join((b"RS1", struct.pack("<I", len(header)), header, *blobs))
+
+
+def two_steps() -> RolloutResult:
+    return finish_attempt([llm(1, prompt=[7] * 5, response=[9] * 3), llm(2)], finished(span_count=2), Settings())
+
+
+def test_a_summary_written_before_rs2_still_reads():
+    """Summaries stay on the done topic and in the group tables across an upgrade."""
+    res = two_steps()
+    old = RolloutResult.from_bytes(rs1(res))
+    assert old.to_bytes() == res.to_bytes() and old.to_bytes()[:3] == b"RS2"
+    assert [list(s.prompt_token_ids) for s in old.steps] == [[7] * 5, [1, 2, 2]]
+
+
+def test_a_summary_names_the_attempts_ids_once_and_a_steps_own_where_it_differs():
+    res = two_steps()
+    data = res.to_bytes()
+    assert data.count(b'"r1"') == 1 and data.count(b'"task1"') == 1
+    res.steps[1].task_id = "other"
+    back = RolloutResult.from_bytes(res.to_bytes())
+    assert [(s.rollout_id, s.attempt_id, s.task_id) for s in back.steps] == [("r1", "a1", "task1"), ("r1", "a1", "other")]
+
+
+def test_a_summary_whose_step_columns_disagree_is_a_value_error():
+    data = two_steps().to_bytes()
+    (n,) = struct.unpack_from("<I", data, 3)
+    head = json.loads(data[7:7 + n])
+    head["steps"]["turn"].pop()
+    header = json.dumps(head).encode()
+    with pytest.raises(ValueError, match="differ in length"):
+        RolloutResult.from_bytes(b"RS2" + struct.pack("<I", len(header)) + header + data[7 + n:])
 
 
 def test_a_truncated_or_padded_summary_is_a_value_error():
