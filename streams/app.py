@@ -277,10 +277,11 @@ class Worker:
                 sent = [table.send_changelog(partition, k, value) for (_, k), (table, partition, _fresh), value in changes]
                 await self.app.producer.flush()
                 results = await asyncio.gather(*sent, return_exceptions=True)
-                failed = [(c, r) for c, r in zip(changes, results) if isinstance(r, BaseException)]
-                if failed:
-                    changes = [c for c, r in failed if not _refused_for_good(r, f"the changelog of table {c[1][0].name}")]
-                    raise KafkaUnavailable(f"{len(failed)} changelog entries not delivered ({failed[0][1]!r}); "
+                again = [(c, r) for c, r in zip(changes, results) if isinstance(r, BaseException)
+                         and not _refused_for_good(r, f"the changelog of table {c[1][0].name}")]
+                changes = [c for c, _ in again]
+                if again:
+                    raise KafkaUnavailable(f"{len(again)} changelog entries not delivered ({again[0][1]!r}); "
                                            "sent again at the next commit point")
             except BaseException:
                 self._pending[:0] = pending  # acked at the next commit point that succeeds
@@ -303,16 +304,18 @@ class Worker:
         out = list(self._out)  # taken off once answered: a commit point cancelled meanwhile loses none
         results = await asyncio.gather(*(fut for *_, fut in out), return_exceptions=True)
         del self._out[:len(out)]  # (only appended to meanwhile)
-        failed = []
+        again = []
         for (topic, key, value, _), res in zip(out, results):
             if not isinstance(res, BaseException):
                 continue
             name = topic.get_topic_name()
-            failed.append(f"{name}: {res!r}")
             if not _refused_for_good(res, name, "; that group is stored, not trained" if topic is self.batches_topic else ""):
                 self._produce(topic, key, value)
-        if failed:
-            raise KafkaUnavailable(f"{len(failed)} records not delivered ({failed[0]}); sent again at the next commit point")
+                again.append(f"{name}: {res!r}")
+        # Only a record sent again holds the commit point back: one refused for good is logged and left, and the
+        # entries and acks after it go on (else its group, never marked emitted, would be emitted and refused again).
+        if again:
+            raise KafkaUnavailable(f"{len(again)} records not delivered ({again[0]}); sent again at the next commit point")
 
     async def _write_sink(self) -> None:
         """Wait, without holding the event loop, until every row buffered now is written (handing them to
@@ -333,7 +336,15 @@ class Worker:
 
     async def _maybe_commit(self) -> None:
         if self.sink.due() or len(self._pending) >= self.sink.batch_size:
+            await self._try_commit()
+
+    async def _try_commit(self) -> None:
+        """The group stage's commit point from its timer and agents: a failure (the broker or ClickHouse away) is
+        logged and tried again at the next one, as the span stage does; raised there, it ended the worker."""
+        try:
             await self.commit_point()
+        except (ClickHouseError, KafkaUnavailable) as exc:
+            log.error("group stage commit point failed (retrying; nothing is acked past what was written): %s", exc)
 
     # ------------------------------------------------------------------ dead letters
 
@@ -597,12 +608,12 @@ class Worker:
         @app.timer(self.cfg.tick_s)
         async def tick() -> None:
             await self.expire_groups()
-            await self.commit_point()
+            await self._try_commit()
             await self.reread_missing_tails()
 
         @app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: Any, **_: Any) -> None:
-            await self.commit_point()
+            await self._try_commit()  # what it could not ack, the next owner reads again
             for tp in revoked:
                 for d in (START, FRONTIER, self._seeks, self._last_in):
                     d.pop((tp.topic, tp.partition), None)

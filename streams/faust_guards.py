@@ -1,7 +1,8 @@
-"""Guards against three faust/aiokafka behaviours that lose or stall records after a crash or a rebalance.
+"""Guards against three faust/aiokafka behaviours that lose or stall records after a crash or a rebalance,
+and one that crash-loops the worker on a record too large to send.
 
 Patches of a library belong here and nowhere else. :func:`install` refuses to patch a faust-streaming or
-aiokafka version these guards were not checked against (an upgrade must re-read the three code paths
+aiokafka version these guards were not checked against (an upgrade must re-read the four code paths
 below, re-run the fault suite, and then add the version to ``CHECKED``), and checks that the patched
 functions still exist with the names and arguments the patches assume.
 """
@@ -15,9 +16,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# (faust-streaming, aiokafka) versions whose Consumer._new_offset, Consumer._drain_messages and
-# AIOKafkaConsumerThread.seek_to_committed were read and the fault suite (tests/faults) passed with these
-# guards installed.
+# (faust-streaming, aiokafka) versions whose Consumer._new_offset, Consumer._drain_messages,
+# AIOKafkaConsumerThread.seek_to_committed and ProducerBuffer._send_pending were read and the fault suite
+# (tests/faults) passed with these guards installed.
 CHECKED: set[tuple[str, str]] = {("0.15.3", "0.14.0")}
 
 
@@ -143,11 +144,42 @@ def _patch_faust_seek_uncommitted() -> None:
     cls.seek_to_committed = seek_to_committed
 
 
+# (4) faust sends what send_soon queued from one task (ProducerBuffer._handle_pending), and a send that
+# raises at once ends that task, and the app with it. aiokafka raises MessageSizeTooLargeError at once for a
+# record over producer_max_request_size (faust's driver raises it as the cause of a ProducerSendError): a
+# group's batch that large (many long rollouts) crashed the worker, and it crashed again after every restart,
+# when the group was emitted again. aiokafka's error goes to the send's future instead, as the broker's own
+# refusal of a record would; whoever awaits it decides (streams.app logs the record as refused for good: the
+# group is stored in ClickHouse, not trained). Any other failure of a send still ends the task, as before.
+def _patch_faust_send_too_large() -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+    from faust.exceptions import ProducerSendError
+    from faust.transport import producer as faust_producer
+
+    original = faust_producer.ProducerBuffer._send_pending
+    if getattr(original, "_rolloutbus_too_large", False):
+        return
+
+    async def _send_pending(self: Any, fut: Any) -> None:
+        try:
+            await original(self, fut)
+        except (ProducerSendError, MessageSizeTooLargeError) as exc:
+            refusal = exc if isinstance(exc, MessageSizeTooLargeError) else exc.__cause__
+            if not isinstance(refusal, MessageSizeTooLargeError):
+                raise
+            if not fut.done():
+                fut.set_exception(refusal)
+
+    _send_pending._rolloutbus_too_large = True  # type: ignore[attr-defined]
+    faust_producer.ProducerBuffer._send_pending = _send_pending
+
+
 def check_versions() -> None:
     """Raise :class:`FaustGuardError` unless the installed faust and aiokafka are ones the guards were checked against."""
     import aiokafka
     import faust
     from faust.transport import consumer as faust_consumer
+    from faust.transport import producer as faust_producer
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     installed = (str(faust.__version__), str(aiokafka.__version__))
@@ -155,11 +187,12 @@ def check_versions() -> None:
         raise FaustGuardError(
             f"faust-streaming {installed[0]} / aiokafka {installed[1]} are not the versions streams/faust_guards.py was "
             f"checked against ({', '.join(f'{f} / {a}' for f, a in sorted(CHECKED))}): re-read Consumer._new_offset, "
-            "Consumer._drain_messages and AIOKafkaConsumerThread.seek_to_committed, run tests/faults, then add the pair to CHECKED"
+            "Consumer._drain_messages, AIOKafkaConsumerThread.seek_to_committed and ProducerBuffer._send_pending, run tests/faults, then add the pair to CHECKED"
         )
     for owner, name, params in ((faust_consumer.Consumer, "_new_offset", ["self", "tp"]),
                                 (faust_consumer.Consumer, "_drain_messages", ["self", "fetcher"]),
-                                (faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", ["self"])):
+                                (faust_aiokafka.AIOKafkaConsumerThread, "seek_to_committed", ["self"]),
+                                (faust_producer.ProducerBuffer, "_send_pending", ["self", "fut"])):
         fn = getattr(owner, name, None)
         if fn is None or list(inspect.signature(fn).parameters) != params:
             raise FaustGuardError(f"{owner.__qualname__}.{name} is gone or changed its arguments: the guard on it no longer applies")
@@ -174,6 +207,7 @@ def install() -> None:
     _patch_faust_commit_floor()
     _patch_faust_strict_read_offsets()
     _patch_faust_seek_uncommitted()
+    _patch_faust_send_too_large()
 
 
 __all__ = ["CHECKED", "FRONTIER", "REPLAY_TOPICS", "START", "STRICT_TOPICS", "FaustGuardError", "check_versions", "install"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -127,3 +128,39 @@ def codec_encode(span):  # noqa: ANN001, ANN201
     from schemas import codec
 
     return codec.encode(span)
+
+
+def test_a_group_too_large_to_send_is_stored_and_the_worker_goes_on(kafka_conf, topics, test_env):
+    """Each rollout's summary fits a record (16 MiB), their group's batch does not. aiokafka refuses such a
+    record as faust hands it over, which ended faust's send task and the worker with it; restarted, the
+    worker emitted the group again and crashed again. Now the group is stored, logged as not trained, and
+    the groups after it go to the trainer."""
+    from confluent_kafka import Producer
+
+    items = []
+    for rid in ("big-a", "big-b"):
+        spans, ev = rollout(rid, "big", reward=float(rid == "big-a"), turns=1)
+        spans[0].llm.prompt_token_ids = list(range(2_400_000))  # 9.6 MB packed: the two make a 19 MB batch
+        items += encoded(spans, ev)
+    for rid in ("ok-a", "ok-b"):
+        items += encoded(*rollout(rid, "t1", reward=float(rid == "ok-a")))
+    p = Producer({**kafka_conf, "message.max.bytes": 16 * 1024 * 1024, "linger.ms": 5})
+    for key, value in items:
+        p.produce(topics.spans, key=key.encode(), value=value)
+    assert p.flush(30) == 0
+    proc = start_worker(test_env, "--group-size", "2")
+    got = batches(kafka_conf, topics.batches, 1, proc, timeout=60)
+    deadline = time.monotonic() + 60
+    while "refused a record for good" not in proc.output() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.output()[-3000:]
+    rc, out = stop_worker(proc)
+    assert rc == 0, out[-3000:]
+    assert [b.group_id for b in got] == ["t1@1"]
+    assert f"{topics.batches} refused a record for good" in out and "that group is stored, not trained" in out
+    rows = query(test_env, {
+        "groups": "SELECT group_id, rollouts FROM groups FINAL ORDER BY group_id",
+        "tr": "SELECT rollout_id, length(prompt_token_ids) FROM transitions FINAL WHERE group_id = 'big@1' ORDER BY rollout_id",
+    })
+    assert rows["groups"] == [["big@1", 2], ["t1@1", 2]]
+    assert rows["tr"] == [["big-a", 2_400_000], ["big-b", 2_400_000]]
