@@ -345,6 +345,9 @@ class Worker:
             await self.commit_point()
         except (ClickHouseError, KafkaUnavailable) as exc:
             log.error("group stage commit point failed (retrying; nothing is acked past what was written): %s", exc)
+            self.health.problem("groups", "the group stage's commit point is failing (see the worker log)")
+        else:
+            self.health.clear("groups")  # its own name: the span stage's next commit does not clear it
 
     # ------------------------------------------------------------------ dead letters
 

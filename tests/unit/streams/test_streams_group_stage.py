@@ -472,18 +472,19 @@ def test_a_changelog_entry_the_broker_refuses_for_good_is_logged_and_not_sent_ag
 def test_the_timers_commit_point_logs_a_failure_and_the_next_one_acks(caplog: pytest.LogCaptureFixture) -> None:
     """Raised from faust's timer (or an agent, or the revoke handler), a commit point's failure ended the worker:
     a broker or ClickHouse away for a moment restarted it, instead of the commit point being tried again."""
-    async def run() -> tuple[list[str], list[str]]:
+    async def run() -> tuple[list[str], str, list[str], bool]:
         w = worker()
+        w.health = StreamHealth()
         acked = acks(w)
         w.batches_topic.outcomes = [KafkaTimeoutError()]
         await w.on_rollout_done(arrival("a"))
         await w.on_rollout_done(arrival("b"))
         await w._try_commit()
-        failed = list(acked)
+        failed, reason = list(acked), w.health.problems["groups"][0]  # /readyz says so until one succeeds
         await w._try_commit()
-        return failed, acked
+        return failed, reason, acked, "groups" in w.health.problems
 
-    assert asyncio.run(run()) == ([], ["a", "b"])
+    assert asyncio.run(run()) == ([], "the group stage's commit point is failing (see the worker log)", ["a", "b"], False)
     assert "group stage commit point failed (retrying" in caplog.text and "1 records not delivered" in caplog.text
 
 
