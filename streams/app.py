@@ -703,7 +703,7 @@ class Worker:
 
 
 def _refused_for_good(exc: BaseException, topic: str, consequence: str = "") -> bool:
-    """The broker's answer that it will never take this record (too large for the topic, not authorised):
+    """The broker's (or the producer's own) answer that it will never take this record (too large, not authorised):
     logged, and the record is not sent again (it would be refused at every commit point and hold every ack
     back). Anything else (a timeout, a lost connection, a leader moving) is worth sending again."""
     if isinstance(exc, BrokerResponseError) and not exc.retriable:

@@ -42,7 +42,7 @@ def rollout(rid: str, task: str, reward: float, rv: int = 1, turns: int = 2, too
 
 
 def produce(conf: dict[str, Any], topic: str, items: list[tuple[str, bytes]]) -> None:
-    p = Producer({**conf, "linger.ms": 5})
+    p = Producer({**conf, "linger.ms": 5, "message.max.bytes": 16 * 1024 * 1024})  # as large as the project's producers send
     for key, value in items:
         p.produce(topic, key=key.encode(), value=value)
     assert p.flush(30) == 0

@@ -135,8 +135,6 @@ def test_a_group_too_large_to_send_is_stored_and_the_worker_goes_on(kafka_conf, 
     record as faust hands it over, which ended faust's send task and the worker with it; restarted, the
     worker emitted the group again and crashed again. Now the group is stored, logged as not trained, and
     the groups after it go to the trainer."""
-    from confluent_kafka import Producer
-
     items = []
     for rid in ("big-a", "big-b"):
         spans, ev = rollout(rid, "big", reward=float(rid == "big-a"), turns=1)
@@ -144,10 +142,7 @@ def test_a_group_too_large_to_send_is_stored_and_the_worker_goes_on(kafka_conf, 
         items += encoded(spans, ev)
     for rid in ("ok-a", "ok-b"):
         items += encoded(*rollout(rid, "t1", reward=float(rid == "ok-a")))
-    p = Producer({**kafka_conf, "message.max.bytes": 16 * 1024 * 1024, "linger.ms": 5})
-    for key, value in items:
-        p.produce(topics.spans, key=key.encode(), value=value)
-    assert p.flush(30) == 0
+    produce(kafka_conf, topics.spans, items)
     proc = start_worker(test_env, "--group-size", "2")
     got = batches(kafka_conf, topics.batches, 1, proc, timeout=60)
     deadline = time.monotonic() + 60
