@@ -1,0 +1,499 @@
+"""The GPU trainer check (issue 49): the trainer's own GRPO step on CUDA against the same step on the CPU,
+step times, tokens/s and peak memory at two model sizes, and verl's DataProto path where verl imports.
+
+What it runs (``trainer.torch_backend.TorchGRPOBackend.step``, the step ``rolloutbus train`` takes; nothing
+copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon as it is done:
+
+(a) correctness: recorded GroupBatches (``recorded_groups.bin`` beside this file, the project's Avro
+    single-object records) through one step of a model of SmolLM2-135M's architecture (seeded random
+    weights: the packaged GGUF is 89 MiB, over the 64 MiB a GPU run may carry), in float32 and bfloat16,
+    on the device and on the CPU from the same weights; loss, the step's metrics and every gradient
+    compared. Two batch variants: ``recorded`` (the recorded behaviour log-probs: ratios and clipping as
+    recorded) and ``on_policy_kl`` (behaviour log-probs dropped, so every response token carries
+    gradient, plus the k3 KL to a reference model of another seed). The gate: with ``--device cuda``,
+    each CUDA run against the CPU run in the same dtype; with ``--device cpu``, each run against the CPU
+    in float64 (else the comparison would be a run against itself). Every run is also reported against
+    the float64 CPU run, for information. Tolerances: :data:`TOLERANCES`.
+(b) timing: steps of ``--steps`` (after one warm-up) on synthetic GroupBatches of the trainer's shape, for
+    the 135M model and a ~1.04B model of the same family (SmolLM2-1.7B's layer shape, 14 of its 24
+    layers), in float32 (what the trainer loads) and bfloat16: seconds per step, tokens/s, peak memory
+    (CUDA: ``max_memory_allocated``/``reserved``; CPU: the process's peak RSS, which never goes down).
+(c) verl: ``to_data_proto`` and the actor update, where verl imports. It does not on the GPU machine:
+    ``verl.protocol`` imports Ray at its top, and Ray's wheel (ray-2.60.0, cp312 manylinux2014_x86_64)
+    is 79 MB, over the 64 MiB carry limit by itself; the section records why.
+
+The GPU run (one command, about 5 minutes on an H100; ``make gpu-wheels`` first, carrying ``gpu-wheels``)::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+      gpu-wheels/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
+      python3 tests/gpu/gpu_check.py --device cuda --out $OUT
+
+``--device cpu --tiny`` is what ``tests/gpu/test_gpu_check.py`` runs in ``make test`` (the same code, with a
+two-layer model and small batches). The exit status is 1 when a gated comparison failed.
+``--record FILE`` re-records the fixture (sampled by the project's tiny policy; see :func:`record_groups`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import platform
+import random
+import resource
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a file on a machine where the project is not installed
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from schemas.codec import decode, encode  # noqa: E402
+from schemas.models import GroupBatch, Transition  # noqa: E402
+from trainer.grpo import GRPOConfig, group_advantages  # noqa: E402
+from trainer.torch_backend import TorchGRPOBackend  # noqa: E402
+
+FIXTURE = Path(__file__).with_name("recorded_groups.bin")
+
+# The trainer's defaults (trainer/settings.py; tests/gpu/test_gpu_check.py keeps these equal to them):
+# settings are not imported because pydantic-settings is not carried to the GPU machine.
+TRAINER_LR = 5e-4
+TRAINER_MAX_GRAD_NORM = 1.0
+TRAINER_MICRO_BATCH_TOKENS = 4096
+KL_BETA = 0.04  # the on_policy_kl variant's; the trainer's default is 0 (no reference)
+
+# SmolLM2-135M's config.json (HuggingFaceTB/SmolLM2-135M), the fields a LlamaConfig takes.
+SMOLLM2_135M: dict[str, Any] = {
+    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192, "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5, "initializer_range": 0.041666666666666664, "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+}
+# SmolLM2-1.7B's layer shape (hidden 2048, 32 heads, MLP 8192) with 14 of its 24 layers: 1.04B parameters.
+SMOLLM2_1B: dict[str, Any] = {
+    **SMOLLM2_135M, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 14,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "initializer_range": 0.02,
+}
+# The CPU test's: the same family (GQA, tied head, the full vocabulary), two narrow layers.
+TINY: dict[str, Any] = {**SMOLLM2_135M, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY_WIDE: dict[str, Any] = {**TINY, "hidden_size": 128, "intermediate_size": 256}
+
+# Gate: |loss - ref| <= loss_tol * max(1, |ref|) and ||g - g_ref|| / ||g_ref|| <= grad_tol over all parameters.
+# float32 without TF32 lands near 1e-6 (rounding in another summation order); bfloat16 against bfloat16 in
+# another order (or against float64) near 1e-2 after thirty layers. A wrong mask, position or device
+# placement moves these by O(1).
+TOLERANCES: dict[str, dict[str, float]] = {
+    "float32": {"loss_tol": 1e-4, "grad_tol": 1e-3},
+    "bfloat16": {"loss_tol": 5e-2, "grad_tol": 1e-1},
+}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+VARIANTS = ("recorded", "on_policy_kl")
+
+
+# ------------------------------------------------------------------------------------------ the batches
+
+
+def write_groups(path: Path, groups: Sequence[GroupBatch]) -> None:
+    """GroupBatches as the project's single-object Avro records, each behind a 4-byte big-endian length."""
+    with open(path, "wb") as fh:
+        for g in groups:
+            body = encode(g)
+            fh.write(struct.pack(">I", len(body)) + body)
+
+
+def read_groups(path: Path) -> list[GroupBatch]:
+    """The records :func:`write_groups` wrote, decoded (and validated) by ``schemas.codec.decode``."""
+    data = path.read_bytes()
+    out, at = [], 0
+    while at < len(data):
+        (n,) = struct.unpack_from(">I", data, at)
+        out.append(decode(data[at + 4 : at + 4 + n], expect="rolloutbus.GroupBatch"))
+        at += 4 + n
+    if not out:
+        raise ValueError(f"{path}: no GroupBatch records")
+    return out  # type: ignore[return-value]
+
+
+def record_groups(path: Path, n_groups: int = 6, group_size: int = 4, max_new_tokens: int = 24, seed: int = 49) -> None:
+    """Sample GroupBatches with the project's tiny policy (real sampling, real behaviour log-probs) and
+    record them. Their ids are char-tokenizer ids, all inside SmolLM2's vocabulary."""
+    from trainer.model import build_tiny
+    from trainer.synthetic import sample_groups
+
+    model, tok = build_tiny(seed=seed)
+    write_groups(path, sample_groups(model, tok, n_groups=n_groups, group_size=group_size, max_new_tokens=max_new_tokens,
+                                     seed=seed))
+
+
+def on_policy(groups: Sequence[GroupBatch]) -> list[GroupBatch]:
+    """The same groups with the behaviour log-probs dropped (the trainer then takes its own: ratio 1)."""
+    return [g.model_copy(update={"transitions": [t.model_copy(update={"response_logprobs": []}) for t in g.transitions]})
+            for g in groups]
+
+
+def timing_groups(n_groups: int, group_size: int, prompt_len: int, response_len: int, vocab: int,
+                  seed: int = 0) -> list[GroupBatch]:
+    """Synthetic GroupBatches of the trainer's shape: random ids, behaviour log-probs near a uniform
+    policy's (so ratios stay near 1, as for a fresh random model), group-normalised advantages."""
+    rng = random.Random(seed)
+    uniform = -math.log(vocab)
+    groups = []
+    for gi in range(n_groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        rewards = [rng.random() for _ in range(group_size)]
+        advs = group_advantages(torch.tensor(rewards)).tolist()
+        gid = uuid.UUID(int=rng.getrandbits(128)).hex
+        rids = [f"{gid}-{i}" for i in range(group_size)]
+        transitions = [
+            Transition(rollout_id=rid, attempt_id=f"{rid}-a", task_id=gid, span_id=f"{rid}-s", turn=0, resource_version=0,
+                       prompt_token_ids=prompt, response_token_ids=[rng.randrange(3, vocab) for _ in range(response_len)],
+                       response_logprobs=[uniform + rng.gauss(0.0, 0.05) for _ in range(response_len)],
+                       response_mask=[1] * response_len, reward=r, return_=r, advantage=a)
+            for rid, r, a in zip(rids, rewards, advs)
+        ]
+        groups.append(GroupBatch(group_id=gid, task_id=gid, resource_version=0, created_ns=gi, group_size=group_size,
+                                 rollout_ids=rids, rewards=rewards, advantages=advs, transitions=transitions))
+    return groups
+
+
+# ------------------------------------------------------------------------------------------ models and steps
+
+
+def build_model(config: dict[str, Any], seed: int, device: str = "cpu") -> Any:
+    """A ``LlamaForCausalLM`` of ``config`` with seeded random weights, built on ``device`` in float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**config)
+    cfg._attn_implementation = "sdpa"  # what from_pretrained picks where torch has SDPA; said so in the results
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    model.eval()
+    return model
+
+
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class StepRun:
+    """One trainer step's outcome: its metrics and every gradient (on the CPU, in float64)."""
+
+    where: str  # "cuda float32"
+    metrics: dict[str, float]
+    grads: dict[str, torch.Tensor]
+    seconds: float
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str, *, ref: Any | None = None,
+             micro_batch_tokens: int = TRAINER_MICRO_BATCH_TOKENS) -> StepRun:
+    """One ``TorchGRPOBackend.step`` of a copy of ``policy`` (and of ``ref``) moved to ``device`` in ``dtype``.
+
+    The gradients are read after the step, so they are the clipped ones the optimiser used (both sides
+    of a comparison are clipped by their own norms; the metrics carry the norm before clipping)."""
+    dev = torch.device(device)
+    model = copy.deepcopy(policy).to(device=dev, dtype=DTYPES[dtype])
+    ref_model = None if ref is None else copy.deepcopy(ref).to(device=dev, dtype=DTYPES[dtype])
+    grpo = GRPOConfig(kl_beta=KL_BETA if ref is not None else 0.0)
+    backend = TorchGRPOBackend(model, grpo=grpo, lr=TRAINER_LR, max_grad_norm=TRAINER_MAX_GRAD_NORM,
+                               micro_batch_tokens=micro_batch_tokens, ref_model=ref_model, pad_id=int(model.config.pad_token_id))
+    sync(dev)
+    t0 = time.perf_counter()
+    metrics = backend.step(groups)
+    sync(dev)
+    seconds = time.perf_counter() - t0
+    grads = {n: (p.grad.detach().to("cpu", torch.float64) if p.grad is not None else torch.zeros(p.shape, dtype=torch.float64))
+             for n, p in model.named_parameters()}
+    del backend, model, ref_model
+    return StepRun(f"{dev.type} {dtype}", metrics, grads, seconds)
+
+
+COMPARED_METRICS = ("loss", "pg_loss", "kl", "grad_norm", "ratio_mean", "clip_fraction")
+
+
+def compare(run: StepRun, ref: StepRun, tol: dict[str, float] | None) -> dict[str, Any]:
+    """``run`` against ``ref``: the loss, the metrics, the global and the worst per-tensor gradient error.
+
+    ``tol`` None reports without a verdict. A non-finite loss or gradient never passes."""
+    num = den = 0.0
+    worst, worst_name = 0.0, ""
+    finite = math.isfinite(run.metrics.get("loss", math.nan))
+    for name, g_ref in ref.grads.items():
+        g = run.grads[name]
+        finite = finite and bool(torch.isfinite(g).all())
+        d2, r2 = float((g - g_ref).pow(2).sum()), float(g_ref.pow(2).sum())
+        num, den = num + d2, den + r2
+        if r2 > 0 and math.sqrt(d2 / r2) > worst:
+            worst, worst_name = math.sqrt(d2 / r2), name
+    grad_rel = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
+    loss, loss_ref = run.metrics.get("loss", math.nan), ref.metrics.get("loss", math.nan)
+    loss_err = abs(loss - loss_ref) / max(1.0, abs(loss_ref))
+    out: dict[str, Any] = {
+        "run": run.where, "ref": ref.where, "loss": loss, "loss_ref": loss_ref, "loss_err": loss_err,
+        "grad_rel_err": grad_rel, "grad_norm_ref": math.sqrt(den), "worst_tensor_rel_err": worst, "worst_tensor": worst_name,
+        "metrics": {k: [run.metrics.get(k), ref.metrics.get(k)] for k in COMPARED_METRICS},
+        "finite": finite, "seconds": run.seconds,
+    }
+    if tol is not None:
+        out["tolerance"] = tol
+        out["passed"] = bool(finite and den > 0 and loss_err <= tol["loss_tol"] and grad_rel <= tol["grad_tol"])
+    return out
+
+
+def correctness(groups: Sequence[GroupBatch], config: dict[str, Any], device: str, dtypes: Sequence[str],
+                seed: int = 0, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Part (a): every variant x dtype on ``device``, gated against its reference (see the module docstring)."""
+    policy = build_model(config, seed)
+    ref_policy = build_model(config, seed + 1)
+    log(f"  model of {parameter_count(policy) / 1e6:.1f}M parameters")
+    rows: list[dict[str, Any]] = []
+    for variant in VARIANTS:
+        batch = list(groups) if variant == "recorded" else on_policy(groups)
+        ref = ref_policy if variant == "on_policy_kl" else None
+        exact = run_step(policy, batch, "cpu", "float64", ref=ref)
+        for dtype in dtypes:
+            target = run_step(policy, batch, device, dtype, ref=ref)
+            on_cuda = torch.device(device).type == "cuda"
+            gate_ref = run_step(policy, batch, "cpu", dtype, ref=ref) if on_cuda else exact
+            row = compare(target, gate_ref, TOLERANCES[dtype])
+            row["variant"] = variant
+            row["vs_float64_cpu"] = {k: compare(target, exact, None)[k] for k in ("loss_err", "grad_rel_err")}
+            if on_cuda:
+                row["cpu_vs_float64_cpu"] = {k: compare(gate_ref, exact, None)[k] for k in ("loss_err", "grad_rel_err")}
+            rows.append(row)
+            log(f"  {variant:13s} {target.where:16s} vs {gate_ref.where:14s} loss_err {row['loss_err']:.2e} "
+                f"grad_rel_err {row['grad_rel_err']:.2e} {'ok' if row['passed'] else 'FAILED'}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def memory_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def memory_peak(device: torch.device) -> dict[str, float]:
+    """Peak memory since :func:`memory_reset`, in GiB (CUDA), or the process's peak RSS (CPU fallback)."""
+    if device.type == "cuda":
+        return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"process_peak_rss_gib": rss_kib / 2**20}
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_steps(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], device: str, dtype: str, steps: int,
+               micro_batch_tokens: int = TRAINER_MICRO_BATCH_TOKENS, seed: int = 0) -> dict[str, Any]:
+    """Part (b) for one model and dtype: one warm-up step, then ``steps`` timed ones (model built on the device)."""
+    dev = torch.device(device)
+    free(dev)
+    memory_reset(dev)
+    model = build_model(config, seed, device).to(DTYPES[dtype])
+    backend = TorchGRPOBackend(model, lr=TRAINER_LR, max_grad_norm=TRAINER_MAX_GRAD_NORM, micro_batch_tokens=micro_batch_tokens,
+                               pad_id=int(model.config.pad_token_id))
+    backend.step(groups)  # warm-up: kernels chosen, optimiser state allocated
+    times, last = [], {}
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        last = backend.step(groups)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    median = times[len(times) // 2]
+    row = {"model": name, "parameters": parameter_count(model), "dtype": dtype, "device": str(dev),
+           "micro_batch_tokens": micro_batch_tokens, "rows": int(last.get("samples", 0)), "tokens_per_step": int(last.get("tokens", 0)),
+           "response_tokens_per_step": int(last.get("response_tokens", 0)), "steps_timed": steps,
+           "step_s_median": median, "step_s_min": times[0], "step_s_max": times[-1],
+           "tokens_per_s": last.get("tokens", 0.0) / median if median > 0 else 0.0,
+           "micro_batches": int(last.get("micro_batches", 0)), "loss_finite": math.isfinite(last.get("loss", math.nan)),
+           **memory_peak(dev)}
+    del backend, model
+    free(dev)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ verl
+
+
+def verl_section(groups: Sequence[GroupBatch], device: str) -> dict[str, Any]:
+    """Part (c): ``to_data_proto`` on ``device`` where verl imports; otherwise why not."""
+    try:
+        import verl  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the answer here
+        return {"ran": False, "why": f"verl does not import: {type(exc).__name__}: {str(exc)[:200]}",
+                "what_did_not_fit": "verl.protocol imports ray at its top; ray-2.60.0-cp312-manylinux2014_x86_64.whl is 79 MB, "
+                                    "over the 64 MiB carry limit by itself (verl 1.7 MB, tensordict 0.45 MB, omegaconf, hydra-core, "
+                                    "codetiming, dill, torchdata, pylatexenc together under 3.5 MB; antlr4-python3-runtime 4.9.3, "
+                                    "omegaconf's, has no wheel)"}
+    from trainer.verl_backend import to_data_proto
+
+    pad = int(SMOLLM2_135M["pad_token_id"])
+    dp = to_data_proto(groups, pad, meta_info={"temperature": 1.0}).to(device)
+    rows = sum(1 for g in groups for t in g.transitions if t.response_token_ids)
+    shapes = {k: list(v.shape) for k, v in dp.batch.items()}
+    return {"ran": True, "data_proto": shapes, "rows": rows, "device": str(dp.batch["input_ids"].device),
+            "actor_update": "not run: verl 0.9.1 has no DataParallelPPOActor; its update_actor is ActorRolloutRefWorker's, "
+                            "taking a TensorDict on Ray's single controller with an FSDP engine",
+            "passed": all(s[0] == rows for s in shapes.values())}
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def environment(device: str) -> dict[str, Any]:
+    import transformers
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "transformers": transformers.__version__, "device": device, "cpu_threads": torch.get_num_threads(),
+                           "attn_implementation": "sdpa"}
+    if torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(torch.device(device))
+        env.update({"gpu": props.name, "gpu_memory_gib": props.total_memory / 2**30,
+                    "tf32_matmul": torch.backends.cuda.matmul.allow_tf32})
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                       timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    return env
+
+
+def markdown(res: dict[str, Any]) -> str:
+    env = res["environment"]
+    lines = [f"# GPU trainer check ({env['device']}{', ' + env['gpu'] if 'gpu' in env else ''})", "",
+             f"torch {env['torch']} (CUDA {env['cuda']}), transformers {env['transformers']}, Python {env['python']}, "
+             f"commit {env.get('commit')}, {res.get('elapsed_s', 0):.0f} s", "",
+             "## (a) one trainer step against the CPU", "",
+             "| variant | run | against | loss | loss err | grad rel err | worst tensor | vs float64 CPU (loss, grad) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res.get("correctness", []):
+        v = r["vs_float64_cpu"]
+        lines.append(f"| {r['variant']} | {r['run']} | {r['ref']} | {r['loss']:.6g} | {r['loss_err']:.2e} | {r['grad_rel_err']:.2e} | "
+                     f"{r['worst_tensor_rel_err']:.2e} ({r['worst_tensor']}) | {v['loss_err']:.1e}, {v['grad_rel_err']:.1e} | "
+                     f"{'pass' if r['passed'] else 'FAIL'} |")
+    lines += ["", "Tolerances: " + "; ".join(f"{k}: loss {v['loss_tol']:g}, gradients {v['grad_tol']:g}" for k, v in TOLERANCES.items()),
+              "", "## (b) step time, tokens/s, peak memory", "",
+              "| model | params | dtype | rows x tokens | micro-batch tokens | s/step (median) | tokens/s | peak memory GiB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in res.get("timing", []):
+        if "skipped" in t:
+            lines.append(f"| {t['model']} | | {t['dtype']} | | | skipped: {t['skipped']} | | |")
+            continue
+        mem = t.get("peak_allocated_gib", t.get("process_peak_rss_gib", 0.0))
+        lines.append(f"| {t['model']} | {t['parameters'] / 1e6:.0f}M | {t['dtype']} | {t['rows']} x {t['tokens_per_step'] // max(t['rows'], 1)} | "
+                     f"{t['micro_batch_tokens']} | {t['step_s_median']:.3f} | {t['tokens_per_s']:.0f} | {mem:.2f} |")
+    verl = res.get("verl", {})
+    lines += ["", "## (c) verl", "", (f"ran: {verl.get('data_proto')}; {verl.get('actor_update')}" if verl.get("ran")
+                                      else f"not run: {verl.get('why')}. {verl.get('what_did_not_fit', '')}"), ""]
+    return "\n".join(lines)
+
+
+def write(out: Path | None, res: dict[str, Any]) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-check.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "gpu-check.md").write_text(markdown(res))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto",
+                    help="cuda, cuda:N, cpu (the reference is then the CPU in float64) or auto (cuda when visible, else cpu --tiny)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for gpu-check.json and gpu-check.md")
+    ap.add_argument("--tiny", action="store_true", help="two-layer models and small batches (the CPU test)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per row (default 3; --tiny 1)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="timing rows not started after this many seconds are skipped")
+    ap.add_argument("--fixture", type=Path, default=FIXTURE)
+    ap.add_argument("--record", type=Path, default=None, help="record a new fixture to this file and exit")
+    args = ap.parse_args(argv)
+    if args.record is not None:
+        record_groups(args.record)
+        print(f"recorded {len(read_groups(args.record))} GroupBatches to {args.record}")
+        return 0
+    start = time.monotonic()
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.tiny = args.tiny or device == "cpu"  # the full sizes on a CPU take hours
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {device}: CUDA is not available here", file=sys.stderr)
+        return 2
+    dtypes = ("float32", "bfloat16")
+    steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
+    if args.tiny:
+        check_config, sizes = TINY, [("tiny", TINY), ("tiny-wide", TINY_WIDE)]
+        shape = {"n_groups": 2, "group_size": 2, "prompt_len": 24, "response_len": 16}
+    else:
+        check_config, sizes = SMOLLM2_135M, [("smollm2-135m", SMOLLM2_135M), ("smollm2-1b", SMOLLM2_1B)]
+        shape = {"n_groups": 8, "group_size": 8, "prompt_len": 512, "response_len": 512}
+    res: dict[str, Any] = {"environment": environment(device), "tolerances": TOLERANCES, "timing_batch": shape}
+    print(f"gpu check on {device}: {res['environment'].get('gpu', platform.processor() or 'cpu')}", flush=True)
+
+    groups = read_groups(args.fixture)
+    print(f"(a) {len(groups)} recorded GroupBatches, {sum(len(g.transitions) for g in groups)} transitions", flush=True)
+    res["correctness"] = correctness(groups, check_config, device, dtypes, log=lambda s: print(s, flush=True))
+    res["elapsed_s"] = time.monotonic() - start
+    write(args.out, res)
+
+    print("(b) timing", flush=True)
+    batch = timing_groups(vocab=int(SMOLLM2_135M["vocab_size"]), **shape)
+    res["timing"] = []
+    for name, cfg in sizes:
+        for dtype in dtypes:
+            if time.monotonic() - start > args.budget_s:
+                res["timing"].append({"model": name, "dtype": dtype, "skipped": f"past the {args.budget_s:.0f} s budget"})
+                continue
+            try:
+                row = time_steps(name, cfg, batch, device, dtype, steps)
+            except torch.OutOfMemoryError as exc:
+                free(torch.device(device))
+                row = {"model": name, "dtype": dtype, "skipped": f"out of memory: {str(exc).splitlines()[0][:160]}"}
+            res["timing"].append(row)
+            print(f"  {name:13s} {dtype:9s} " + (f"{row['step_s_median']:.3f} s/step {row['tokens_per_s']:.0f} tok/s "
+                                                 f"peak {row.get('peak_allocated_gib', row.get('process_peak_rss_gib', 0)):.2f} GiB"
+                                                 if "skipped" not in row else row["skipped"]), flush=True)
+            res["elapsed_s"] = time.monotonic() - start
+            write(args.out, res)
+
+    print("(c) verl", flush=True)
+    res["verl"] = verl_section(groups, device)
+    res["elapsed_s"] = time.monotonic() - start
+    res["passed"] = all(r["passed"] for r in res["correctness"]) and res["verl"].get("passed", True) and all(
+        t.get("loss_finite", True) for t in res["timing"])
+    write(args.out, res)
+    print(markdown(res))
+    print("PASSED" if res["passed"] else "FAILED", flush=True)
+    return 0 if res["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The GPU trainer check's CPU mode (issue 49), so the script that runs on a GPU machine cannot rot here.
+
+``gpu_check.py --device cpu --tiny`` runs the same code as the GPU run (the trainer's step, the comparison
+with its tolerances, the timing and memory code with its CPU fallback, the verl section), the reference
+being the CPU in float64; the gate itself is shown to fail on a step that is not the same step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", HERE / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gc = _load()
+
+
+def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> None:
+    """The command line of the GPU run, on the CPU: every part ran, wrote its results, and passed."""
+    proc = subprocess.run([sys.executable, str(HERE / "gpu_check.py"), "--device", "cpu", "--tiny", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert res["passed"] is True
+    rows = res["correctness"]
+    assert {(r["variant"], r["run"]) for r in rows} == {(v, f"cpu {d}") for v in gc.VARIANTS for d in ("float32", "bfloat16")}
+    for r in rows:
+        assert r["passed"] and r["ref"] == "cpu float64" and r["finite"], r
+        assert r["grad_norm_ref"] > 0 and r["grad_rel_err"] <= gc.TOLERANCES[r["run"].split()[1]]["grad_tol"]
+    # The on-policy variant trains every response token: its float32 gradients are float64's to rounding.
+    assert next(r for r in rows if r["variant"] == "on_policy_kl" and r["run"] == "cpu float32")["grad_rel_err"] < 1e-4
+    timing = res["timing"]
+    assert [(t["model"], t["dtype"]) for t in timing] == [(m, d) for m in ("tiny", "tiny-wide") for d in ("float32", "bfloat16")]
+    for t in timing:
+        assert t["tokens_per_s"] > 0 and t["step_s_median"] > 0 and t["process_peak_rss_gib"] > 0 and t["loss_finite"], t
+        assert t["rows"] == 4 and t["tokens_per_step"] == 4 * 40
+    verl = res["verl"]
+    if importlib.util.find_spec("verl") is None:
+        assert verl["ran"] is False and "ray" in verl["what_did_not_fit"]
+    else:
+        assert verl["passed"], verl
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "| on_policy_kl | cpu bfloat16 | cpu float64 |" in md and "| tiny-wide |" in md and "PASSED" in proc.stdout
+
+
+def test_the_gate_fails_a_step_that_is_not_the_same_step() -> None:
+    """Another model's step, or a NaN gradient, fails the float32 gate; the same step passes it."""
+    groups = gc.on_policy(gc.read_groups(gc.FIXTURE))[:2]
+    policy, other = gc.build_model(gc.TINY, seed=0), gc.build_model(gc.TINY, seed=5)
+    a = gc.run_step(policy, groups, "cpu", "float32")
+    again = gc.run_step(policy, groups, "cpu", "float32")
+    b = gc.run_step(other, groups, "cpu", "float32")
+    tol = gc.TOLERANCES["float32"]
+    assert gc.compare(again, a, tol)["passed"] and gc.compare(again, a, tol)["grad_rel_err"] == 0.0
+    wrong = gc.compare(b, a, tol)
+    assert not wrong["passed"] and wrong["grad_rel_err"] > 0.5
+    name = next(iter(a.grads))
+    poisoned = gc.StepRun(a.where, dict(a.metrics), {**a.grads, name: torch.full_like(a.grads[name], math.nan)}, a.seconds)
+    assert not gc.compare(poisoned, a, tol)["passed"]
+
+
+def test_the_fixture_holds_recorded_groups_the_models_can_read() -> None:
+    groups = gc.read_groups(gc.FIXTURE)
+    assert len(groups) >= 4
+    ts = [t for g in groups for t in g.transitions]
+    assert all(len(t.response_logprobs) == len(t.response_token_ids) > 0 for t in ts)
+    assert max(max(t.prompt_token_ids + t.response_token_ids) for t in ts) < gc.SMOLLM2_135M["vocab_size"]
+    assert any(t.advantage > 0 for t in ts) and any(t.advantage < 0 for t in ts)
+
+
+def test_the_check_steps_with_the_trainers_defaults() -> None:
+    from trainer.settings import TrainerSettings
+
+    fields = TrainerSettings.model_fields
+    assert (gc.TRAINER_LR, gc.TRAINER_MAX_GRAD_NORM, gc.TRAINER_MICRO_BATCH_TOKENS) == (
+        fields["lr"].default, fields["max_grad_norm"].default, fields["micro_batch_tokens"].default)
+
+
+@pytest.mark.parametrize("name, params", [("SMOLLM2_135M", 134_515_008), ("SMOLLM2_1B", 1_040_246_784)])
+def test_the_model_configs_have_the_sizes_they_claim(name: str, params: int) -> None:
+    """Counted from the config (no weights built): SmolLM2-135M's 134.5M, and the ~1B row's."""
+    c = getattr(gc, name)
+    h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
+    assert v * h + L * per_layer + h == params
