@@ -11,7 +11,7 @@ Where deploy/ runs ClickHouse, a user named ``analyst`` must be there besides th
 - a ClickHouseInstallation (k8s, the operator overlay): ``analyst/k8s_secret_password`` (a Secret, never
   ``analyst/password``), ``analyst/profile`` naming a profile with ``readonly`` 1 or 2, SELECT-only grants.
 
-Pure functions over loaded documents; commands.py calls them for `make validate-deploy`.
+Pure functions over loaded documents; rules.py registers them (rule 10) for `make validate-deploy`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from model import environment, volume_mounts
 
 ANALYST = "analyst"
 # ${NAME:?message} or ${NAME?message}: compose stops when NAME is unset (and, with ':', when empty).
@@ -37,25 +39,14 @@ def _grants_problems(where: str, grants: list[str]) -> list[str]:
     return [f"{where}: the analyst's grant {g!r} is more than SELECT" for g in grants if not SELECT_ONLY.match(g)]
 
 
-def _env(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {str(k): str(v) for k, v in env.items()}
-
-
 def _is_server(service: dict[str, Any]) -> bool:
     return "clickhouse-server" in str(service.get("image", ""))
 
 
 def _users_files(service: dict[str, Any], compose_dir: Path) -> list[Path]:
     """Host files the service mounts into the server's users.d (bind mounts, short or long syntax)."""
-    out = []
-    for v in service.get("volumes") or []:
-        source, target = (str(v.get("source", "")), str(v.get("target", ""))) if isinstance(v, dict) else (str(v).split(":") + [""])[:2]
-        if "/users.d/" in target and source.startswith((".", "/")):
-            out.append((compose_dir / source).resolve())
-    return out
+    return [(compose_dir / source).resolve() for source, target in volume_mounts(service, interpolate=False)
+            if "/users.d/" in target and source.startswith((".", "/"))]
 
 
 def check_server_users(where: str, service: dict[str, Any], compose_dir: Path) -> list[str]:
@@ -71,7 +62,7 @@ def check_server_users(where: str, service: dict[str, Any], compose_dir: Path) -
         what = f"{where}: {path.name}: user {ANALYST}"
         problems: list[str] = []
         password = [p for p in user if p.tag.startswith("password")]
-        env = _env(service)
+        env = environment(service, interpolate=False)
         if len(password) != 1 or not password[0].get("from_env") or (password[0].text or "").strip():
             problems.append(f"{what}: give the password as <password from_env=\"VAR\"/> (nothing written in the file)")
         elif not REQUIRED.match(env.get(password[0].get("from_env", ""), "")):
@@ -111,8 +102,9 @@ def check_compose(doc: dict[str, Any], name: str, compose_dir: Path, base: dict[
         where = f"{name}: service {svc}"
         command = s.get("command") or []
         store = (command.split() if isinstance(command, str) else [str(a) for a in command])[:1] == ["store"]
-        if store and "ROLLOUTBUS_STORE_USERS" in _env(s):
-            problems += check_store_users(where, _env(s)["ROLLOUTBUS_STORE_USERS"])
+        users = environment(s, interpolate=False).get("ROLLOUTBUS_STORE_USERS")
+        if store and users is not None:
+            problems += check_store_users(where, users)
         elif store:
             problems.append(f"{where}: the store sets no ROLLOUTBUS_STORE_USERS (a writer and the read-only {ANALYST})")
         elif _is_server(s) and base is None:

@@ -14,7 +14,7 @@ import yaml
 
 import analyst
 import commands
-import k8s
+import model
 from deploy_tools import ROOT
 from rolloutbus.store.access import parse_users
 
@@ -63,7 +63,7 @@ def test_a_server_analyst_password_that_may_be_empty_is_refused(tmp_path: Path) 
 
 
 def test_the_local_store_has_the_analyst_at_the_analyst_role() -> None:
-    local = commands.load_compose(DEPLOY / "compose.local.yml")
+    local = model.load_compose(DEPLOY / "compose.local.yml")
     spec = local["services"]["clickhouse"]["environment"]["ROLLOUTBUS_STORE_USERS"]
     users = {u.name: u for u in parse_users(re.sub(r"\$\{[^}]*\}", "pw", spec))}
     assert users["analyst"].role == "analyst" and users["analyst"].readonly
@@ -76,7 +76,7 @@ def test_the_local_store_has_the_analyst_at_the_analyst_role() -> None:
 
 @pytest.fixture(scope="module")
 def operator_objs(tools: dict[str, str]) -> list[dict[str, Any]]:
-    return k8s.render(k8s.K8S / "overlays" / "clickhouse-operator", shlex.split(tools["KUSTOMIZE"]))
+    return model.render(model.K8S / "overlays" / "clickhouse-operator", shlex.split(tools["KUSTOMIZE"]))
 
 
 def _chi(objs: list[dict[str, Any]]) -> dict[str, Any]:

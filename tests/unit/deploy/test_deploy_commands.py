@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 import commands
-import k8s
+import facts
+import model
 from deploy_tools import ROOT
 
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
@@ -26,7 +27,7 @@ COMPOSE = ROOT / "deploy" / "docker-compose.yml"
 @pytest.fixture(scope="module")
 def rendered(tools: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
     """Every kustomization, rendered once: directory (relative to deploy/k8s) → objects."""
-    return {str(d.relative_to(k8s.K8S)): k8s.render(d, shlex.split(tools["KUSTOMIZE"])) for d in k8s.kustomizations()}
+    return {str(d.relative_to(model.K8S)): model.render(d, shlex.split(tools["KUSTOMIZE"])) for d in model.kustomizations()}
 
 
 def _obj(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -46,10 +47,10 @@ def test_deploy_files_pass(tools: dict[str, str]) -> None:
 
 
 def test_the_real_parser_and_settings_are_what_is_checked() -> None:
-    ns, error = commands.parse(["train", "--device", "cuda", "--metrics-host", "0.0.0.0"])
+    ns, error = facts.parse(["train", "--device", "cuda", "--metrics-host", "0.0.0.0"])
     assert error is None and ns is not None and ns.command == "train"
-    assert commands.parse(["train", "--nnodes", "2"])[1] == "rolloutbus: unrecognized arguments: --nnodes 2 (see rolloutbus --help)"
-    names = commands.known_variables()
+    assert facts.parse(["train", "--nnodes", "2"])[1] == "rolloutbus: unrecognized arguments: --nnodes 2 (see rolloutbus --help)"
+    names = facts.known_variables()
     # settings fields of several process kinds, and names the code reads from os.environ itself
     for name in ("ROLLOUTBUS_KAFKA_BOOTSTRAP", "ROLLOUTBUS_RUNNER_GROUP", "ROLLOUTBUS_STREAMS_METRICS_PORT",
                  "ROLLOUTBUS_TRAIN_DEVICE", "ROLLOUTBUS_SERVE_PORT", "ROLLOUTBUS_LLM_PROXY_URL", "ROLLOUTBUS_KAFKA_CACHE"):

@@ -14,7 +14,7 @@ def test_every_kustomization_renders_and_validates(tools: dict[str, str]) -> Non
 
 
 def _render_base(tools: dict[str, str]) -> str:
-    return "import os, shlex, json, k8s\nobjs = k8s.render(k8s.K8S / 'base', shlex.split(os.environ['KUSTOMIZE']))\n"
+    return "import os, shlex, json, k8s, model\nobjs = model.render(model.K8S / 'base', shlex.split(os.environ['KUSTOMIZE']))\n"
 
 
 def test_base_has_the_expected_workloads(tools: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""Nothing deploy/ starts answers on an open address without asking for credentials (deploy/validate/commands.py,
+"""Nothing deploy/ starts answers on an open address without asking for credentials (deploy/validate/exposure.py,
 rules 8 and 9, run by `make validate-deploy`).
 
 compose: a port published on every host interface must belong to a service that asks for credentials
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import commands
-import k8s
+import model
 from deploy_tools import ROOT
 
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
@@ -50,7 +50,7 @@ def test_the_compose_file_before_the_fix_fails_and_the_file_now_passes(tmp_path:
     assert commands.main(["--no-k8s", "--compose", str(tmp_path / "docker-compose.yml")]) == 1
 
     assert OPEN not in "\n".join(commands.check_compose(COMPOSE))
-    assert OPEN not in "\n".join(commands.check_compose(LOCAL, commands.load_compose(COMPOSE)))
+    assert OPEN not in "\n".join(commands.check_compose(LOCAL, model.load_compose(COMPOSE)))
     assert commands.main(["--no-k8s"]) == 0
 
 
@@ -100,7 +100,7 @@ def test_the_local_store_needs_passwords_to_be_published(tmp_path: Path) -> None
     local = LOCAL.read_text().replace(":${CLICKHOUSE_PASSWORD:?set CLICKHOUSE_PASSWORD}", ":")
     path = tmp_path / "compose.local.yml"
     path.write_text(local)
-    base = commands.load_compose(COMPOSE)
+    base = model.load_compose(COMPOSE)
     base["services"]["clickhouse"]["ports"] = ["8123:8123"]
     problems = "\n".join(commands.check_compose(path, base))
     assert f"compose.local.yml: service clickhouse publishes port 8123 {OPEN} (*:8123), but `rolloutbus store` has no " \
@@ -120,12 +120,12 @@ def test_the_local_store_needs_passwords_to_be_published(tmp_path: Path) -> None
     ("${UNSET_BIND}:8123:8123", [("", "8123", 8123)]),  # an unset variable is empty: every interface
 ])
 def test_published_ports_are_read_as_compose_reads_them(entry: Any, expected: list[tuple[str, str, int]]) -> None:
-    assert commands.published_ports({"ports": [entry]}) == expected
+    assert model.published_ports({"ports": [entry]}) == expected
 
 
 @pytest.fixture(scope="module")
 def base_objs(tools: dict[str, str]) -> list[dict[str, Any]]:
-    return k8s.render(k8s.K8S / "base", shlex.split(tools["KUSTOMIZE"]))
+    return model.render(model.K8S / "base", shlex.split(tools["KUSTOMIZE"]))
 
 
 def _container(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
