@@ -1,7 +1,7 @@
 """Agent Lightning's store, measured with our workload: spans ingested per second and spans that survive
 a restart of the store. Prints a table (or one JSON object with ``--json``). Not a timed test.
 
-    python bench/agentlightning_store.py [--rollouts 64] [--spans-per-rollout 16] [--concurrency 16] [--json]
+    python -m bench.agentlightning_store [--rollouts 64] [--spans-per-rollout 16] [--concurrency 16] [--json]
 
 What it does, in order (see bench/README.md for why each choice is fair):
 
@@ -20,37 +20,34 @@ What it does, in order (see bench/README.md for why each choice is fair):
 5. Counts the events its query API returns and checks the token ids came back; stops the server
    (SIGTERM), starts it again on the same port, and counts again.
 
-Step 4 runs in a child process under the Agent Lightning interpreter (this same file with
-``--driver``), so this file imports nothing outside the standard library at the top.
+Step 4 runs in a child process under the Agent Lightning interpreter (this module with ``--driver``,
+from the checkout's root), so at the top it imports only the standard library and bench's modules
+that need nothing else (workload, report, loadgen, venvs).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(_HERE))
+from bench import venvs
+from bench.loadgen import http_json
+from bench.report import pct
+from bench.workload import WorkloadSpec, generate, size_summary, to_agentlightning
 
-from workload import WorkloadSpec, generate, size_summary, to_agentlightning  # noqa: E402
-
-AL_VERSION = "1.0.2"
-DEFAULT_VENV = Path.home() / ".cache" / "rolloutbus" / "bench-agentlightning"
-_INSTALL_TIMEOUT_S = 900
+ROOT = Path(__file__).resolve().parents[1]
+AL_VERSION = venvs.AL1_VERSION
+DEFAULT_VENV = venvs.CACHE / "bench-agentlightning"
 _START_TIMEOUT_S = 60
 
 
@@ -61,70 +58,24 @@ class BenchError(Exception):
 # --------------------------------------------------------------------------- install
 
 
-def _python_ok(exe: str) -> bool:
-    try:
-        out = subprocess.run([exe, "-c", "import sys; print(sys.version_info >= (3, 12))"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and out.stdout.strip() == "True"
-
-
-def find_python() -> str:
-    """An interpreter Agent Lightning 1.x can install into (Requires-Python >= 3.12)."""
-    explicit = os.environ.get("ROLLOUTBUS_BENCH_AL_PYTHON")
-    if explicit:
-        if not _python_ok(explicit):
-            raise BenchError(f"ROLLOUTBUS_BENCH_AL_PYTHON={explicit} is not a working Python >= 3.12")
-        return explicit
-    candidates = [shutil.which(n) for n in ("python3.13", "python3.12")]
-    # pyenv's shims exist for every installed version but fail unless it is selected: look behind them.
-    candidates += sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3")), reverse=True)
-    for exe in candidates:
-        if exe and _python_ok(exe):
-            return exe
-    raise BenchError(f"agentlightning {AL_VERSION} needs Python >= 3.12 and none was found; "
-                     "install one or set ROLLOUTBUS_BENCH_AL_PYTHON=/path/to/python3.12")
-
-
 def ensure_venv(venv: Path = DEFAULT_VENV, *, quiet: bool = False) -> Path:
-    """Create the venv and install agentlightning into it once; return its python."""
-    python = venv / "bin" / "python"
-    marker = venv / f".installed-agentlightning-{AL_VERSION}"
-    if marker.exists() and python.exists():
-        return python
-    base = find_python()
-    if not quiet:
-        print(f"installing agentlightning=={AL_VERSION} into {venv} (once) ...", file=sys.stderr, flush=True)
-    try:
-        if not python.exists():
-            subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, text=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"agentlightning=={AL_VERSION}"],
-                       check=True, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S)
-    except subprocess.CalledProcessError as exc:
-        last = (exc.stderr or exc.stdout or "").strip().splitlines()
-        raise BenchError(f"installing agentlightning=={AL_VERSION} failed: {last[-1] if last else exc}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise BenchError(f"installing agentlightning=={AL_VERSION} took over {exc.timeout:.0f}s; check PyPI access") from exc
-    marker.write_text(f"{AL_VERSION}\n")
-    return python
+    """Create the venv and install agentlightning into it once (from a Python >= 3.12); return its python."""
+    return venvs.ensure_venv(
+        venv, venvs.AL1_PINS, error=BenchError, say=None if quiet else lambda m: print(m, file=sys.stderr, flush=True),
+        base=lambda: venvs.find_python("ROLLOUTBUS_BENCH_AL_PYTHON", f"agentlightning {AL_VERSION}", BenchError))
+
+
+def driver_command(python: Path, url: str, spec: WorkloadSpec, concurrency: int = 16, *, setup: bool = True,
+                   finish: bool = False) -> list[str]:
+    """The command of the client child (Agent Lightning's own client under its ``python``, this module with
+    ``--driver``) posting ``spec``'s spans to the server at ``url``; run it with ``cwd=ROOT``."""
+    return [str(python), "-m", "bench.agentlightning_store", "--driver", "--url", url,
+            "--seed", str(spec.seed), "--rollouts", str(spec.rollouts), "--spans-per-rollout", str(spec.spans_per_rollout),
+            "--llm-fraction", str(spec.llm_fraction), "--concurrency", str(concurrency),
+            *([] if setup else ["--no-setup"]), *(["--finish"] if finish else [])]
 
 
 # --------------------------------------------------------------------------- server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_json(method: str, url: str, body: Any = None, timeout: float = 30.0) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw else None
 
 
 class Server:
@@ -145,42 +96,32 @@ class Server:
         # hydra writes a run dir and a .hydra folder into the cwd by default: keep both in our scratch dir.
         cmd = [str(self.exe), "host=127.0.0.1", f"port={self.port}",
                f"hydra.run.dir={self.workdir}/hydra", "hydra.output_subdir=null"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace").strip().splitlines()
-                raise BenchError(f"agl-server exited with {self.proc.returncode}: {tail[-1] if tail else 'no output'}")
-            try:
-                if _http_json("GET", f"{self.url}/healthz", timeout=2).get("status") == "ok":
-                    return
-            except (OSError, ValueError):
-                time.sleep(0.2)
-        self.stop()
-        raise BenchError(f"agl-server did not answer /healthz on port {self.port} within {_START_TIMEOUT_S}s")
+        from bench.common import start_logged, wait_ready
+
+        self.proc = start_logged(cmd, self.log, cwd=self.workdir)
+        try:
+            wait_ready(f"agl-server on port {self.port}", lambda: http_json("GET", f"{self.url}/healthz", timeout=2).get("status") == "ok",
+                       self.proc, self.log, _START_TIMEOUT_S, BenchError)
+        except BenchError:
+            self.stop()
+            raise
 
     def peak_rss_mb(self) -> float | None:
-        from common import peak_rss_mib
+        from bench.common import peak_rss_mib
 
         return None if self.proc is None else peak_rss_mib(self.proc.pid)
 
     def cpu_seconds(self) -> float:
         """User + system CPU the server process has used (load-independent, unlike wall time)."""
-        if self.proc is None:
-            return 0.0
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from bench.common import cpu_s
+
+        return (cpu_s(self.proc.pid) or 0.0) if self.proc is not None else 0.0
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """SIGTERM, SIGKILL after 20 s."""
+        from bench.common import stop_process
+
+        stop_process(self.proc, 20)
 
 
 def count_queryable(url: str, spec: WorkloadSpec) -> tuple[int, int]:
@@ -189,7 +130,7 @@ def count_queryable(url: str, spec: WorkloadSpec) -> tuple[int, int]:
     for i in range(spec.rollouts):
         rid = f"ro-{spec.seed}-{i:06d}"
         try:
-            got = _http_json("GET", f"{url}/api/rollouts/{rid}/events", timeout=60)
+            got = http_json("GET", f"{url}/api/rollouts/{rid}/events", timeout=60)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 continue
@@ -202,11 +143,6 @@ def count_queryable(url: str, spec: WorkloadSpec) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- driver (runs under AL's python)
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * q))] if values else 0.0
 
 
 async def _drive(url: str, spec: WorkloadSpec, concurrency: int, *, setup: bool = True, finish: bool = False) -> dict[str, Any]:
@@ -266,7 +202,7 @@ async def _drive(url: str, spec: WorkloadSpec, concurrency: int, *, setup: bool 
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"spans": spec.total_spans, "seconds": seconds, "client_cpu_s": cpu, "sent_bytes": sent_bytes, "errors": len(errors),
             "first_error": errors[0] if errors else None,
-            "request_p50_ms": _pct(latencies, 0.5) * 1000, "request_p99_ms": _pct(latencies, 0.99) * 1000,
+            "request_p50_ms": pct(latencies, 0.5) * 1000, "request_p99_ms": pct(latencies, 0.99) * 1000,
             **({"finished": finished} if finish else {})}
 
 
@@ -289,7 +225,7 @@ def _spec(args: argparse.Namespace) -> WorkloadSpec:
 def _run_driver(cmd: list[str], server: Server) -> tuple[dict[str, Any], float]:
     """Run the client child; return its result and the server CPU seconds spent during the timed part."""
     with tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        child = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
         assert child.stdin is not None and child.stdout is not None
         line = child.stdout.readline()
         c0 = server.cpu_seconds()
@@ -315,16 +251,14 @@ def run_bench(spec: WorkloadSpec, concurrency: int = 16, *, venv: Path = DEFAULT
     """Install (once), start, ingest, count, restart, count. Returns the result dict; raises BenchError."""
     python = ensure_venv(venv, quiet=quiet)
     expected = size_summary(generate(spec))
-    port = port or int(os.environ.get("ROLLOUTBUS_BENCH_AL_PORT", "0")) or _free_port()
+    from bench.common import free_port
+
+    port = port or int(os.environ.get("ROLLOUTBUS_BENCH_AL_PORT", "0")) or free_port()
     workdir = Path(tempfile.mkdtemp(prefix="rb-bench-al-"))
     server = Server(venv, port, workdir)
     try:
         server.start()
-        cmd = [str(python), str(Path(__file__).resolve()), "--driver", "--url", server.url,
-               "--seed", str(spec.seed), "--rollouts", str(spec.rollouts),
-               "--spans-per-rollout", str(spec.spans_per_rollout), "--llm-fraction", str(spec.llm_fraction),
-               "--concurrency", str(concurrency)]
-        drive, server_cpu = _run_driver(cmd, server)
+        drive, server_cpu = _run_driver(driver_command(python, server.url, spec, concurrency), server)
         before, tokens_before = count_queryable(server.url, spec)
         rss = server.peak_rss_mb()
         server.stop()
@@ -400,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return _driver_main(args)
     try:
         # Never mix their dependency set into ours (or into whatever interpreter runs this file).
-        if args.venv.resolve() in (Path(sys.prefix).resolve(), (_HERE.parent / ".venv").resolve()):
+        if args.venv.resolve() in (Path(sys.prefix).resolve(), (ROOT / ".venv").resolve()):
             raise BenchError(f"refusing to install Agent Lightning into {args.venv}: give it a separate venv")
         result = run_bench(_spec(args), args.concurrency, venv=args.venv, port=args.port, quiet=args.json)
     except (BenchError, ValueError) as exc:

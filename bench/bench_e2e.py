@@ -2,7 +2,7 @@
 Agent Lightning 1.0.2's server and Agent Lightning 0.3.0's store, each charged the CPU of all its
 processes from the first request until every span can be read back. Prints a table; not a timed test.
 
-    python bench/bench_e2e.py [--sizes 1000,10000,100000] [--mixes default,llm]
+    python -m bench.bench_e2e [--sizes 1000,10000,100000] [--mixes default,llm]
                               [--systems rolloutbus,al1,al03] [--json]
 
 For each size N (whole rollouts of 16 spans) and each mix (``default``: bench/workload.py's quarter-LLM
@@ -48,18 +48,29 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(_HERE))
+from bench import workload
+from bench.common import (
+    ROOT,
+    child_env,
+    free_port,
+    fresh_topics,
+    http_ok,
+    peak_rss_mib,
+    start_logged,
+    stop_process,
+    tree_cpu_s,
+    wait_ready,
+)
+from bench.loadgen import fan_out, http_json, post, rejected_spans
+from bench.report import emit_json, log, pct
+from bench.venvs import AL03_PINS, AL03_VERSION, CACHE, ensure_venv
+from bench.workload import SPANS_PER_ROLLOUT, SynthSpan, WorkloadSpec, iter_rollouts
 
-from workload import SynthSpan, WorkloadSpec, iter_rollouts  # noqa: E402
-
-SPANS_PER_ROLLOUT = 16
 BODY_ROLLOUTS = 32  # 512 spans per OTLP request
 CONNECTIONS = 4
 MIXES = {"default": 0.25, "llm": 1.0}
@@ -67,13 +78,9 @@ SYSTEMS = ("rolloutbus", "al1", "al03", "rbev")  # rbev: rolloutbus fed the way 
 DEFAULT_SYSTEMS = ("rolloutbus", "al1", "al03")
 LABELS = {"rolloutbus": "rolloutbus (gateway + worker + store)", "al1": "Agent Lightning 1.0.2 server",
           "al03": "Agent Lightning 0.3.0 store", "rbev": "rolloutbus fed as 1.0.2 is (one event per span)"}
-AL03_VERSION = "0.3.0"
-AL03_PINS = [f"agentlightning=={AL03_VERSION}", "opentelemetry-api==1.44.*", "opentelemetry-sdk==1.44.*",
-             "opentelemetry-exporter-otlp-proto-http==1.44.*"]  # OTel 1.45 breaks 0.3.0 (tests/integration/producers/al_venv.py)
-AL03_VENV = Path.home() / ".cache" / "rolloutbus" / f"bench-agentlightning-{AL03_VERSION}"
+AL03_VENV = CACHE / f"bench-agentlightning-{AL03_VERSION}"  # the pins are the tests' (bench/venvs.py)
 FINISH_GRACE_S = 0.5
 POLL_S = 0.2
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class BenchError(Exception):
@@ -87,8 +94,7 @@ def spec_for(spans: int, mix: str, seed: int = 7) -> WorkloadSpec:
     """The workload with ``spans`` spans (whole rollouts of 16) in the named mix."""
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}: choose from {', '.join(MIXES)}")
-    return WorkloadSpec(seed=seed, rollouts=max(1, round(spans / SPANS_PER_ROLLOUT)), spans_per_rollout=SPANS_PER_ROLLOUT,
-                        llm_fraction=MIXES[mix])
+    return workload.spec_for(spans, MIXES[mix], seed)
 
 
 def cost_growth(us_per_span: dict[int, float]) -> str:
@@ -103,41 +109,7 @@ def cost_growth(us_per_span: dict[int, float]) -> str:
     return f"{'grows' if factor > 1 else 'falls'} ×{factor:.2f}"
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank q-quantile; NaN when empty."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
-
-
-def parse_stat(text: str) -> tuple[int, float]:
-    """``/proc/<pid>/stat`` → (parent pid, utime+stime+cutime+cstime in seconds)."""
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
-
-
-# --------------------------------------------------------------------------- CPU of a process tree
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and every live descendant (each with its waited-for children's)."""
-    stats: dict[int, tuple[int, float]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stats[int(d)] = parse_stat(Path(f"/proc/{d}/stat").read_text())
-            except (OSError, ValueError):
-                continue
-    total, todo, seen = 0.0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen or p not in stats:
-            continue
-        seen.add(p)
-        total += stats[p][1]
-        todo += [c for c, (pp, _) in stats.items() if pp == p]
-    return total
+# --------------------------------------------------------------------------- the broker's CPU
 
 
 def find_broker_pid(bootstrap: str) -> int | None:
@@ -162,12 +134,6 @@ def find_broker_pid(bootstrap: str) -> int | None:
     return None
 
 
-def peak_rss_mib(pid: int) -> float | None:
-    from common import peak_rss_mib as peak
-
-    return peak(pid)
-
-
 # --------------------------------------------------------------------------- the OTLP load generator
 
 
@@ -176,7 +142,7 @@ def otlp_chunks(spec: WorkloadSpec, ids: dict[str, list[str]] | None = None,
     """(OTLP body of 32 whole rollouts, their (rollout id, attempt id)) in workload order; ``ids`` renames
     ours to another store's ids; ``tokens_sent[0]`` counts the prompt token ids put in."""
     tokens_sent = tokens_sent if tokens_sent is not None else [0]
-    from bench_paths import otlp_bodies
+    from bench.bench_paths import otlp_bodies
 
     chunk: list[list[SynthSpan]] = []
 
@@ -201,13 +167,11 @@ def otlp_chunks(spec: WorkloadSpec, ids: dict[str, list[str]] | None = None,
 def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, connections: int) -> dict[str, Any]:
     """Build the bodies (untimed), say ``ready``, wait for a line on stdin, post them; after each body's
     200, end its rollouts' attempts. Returns counts and the wall time of each attempt update's reply."""
-    u = urllib.parse.urlparse(url)
     tokens = [0]
     chunks = list(otlp_chunks(spec, ids, tokens))
     print("ready", flush=True)
     sys.stdin.readline()
     lock = threading.Lock()
-    it = iter(chunks)
     out: dict[str, Any] = {"ok": 0, "http_errors": 0, "rejected": 0, "first_error": None, "finished": {}, "sent_bytes": 0,
                            "prompt_tokens_sent": tokens[0]}
     update = json.dumps({"status": "succeeded"}).encode()
@@ -217,47 +181,26 @@ def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, conn
             out["http_errors"] += 1
             out["first_error"] = out["first_error"] or msg
 
-    def worker() -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-        while True:
-            with lock:
-                item = next(it, None)
-            if item is None:
-                break
-            data, attempts = item
-            conn.request("POST", "/v1/traces", body=data, headers={"Content-Type": "application/x-protobuf"})
-            resp = conn.getresponse()
-            raw = resp.read()
-            if resp.status != 200:
-                fail(f"/v1/traces HTTP {resp.status}: {raw[:200]!r}")
+    def send(conn: http.client.HTTPConnection, item: tuple[bytes, list[tuple[str, str]]]) -> None:
+        data, attempts = item
+        status, raw = post(conn, "/v1/traces", data, "application/x-protobuf")
+        if status != 200:
+            fail(f"/v1/traces HTTP {status}: {raw[:200]!r}")
+            return
+        rejected = rejected_spans(raw)
+        with lock:
+            out["ok"] += 1
+            out["sent_bytes"] += len(data)
+            out["rejected"] += rejected
+        for rid, aid in attempts:
+            status, raw = post(conn, f"/v1/agl/rollouts/{rid}/attempts/{aid}", update, "application/json")
+            if status != 200:
+                fail(f"update_attempt HTTP {status}: {raw[:200]!r}")
                 continue
-            r = ExportTraceServiceResponse()
-            r.ParseFromString(raw)
             with lock:
-                out["ok"] += 1
-                out["sent_bytes"] += len(data)
-                out["rejected"] += r.partial_success.rejected_spans
-            for rid, aid in attempts:
-                conn.request("POST", f"/v1/agl/rollouts/{rid}/attempts/{aid}", body=update,
-                             headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                raw = resp.read()
-                if resp.status != 200:
-                    fail(f"update_attempt HTTP {resp.status}: {raw[:200]!r}")
-                    continue
-                with lock:
-                    out["finished"][rid] = time.time()
-        conn.close()
+                out["finished"][rid] = time.time()
 
-    out["started"] = time.time()
-    threads = [threading.Thread(target=worker) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out["ended"] = time.time()
+    out["started"], out["ended"] = fan_out(url, chunks, connections, send, timeout=300)
     return out
 
 
@@ -268,14 +211,14 @@ class LoadGen:
     def __init__(self, url: str, spec: WorkloadSpec, scratch: Path, ids: dict[str, list[str]] | None = None,
                  cmd: list[str] | None = None) -> None:
         if cmd is None:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", url, "--rollouts", str(spec.rollouts),
+            cmd = [sys.executable, "-m", "bench.bench_e2e", "--loadgen", url, "--rollouts", str(spec.rollouts),
                    "--llm-fraction", str(spec.llm_fraction), "--seed", str(spec.seed)]
             if ids:
                 path = scratch / "ids.json"
                 path.write_text(json.dumps(ids))
                 cmd += ["--ids", str(path)]
         self.err = open(scratch / "loadgen.err", "w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
@@ -317,42 +260,6 @@ class LoadGen:
 # --------------------------------------------------------------------------- processes
 
 
-def _wait(what: str, ok: Any, proc: subprocess.Popen[Any], log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-            raise BenchError(f"{what} exited with {proc.returncode}: {' | '.join(tail)}")
-        try:
-            if ok():
-                return
-        except (OSError, ValueError, http.client.HTTPException):
-            pass
-        time.sleep(0.2)
-    raise BenchError(f"{what} did not answer within {timeout:.0f}s; see {log}")
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return bool(r.status == 200)
-
-
-def _start(cmd: list[str], env: dict[str, str] | None, log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _stop(proc: subprocess.Popen[Any] | None, timeout: float = 60) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 class Store:
     """ClickHouse's HTTP interface of ``rolloutbus store``: one query, TSV rows back."""
 
@@ -374,21 +281,15 @@ class Store:
 
 def al1_driver(url: str, spec: WorkloadSpec, *, setup: bool, finish: bool) -> list[str]:
     """The command of agentlightning_store.py's client (Agent Lightning 1.0.2's own, 16 runners) at ``url``."""
-    import agentlightning_store as al
+    from bench import agentlightning_store as al
 
-    python = al.ensure_venv(al.DEFAULT_VENV, quiet=True)
-    return [str(python), str(_HERE / "agentlightning_store.py"), "--driver", "--url", url,
-            "--seed", str(spec.seed), "--rollouts", str(spec.rollouts), "--spans-per-rollout", str(spec.spans_per_rollout),
-            "--llm-fraction", str(spec.llm_fraction), "--concurrency", "16",
-            *([] if setup else ["--no-setup"]), *(["--finish"] if finish else [])]
+    return al.driver_command(al.ensure_venv(al.DEFAULT_VENV, quiet=True), url, spec, 16, setup=setup, finish=finish)
 
 
 def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, scratch: Path, timeout: float,
                    events: bool = False) -> dict[str, Any]:
     """``events``: fed as Agent Lightning 1.0.2's client feeds its server (one event per span, 16 runners,
     ``PATCH`` to succeeded after each rollout) instead of OTLP bodies."""
-    from common import child_env, free_port, fresh_topics
-
     from foundation.clickhouse import connect, migrate
 
     n = spec.total_spans
@@ -400,24 +301,24 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         env = child_env(scratch / "store", bootstrap, topics)
-        procs["store"] = _start([*cli, "--data-dir", str(scratch / "store"), "store", "--port", str(store_port)], env,
-                                scratch / "store.log", scratch)
-        _wait("rolloutbus store", lambda: _http_ok(f"{dsn}/ping"), procs["store"], scratch / "store.log")
+        procs["store"] = start_logged([*cli, "--data-dir", str(scratch / "store"), "store", "--port", str(store_port)],
+                                      scratch / "store.log", env, scratch)
+        wait_ready("rolloutbus store", lambda: http_ok(f"{dsn}/ping"), procs["store"], scratch / "store.log", error=BenchError)
         client = connect(dsn, database=database)
         migrate(client, database)
         client.close()
         env = child_env(scratch / "worker", bootstrap, topics, ROLLOUTBUS_CLICKHOUSE_DSN=dsn,
                         ROLLOUTBUS_CLICKHOUSE_DATABASE=database)
-        procs["worker"] = _start([*cli, "--data-dir", str(scratch / "worker"), "process", "--metrics-port", str(metrics_port),
-                                  "--finish-grace", str(FINISH_GRACE_S)], env, scratch / "worker.log", scratch)
-        _wait("rolloutbus process", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), procs["worker"],
-              scratch / "worker.log")
+        procs["worker"] = start_logged([*cli, "--data-dir", str(scratch / "worker"), "process", "--metrics-port", str(metrics_port),
+                                        "--finish-grace", str(FINISH_GRACE_S)], scratch / "worker.log", env, scratch)
+        wait_ready("rolloutbus process", lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), procs["worker"],
+                   scratch / "worker.log", error=BenchError)
         env = child_env(scratch / "gateway", bootstrap, topics, ROLLOUTBUS_CLICKHOUSE_DSN=dsn,
                         ROLLOUTBUS_CLICKHOUSE_DATABASE=database)
-        procs["gateway"] = _start([*cli, "--data-dir", str(scratch / "gateway"), "gateway", "--port", str(gw_port)], env,
-                                  scratch / "gateway.log", scratch)
-        _wait("rolloutbus gateway", lambda: _http_ok(f"http://127.0.0.1:{gw_port}/healthz"), procs["gateway"],
-              scratch / "gateway.log")
+        procs["gateway"] = start_logged([*cli, "--data-dir", str(scratch / "gateway"), "gateway", "--port", str(gw_port)],
+                                        scratch / "gateway.log", env, scratch)
+        wait_ready("rolloutbus gateway", lambda: http_ok(f"http://127.0.0.1:{gw_port}/healthz"), procs["gateway"],
+                   scratch / "gateway.log", error=BenchError)
 
         gw_url = f"http://127.0.0.1:{gw_port}"
         lg = LoadGen(gw_url, spec, scratch, cmd=al1_driver(gw_url, spec, setup=False, finish=True) if events else None)
@@ -475,27 +376,24 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
         return out
     finally:
         for name in ("gateway", "worker", "store"):
-            _stop(procs.get(name))
+            stop_process(procs.get(name))
 
 
 # --------------------------------------------------------------------------- (b) Agent Lightning 1.0.2
 
 
 def run_al1(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]:
-    import agentlightning_store as al
+    from bench import agentlightning_store as al
 
     class TreeServer(al.Server):
         def cpu_seconds(self) -> float:
             return tree_cpu_s(self.proc.pid) if self.proc is not None else 0.0
 
     python = al.ensure_venv(al.DEFAULT_VENV, quiet=True)
-    server = TreeServer(al.DEFAULT_VENV, al._free_port(), scratch)
+    server = TreeServer(al.DEFAULT_VENV, free_port(), scratch)
     try:
         server.start()
-        cmd = [str(python), str(_HERE / "agentlightning_store.py"), "--driver", "--url", server.url,
-               "--seed", str(spec.seed), "--rollouts", str(spec.rollouts), "--spans-per-rollout", str(spec.spans_per_rollout),
-               "--llm-fraction", str(spec.llm_fraction), "--concurrency", "16"]
-        drive, cpu = al._run_driver(cmd, server)
+        drive, cpu = al._run_driver(al.driver_command(python, server.url, spec, 16), server)
         rss = peak_rss_mib(server.proc.pid) if server.proc else None
         events, tokens = al.count_queryable(server.url, spec)
     finally:
@@ -511,47 +409,24 @@ def run_al1(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]
 
 def ensure_al03(venv: Path = AL03_VENV) -> Path:
     """Agent Lightning 0.3.0 (Python 3.11, the OTel pin) in its own venv, installed once."""
-    python = venv / "bin" / "python"
-    marker = venv / f".installed-agentlightning-{AL03_VERSION}"
-    if marker.exists() and python.exists():
-        return python
     base = os.environ.get("ROLLOUTBUS_BENCH_AL03_PYTHON") or sys.executable
-    try:
-        if not python.exists():
-            subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, text=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *AL03_PINS], check=True, capture_output=True, text=True,
-                       timeout=900)
-    except subprocess.CalledProcessError as exc:
-        last = (exc.stderr or exc.stdout or "").strip().splitlines()
-        raise BenchError(f"installing agentlightning=={AL03_VERSION} failed: {last[-1] if last else exc}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise BenchError(f"installing agentlightning=={AL03_VERSION} took over {exc.timeout:.0f}s") from exc
-    marker.write_text(f"{AL03_VERSION}\n")
-    return python
-
-
-def _json(method: str, url: str, body: Any = None, timeout: float = 120) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        raw = r.read()
-    return json.loads(raw) if raw else None
+    return ensure_venv(venv, AL03_PINS, base=lambda: base, error=BenchError)
 
 
 def run_al03(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]:
     python = ensure_al03()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = scratch / "al03.log"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "AGENTOPS_API_KEY": ""}
-    proc = _start([str(python), "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port),
-                   "--backend", "memory", "--log-level", "WARNING"], env, log, scratch)
+    proc = start_logged([str(python), "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port),
+                         "--backend", "memory", "--log-level", "WARNING"], log, env, scratch)
     try:
-        _wait("agl store (0.3.0)", lambda: _http_ok(f"{url}/v1/agl/health"), proc, log)
+        wait_ready("agl store (0.3.0)", lambda: http_ok(f"{url}/v1/agl/health"), proc, log, error=BenchError)
         ids: dict[str, list[str]] = {}
         for i in range(spec.rollouts):  # not charged: its store takes spans only for rollouts it created
             ours = f"ro-{spec.seed}-{i:06d}"
-            r = _json("POST", f"{url}/v1/agl/rollouts", {"input": {"data_id": ours}})
+            r = http_json("POST", f"{url}/v1/agl/rollouts", {"input": {"data_id": ours}}, timeout=120)
             ids[ours] = [r["rollout_id"], r["attempt"]["attempt_id"]]
         lg = LoadGen(url, spec, scratch, ids)
         time.sleep(1.0)
@@ -562,31 +437,25 @@ def run_al03(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any
         rss = peak_rss_mib(proc.pid)
         spans = tokens = 0
         for rid, _aid in ids.values():  # read back: every span and its prompt token ids
-            page = _json("GET", f"{url}/v1/agl/spans?rollout_id={rid}&limit=1000")
+            page = http_json("GET", f"{url}/v1/agl/spans?rollout_id={rid}&limit=1000", timeout=120)
             items = page["items"] if isinstance(page, dict) else page
             spans += len(items)
             tokens += sum(len(s["attributes"].get("prompt_token_ids") or []) for s in items)
         if proc.poll() is not None:
             raise BenchError(f"agl store exited with {proc.returncode}; see {log}")
     finally:
-        _stop(proc)
+        stop_process(proc)
     return {"system": "al03", "version": AL03_VERSION, "spans": spec.total_spans, "queryable": spans, "prompt_tokens": tokens,
             "wall_s": res["ended"] - res["started"], "cpu_s": cpu1 - cpu0, "http_errors": res["http_errors"],
             "rejected": res["rejected"], "first_error": res["first_error"], "sent_bytes": res["sent_bytes"],
             "prompt_tokens_sent": res["prompt_tokens_sent"], "peak_rss_mib": {"server": rss}}
 
 
-def _free_port() -> int:
-    from common import free_port
-
-    return free_port()
-
-
 # --------------------------------------------------------------------------- orchestration and table
 
 
 def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: float) -> dict[str, Any]:
-    from common import broker, log
+    from bench.common import broker
 
     results: list[dict[str, Any]] = []
     loads: list[list[float]] = []
@@ -707,8 +576,6 @@ def main(argv: list[str] | None = None) -> int:
     out = run_all(sizes, mixes, systems, args.timeout)
     print(table(out))
     if args.json:
-        from common import emit_json
-
         metrics: dict[str, Any] = {}
         rs = out["results"]
         big = max(sizes)

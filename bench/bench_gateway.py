@@ -1,9 +1,9 @@
 """Gateway benchmark: spans/s through OTLP/HTTP protobuf into Kafka, per gateway core.
 
-    python bench/bench_gateway.py [--requests 200] [--batch 512] [--connections 2] [--quick] [--json]
+    python -m bench.bench_gateway [--requests 200] [--batch 512] [--connections 2] [--quick] [--json]
 
 One gateway process (``python -m producers.gateway_cli``, its own data dir) on the bench broker; a
-load generator in a separate process (this script with ``--loadgen``) posts ExportTraceServiceRequest
+load generator in a separate process (this module with ``--loadgen``) posts ExportTraceServiceRequest
 bodies of ``--batch`` spans each over keep-alive HTTP connections. Throughput = spans / (time from the
 first request to the spans topic holding every span, counted by its watermarks). "Per core" divides by
 the gateway's CPU seconds (utime+stime of all its threads, from /proc) over the same window.
@@ -20,25 +20,23 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import (  # noqa: E402
+from bench.common import (
     ROOT,
     ProcWatch,
     broker,
     child_env,
-    emit_json,
     free_port,
     fresh_topics,
-    log,
-    print_table,
+    http_ok,
     stop_process,
     topic_messages,
+    wait_ready,
 )
+from bench.loadgen import fan_out, post, rejected_spans
+from bench.report import emit_json, print_table
 
 VARIANTS = 4
 SPANS_PER_ROLLOUT = 32
@@ -84,56 +82,22 @@ def loadgen(url: str, requests: int, batch: int, connections: int) -> dict[str, 
     """Post ``requests`` bodies over ``connections`` keep-alive connections; returns counts and time."""
     from urllib.parse import urlparse
 
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
-    u = urlparse(url)
+    path = urlparse(url).path
     bodies = build_bodies(batch)
-    counter = iter(range(requests))
     lock = threading.Lock()
     stats = {"ok": 0, "rejected": 0, "errors": 0}
 
-    def worker() -> None:
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                break
-            conn.request("POST", u.path, body=bodies[i % VARIANTS], headers={"Content-Type": "application/x-protobuf"})
-            resp = conn.getresponse()
-            data = resp.read()
-            with lock:
-                if resp.status == 200:
-                    stats["ok"] += 1
-                    r = ExportTraceServiceResponse()
-                    r.ParseFromString(data)
-                    stats["rejected"] += r.partial_success.rejected_spans
-                else:
-                    stats["errors"] += 1
-        conn.close()
+    def send(conn: http.client.HTTPConnection, i: int) -> None:
+        status, data = post(conn, path, bodies[i % VARIANTS], "application/x-protobuf")
+        with lock:
+            if status == 200:
+                stats["ok"] += 1
+                stats["rejected"] += rejected_spans(data)
+            else:
+                stats["errors"] += 1
 
-    started = time.time()
-    threads = [threading.Thread(target=worker) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {**stats, "started": started, "ended": time.time(), "body_bytes": len(bodies[0])}
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the gateway did not answer {url} within {timeout:.0f}s")
+    started, ended = fan_out(url, range(requests), connections, send, timeout=60)
+    return {**stats, "started": started, "ended": ended, "body_bytes": len(bodies[0])}
 
 
 def run_bench(bootstrap: str, scratch: Path, requests: int, batch: int, connections: int) -> dict[str, Any]:
@@ -148,11 +112,11 @@ def run_bench(bootstrap: str, scratch: Path, requests: int, batch: int, connecti
     watch = ProcWatch(gw.pid)
     total = requests * batch
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/healthz", gw)
+        wait_ready("the gateway", lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), gw, log_path)
         watch.mark("start")
         t0 = time.time()
         lg = subprocess.run(
-            [sys.executable, __file__, "--loadgen", f"http://127.0.0.1:{port}/v1/traces",
+            [sys.executable, "-m", "bench.bench_gateway", "--loadgen", f"http://127.0.0.1:{port}/v1/traces",
              "--requests", str(requests), "--batch", str(batch), "--connections", str(connections)],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )

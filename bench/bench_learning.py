@@ -1,6 +1,6 @@
 """Learning side by side: rolloutbus's loop against TRL's ``GRPOTrainer``, same model, same cores, same minutes.
 
-``make bench-learning`` (or ``python bench/bench_learning.py``). Every row trains SmolLM2-135M-Instruct on the
+``make bench-learning`` (or ``python -m bench.bench_learning``). Every row trains SmolLM2-135M-Instruct on the
 same training questions of the multi-database Text-to-SQL task (``rolloutbus/demo/sql.py``), for the same
 wall-clock budget, on this machine's cores, and is evaluated the same way: the held-out questions (new questions
 on the training databases, and databases never trained on), greedy, through ``rolloutbus serve`` and the SQL
@@ -30,10 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+from bench.common import ROOT
 
 SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi")
 LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
@@ -73,7 +70,7 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
     from rolloutbus.demo.driver import evaluate_model
     from trainer.model_import import import_model
     from foundation.config import CommonSettings, load_settings
-    from trl_venv import ensure_trl_venv
+    from bench.trl_venv import ensure_trl_venv
 
     t0 = time.monotonic()
     python = ensure_trl_venv()
@@ -213,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             raw.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
             print(table(results, args.minutes), flush=True)
     text = (f"# Learning side by side — {started.isoformat()}\n\n"
-            f"`python bench/bench_learning.py --minutes {args.minutes:g} --runs {args.runs} --held-out {args.held_out} "
+            f"`python -m bench.bench_learning --minutes {args.minutes:g} --runs {args.runs} --held-out {args.held_out} "
             f"--validation {args.validation}`, {(time.monotonic() - t0) / 60:.0f} min in all, runs one after the other "
             f"(each system once per round), {platform.machine()} with {os.cpu_count()} cores, nothing else running.\n\n"
             f"{table(results, args.minutes)}\n\n## Where the time goes\n\n{where_time_goes(results)}\n\nEvery run: {raw.name}.\n")

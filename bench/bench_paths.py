@@ -1,6 +1,6 @@
 """Process CPU per span of the three data-plane hot paths, in process, on bench/workload.py's spans.
 
-    python bench/bench_paths.py [--spans 100000] [--sizes 1000,10000,100000] [--repeat 3] [--json]
+    python -m bench.bench_paths [--spans 100000] [--sizes 1000,10000,100000] [--repeat 3] [--json]
 
 No broker, no ClickHouse, no HTTP: what each component's own Python does per span, timed with the
 process's CPU clock (``time.process_time``), so a busy shared machine does not count against it.
@@ -31,25 +31,15 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.report import emit_json, print_table
+from bench.workload import SPANS_PER_ROLLOUT, SynthSpan, generate, size_summary, spec_for
 
-from common import emit_json, print_table  # noqa: E402
-from workload import SynthSpan, WorkloadSpec, generate, size_summary, to_avro  # noqa: E402
-
-SPANS_PER_ROLLOUT = 16
 BATCH = 512  # spans per OTLP request, as bench_gateway.py sends them
 TARGETS = {"sdk": 100_000, "gateway": 60_000, "stage": 60_000}  # spans per CPU-second (issue 28)
-
-
-def spec_for(spans: int, seed: int = 7) -> WorkloadSpec:
-    """The bench workload with ``spans`` spans, in whole rollouts of 16."""
-    return WorkloadSpec(seed=seed, rollouts=max(1, round(spans / SPANS_PER_ROLLOUT)), spans_per_rollout=SPANS_PER_ROLLOUT)
 
 
 def cpu_per_span(fn: Callable[[], Any], repeat: int) -> float:

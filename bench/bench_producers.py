@@ -1,7 +1,7 @@
 """Producer-side benchmark: agent cost of ``emit_*`` (Kafka up and down) and producer throughput into
 the real broker. Prints a table. Not a timed test.
 
-    python bench/bench_producers.py [--small 200000] [--llm 20000]
+    python -m bench.bench_producers [--small 200000] [--llm 20000]
 
 Uses ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set, else starts a local broker (``rolloutbus.local_kafka``) in
 a scratch directory on ``ROLLOUTBUS_BENCH_KAFKA_PORT`` (default 29392) and stops it at the end.
@@ -12,22 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from producers import SpanTransport, emit_llm_call, emit_state, rollout  # noqa: E402
-from foundation.config import Topics  # noqa: E402
-from foundation.kafka_admin import ensure_topics, topic_specs  # noqa: E402
-
-
-def _pct(samples: list[int], q: float) -> float:
-    samples = sorted(samples)
-    return samples[min(len(samples) - 1, int(len(samples) * q))] / 1000.0
+from bench.common import broker, fresh_topics
+from bench.report import pct
+from producers import SpanTransport, emit_llm_call, emit_state, rollout
 
 
 def emit_latency(transport: SpanTransport, n: int) -> tuple[float, float]:
@@ -40,7 +31,7 @@ def emit_latency(transport: SpanTransport, n: int) -> tuple[float, float]:
             ts.append(clock() - t0)
             if i % 1000 == 999:
                 time.sleep(0.001)  # an agent does other work between spans; let the worker run
-    return _pct(ts, 0.5), _pct(ts, 0.99)
+    return pct(ts, 0.5) / 1000.0, pct(ts, 0.99) / 1000.0  # ns → µs
 
 
 def throughput(transport: SpanTransport, n: int, llm: bool) -> float:
@@ -67,36 +58,27 @@ def main() -> int:
     ap.add_argument("--latency", type=int, default=50_000)
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="rb-bench-"))
-    broker = None
-    bootstrap = os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        from rolloutbus.local_kafka import LocalKafka
-
-        broker = LocalKafka(scratch / "broker", int(os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", "29392")))
-        broker.start()
-        bootstrap = broker.bootstrap
-    conf = {"bootstrap.servers": bootstrap}
-    topics = Topics(f"bench{uuid.uuid4().hex[:6]}.")
-    ensure_topics(conf, topic_specs(topics))
     rows = []
     try:
-        t = SpanTransport(conf, topics.spans, scratch / "spool-up")
-        p50, p99 = emit_latency(t, args.latency)
-        t.close(60)
-        rows.append(("emit_state p50 / p99, Kafka up (µs)", f"{p50:.1f} / {p99:.1f}", "≤ 10 / ≤ 50"))
-        down = SpanTransport({"bootstrap.servers": "127.0.0.1:1"}, topics.spans, scratch / "spool-down", producer_overrides={"log_level": 0})
-        p50, p99 = emit_latency(down, args.latency)
-        down.close(0.5)
-        rows.append(("emit_state p50 / p99, Kafka down (µs)", f"{p50:.1f} / {p99:.1f}", "≤ 10 / ≤ 50"))
-        t = SpanTransport(conf, topics.spans, scratch / "spool-small")
-        rows.append((f"small spans/s into Kafka ({args.small:,})", f"{throughput(t, args.small, False):,.0f}", "≥ 100,000"))
-        t.close(60)
-        t = SpanTransport(conf, topics.spans, scratch / "spool-llm")
-        rows.append((f"LLM spans/s, 1,000-token prompts ({args.llm:,})", f"{throughput(t, args.llm, True):,.0f}", "≥ 10,000"))
-        t.close(60)
+        with broker(scratch, default_port=29392) as bootstrap:
+            conf = {"bootstrap.servers": bootstrap}
+            topics = fresh_topics(bootstrap, "")
+            t = SpanTransport(conf, topics.spans, scratch / "spool-up")
+            p50, p99 = emit_latency(t, args.latency)
+            t.close(60)
+            rows.append(("emit_state p50 / p99, Kafka up (µs)", f"{p50:.1f} / {p99:.1f}", "≤ 10 / ≤ 50"))
+            down = SpanTransport({"bootstrap.servers": "127.0.0.1:1"}, topics.spans, scratch / "spool-down",
+                                 producer_overrides={"log_level": 0})
+            p50, p99 = emit_latency(down, args.latency)
+            down.close(0.5)
+            rows.append(("emit_state p50 / p99, Kafka down (µs)", f"{p50:.1f} / {p99:.1f}", "≤ 10 / ≤ 50"))
+            t = SpanTransport(conf, topics.spans, scratch / "spool-small")
+            rows.append((f"small spans/s into Kafka ({args.small:,})", f"{throughput(t, args.small, False):,.0f}", "≥ 100,000"))
+            t.close(60)
+            t = SpanTransport(conf, topics.spans, scratch / "spool-llm")
+            rows.append((f"LLM spans/s, 1,000-token prompts ({args.llm:,})", f"{throughput(t, args.llm, True):,.0f}", "≥ 10,000"))
+            t.close(60)
     finally:
-        if broker is not None:
-            broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     w = max(len(r[0]) for r in rows)
     print(f"{'measure'.ljust(w)}  {'result':>16}  target")

@@ -6,7 +6,7 @@ then the agent's whole loop, greedy, on the demo's 150 held-out questions, 16 at
 evaluation of one version costs; a rewrite turn resends the previous one, which prefix caching reuses).
 Prints one table; the model is imported first if needed (``rolloutbus model import``).
 
-    .venv/bin/python bench/bench_serve.py [--model smollm2-135m-instruct] [--requests 32] [--threads 2]
+    .venv/bin/python -m bench.bench_serve [--model smollm2-135m-instruct] [--requests 32] [--threads 2]
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from bench.common import free_port, http_ok, stop_process, wait_ready
 
 
 async def _load(base: str, questions: list[str], concurrency: int, max_tokens: int) -> tuple[float, int, list[float]]:
@@ -106,25 +99,18 @@ def main() -> int:
     data = Path(os.environ.get("ROLLOUTBUS_DATA_DIR", Path.home() / ".rolloutbus"))
     model = import_model(args.model, data / "models")
     questions = [q.text for q in sql.questions()][: args.requests]
-    port = _port()
+    port = free_port()
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=tempfile.mkdtemp(prefix="bench-serve-"), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", "serve", "--model", str(model), "--no-follow",
                              "--port", str(port), "--threads", str(args.threads), "--max-batch", "16"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/models", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    print("serve did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.5)
+        try:
+            wait_ready("serve", lambda: http_ok(f"{base}/models"), proc, timeout=180)
+        except RuntimeError:
+            print("serve did not start", file=sys.stderr)
+            return 1
         asyncio.run(_load(base, questions[:2], 2, 4))  # warm-up
         rows = []
         for conc in (1, 16):
@@ -136,8 +122,7 @@ def main() -> int:
             _, held_out = sql.split(sql.questions(), 150, seed=0)  # the demo's held-out set
             loop = asyncio.run(_agent_loop(base, held_out[: args.agent_questions], 16, args.max_tokens))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, 30)
     print(f"serve {model.name}, {args.threads} torch threads, SQL-agent prompts, max_tokens {args.max_tokens}, temperature 1")
     print(f"{'concurrency':>11} {'requests':>8} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'p50 s':>6} {'max s':>6}")
     for conc, n, tokens, wall, tps, p50, pmax in rows:

@@ -2,7 +2,7 @@
 (``chdb://``) next to the same inserts through ``rolloutbus store`` (``http://``), for small spans and
 for LLM spans (1,000 prompt tokens, 50 response tokens with logprobs). Also one query's round trip.
 
-    python bench/bench_store.py [--batches 10] [--json]
+    python -m bench.bench_store [--batches 10] [--json]
 
 Both sides get the same rows, the same batch sizes and a fresh migrated database; the store runs as
 its own process, as in the local stack. Prints a table; not a timed test.
@@ -16,13 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import free_port  # noqa: E402
+from bench.common import ROOT, free_port, stop_process, wait_ready
 
 
 def rows(kind: str, n: int) -> list[bytes]:
@@ -82,11 +78,7 @@ def main() -> int:
         proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", "--data-dir", f"{tmp}/served", "store", "--port", str(port)],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 60
-            while not ping("127.0.0.1", port):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("the store did not start")
-                time.sleep(0.1)
+            wait_ready("the store", lambda: ping("127.0.0.1", port), proc, timeout=60, error=SystemExit)
             for side, dsn in (("in-process chDB", f"chdb://{tmp}/embedded/clickhouse"), ("store over HTTP", f"http://127.0.0.1:{port}")):
                 client = connect(dsn, database="bench")
                 migrate(client, "bench")
@@ -96,8 +88,7 @@ def main() -> int:
                 results[f"{side} query"] = {"ms": query_rtt(client)}
                 client.close()
         finally:
-            proc.terminate()
-            proc.wait(30)
+            stop_process(proc, 30)
     if args.json:
         print(json.dumps(results))
         return 0

@@ -1,6 +1,6 @@
 """Stream-worker benchmark: Kafka → ClickHouse throughput, and end-to-end latencies under live load.
 
-    python bench/bench_streams.py [--small 600000] [--llm 100000] [--live-s 20] [--quick] [--json]
+    python -m bench.bench_streams [--small 600000] [--llm 100000] [--live-s 20] [--quick] [--json]
 
 One stream worker (``python -m streams.cli``, a subprocess with its own data dir and embedded chDB
 store) runs three phases, each on fresh topics and its own ClickHouse database:
@@ -44,28 +44,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import (  # noqa: E402
+from bench.common import (
     ProcWatch,
     broker,
     child_env,
-    emit_json,
     free_port,
     fresh_topics,
-    log,
-    pct,
-    print_table,
     scrape,
     stop_process,
 )
-
-from producers.context import RolloutContext  # noqa: E402
-from producers.emit import llm_record  # noqa: E402
-from producers.spans import base_span  # noqa: E402
-from producers.transport import SpanTransport  # noqa: E402
-from foundation.config import Topics  # noqa: E402
-from streams.rollout import RolloutResult  # noqa: E402
+from bench.report import emit_json, log, pct, print_table
+from foundation.config import Topics
+from producers.context import RolloutContext
+from producers.emit import llm_record
+from producers.spans import base_span
+from producers.transport import SpanTransport
+from streams.rollout import RolloutResult
 
 GROUP_SIZE = 4
 PROMPT_TOKENS = 1000
@@ -427,7 +421,7 @@ def ingest_workload(bootstrap: str, scratch: Path, rollouts: int, spans_per_roll
     """bench/workload.py's spans (the same spec the Agent Lightning bench sends to its store) through our
     producer SDK into rb.spans: conversion, Avro encoding, spool and delivery acknowledged by the broker
     are inside the timing, as JSON encoding and the HTTP round trip are on their side."""
-    from workload import WorkloadSpec, generate, to_avro
+    from bench.workload import WorkloadSpec, generate, to_avro
 
     spec = WorkloadSpec(seed=seed, rollouts=rollouts, spans_per_rollout=spans_per_rollout, llm_fraction=llm_fraction)
     data = generate(spec)  # generated before timing, as on their side

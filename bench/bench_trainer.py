@@ -3,7 +3,7 @@
 The data path is what the trainer does per step besides the maths: decode the GroupBatch bytes from
 rb.batches and build the padded tensors. Target: <= 5% of a step for the demo model on CPU.
 
-    .venv/bin/python bench/bench_trainer.py [--groups 8] [--group-size 4] [--steps 5] [--threads 1]
+    .venv/bin/python -m bench.bench_trainer [--groups 8] [--group-size 4] [--steps 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from schemas.codec import decode, encode  # noqa: E402
-from trainer.grpo import GRPOConfig  # noqa: E402
-from trainer.model import build_tiny  # noqa: E402
-from trainer.synthetic import sample_groups  # noqa: E402
-from trainer.torch_backend import TorchGRPOBackend  # noqa: E402
+from schemas.codec import decode, encode
+from trainer.grpo import GRPOConfig
+from trainer.model import build_tiny
+from trainer.synthetic import sample_groups
+from trainer.torch_backend import TorchGRPOBackend
 
 
 def main() -> int:

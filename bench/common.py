@@ -1,46 +1,45 @@
-"""Helpers shared by the pipeline benches: a broker, fresh topics, child processes, a table printer.
+"""What the pipeline benches share about the system under test: a broker, fresh topics, the processes under
+test (started with a log, waited on until they answer, stopped) and what they cost.
 
-Benches are scripts (``python bench/bench_x.py``), not tests: they print a table, or JSON with
-``--json``. Peak RSS and CPU time of child processes are read from ``/proc`` (no psutil).
+Peak RSS and CPU time of child processes are read from ``/proc`` (no psutil). What a bench prints is
+:mod:`bench.report`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import http.client
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from foundation.config import Topics
+from rolloutbus.localproc import free_port
 
-from foundation.config import Topics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_PORT = 29892
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def broker(scratch: Path) -> Iterator[str]:
+def broker(scratch: Path, default_port: int = DEFAULT_PORT) -> Iterator[str]:
     """The bootstrap address of a broker: ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set (not stopped at the end),
-    else a local KRaft broker on ``ROLLOUTBUS_BENCH_KAFKA_PORT`` (default 29892) started here and stopped."""
+    else a local KRaft broker on ``ROLLOUTBUS_BENCH_KAFKA_PORT`` (default ``default_port``, 29892) started here
+    and stopped."""
     given = os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")
     if given:
         yield given
         return
     from rolloutbus.local_kafka import LocalKafka
 
-    b = LocalKafka(scratch / "broker", int(os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", str(DEFAULT_PORT))))
+    b = LocalKafka(scratch / "broker", int(os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", str(default_port))))
     b.start()
     try:
         yield b.bootstrap
@@ -73,12 +72,6 @@ def topic_messages(bootstrap: str, topic: str) -> int:
         c.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def child_env(data_dir: Path, bootstrap: str, topics: Topics, **extra: str) -> dict[str, str]:
     """Environment of a pipeline process under test: its own data dir, the bench broker and topics."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUTBUS_")}
@@ -94,6 +87,109 @@ def child_env(data_dir: Path, bootstrap: str, topics: Topics, **extra: str) -> d
     return env
 
 
+# --------------------------------------------------------------------------- processes
+
+
+def start_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` with its stdout and stderr appended to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now (an error status or no answer raises)."""
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return bool(r.status == 200)
+
+
+def wait_ready(what: str, ok: Callable[[], bool], proc: subprocess.Popen[Any], log: Path | None = None, timeout: float = 120,
+               error: type[BaseException] = RuntimeError) -> None:
+    """Until ``ok()`` holds (it may raise while the process starts); ``error`` when the process exits first, with
+    the last lines of its ``log``, or when ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log is not None and log.exists() else []
+            raise error(f"{what} exited with {proc.returncode}: {' | '.join(tail) or 'no output'}")
+        try:
+            if ok():
+                return
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.2)
+    raise error(f"{what} did not answer within {timeout:.0f}s" + (f"; see {log}" if log is not None else ""))
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 60.0) -> int | None:
+    """SIGTERM (the stream worker flushes and commits on it), then SIGKILL after ``timeout``; its exit code
+    (None when there was no process)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+# --------------------------------------------------------------------------- what they cost
+
+
+def parse_stat(text: str) -> tuple[int, float]:
+    """``/proc/<pid>/stat`` → (parent pid, utime+stime+cutime+cstime in seconds)."""
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
+
+
+def cpu_s(pid: int) -> float | None:
+    """utime + stime of the process (all its threads, not its children) so far, in seconds; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant (each with its waited-for children's)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stats[int(d)] = parse_stat(Path(f"/proc/{d}/stat").read_text())
+            except (OSError, ValueError):
+                continue
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        total += stats[p][1]
+        todo += [c for c, (pp, _) in stats.items() if pp == p]
+    return total
+
+
+def _peak_rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB; None once it is gone."""
+    kib = _peak_rss_kib(pid)
+    return None if kib is None else kib / 1024
+
+
 @dataclass
 class ProcWatch:
     """Peak RSS (VmHWM) and CPU seconds of one live process, read from /proc while it runs."""
@@ -103,21 +199,13 @@ class ProcWatch:
     _cpu_marks: dict[str, float] = field(default_factory=dict)
 
     def sample(self) -> None:
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    self.peak_rss_kib = max(self.peak_rss_kib, int(line.split()[1]))
-        except (OSError, ValueError):
-            pass
+        kib = _peak_rss_kib(self.pid)
+        if kib is not None:
+            self.peak_rss_kib = max(self.peak_rss_kib, kib)
 
     def cpu_s(self) -> float | None:
         """utime + stime of the process (all its threads) so far, in seconds; None once it is gone."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return cpu_s(self.pid)
 
     def mark(self, name: str) -> None:
         cpu = self.cpu_s()
@@ -153,61 +241,7 @@ def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
     return out
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 60.0) -> int:
-    """SIGTERM (the stream worker flushes and commits on it), then SIGKILL after ``timeout``."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return int(proc.returncode)
-
-
-def pct(samples: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of ``samples``; NaN when empty."""
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
-
-
-def print_table(title: str, rows: list[tuple[str, str, str]], notes: list[str] = ()) -> None:  # type: ignore[assignment]
-    """``measure  result  target`` rows, then notes."""
-    w = max([len("measure")] + [len(r[0]) for r in rows])
-    v = max([len("result")] + [len(r[1]) for r in rows])
-    print(title)
-    print(f"{'measure'.ljust(w)}  {'result'.rjust(v)}  target")
-    print(f"{'-' * w}  {'-' * v}  ------")
-    for name, value, target in rows:
-        print(f"{name.ljust(w)}  {value.rjust(v)}  {target}")
-    for n in notes:
-        print(f"  note: {n}")
-
-
-def emit_json(bench: str, metrics: dict[str, Any], notes: list[str], **extra: Any) -> None:
-    """The ``--json`` output every bench of ours prints: one object on stdout."""
-    print(json.dumps({"bench": bench, "metrics": metrics, "notes": notes, "time": time.time(), **extra}, default=str))
-
-
-def log(msg: str) -> None:
-    """Progress on stderr (stdout is the table or the JSON)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 __all__ = [
-    "ROOT", "broker", "fresh_topics", "topic_messages", "free_port", "child_env", "ProcWatch", "scrape",
-    "stop_process", "pct", "print_table", "emit_json", "log",
+    "ROOT", "broker", "fresh_topics", "topic_messages", "child_env", "free_port", "start_logged", "http_ok", "wait_ready",
+    "stop_process", "parse_stat", "cpu_s", "tree_cpu_s", "peak_rss_mib", "ProcWatch", "scrape",
 ]
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """A process's peak resident memory (VmHWM) in MiB; None once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None

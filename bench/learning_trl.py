@@ -4,7 +4,7 @@ Runs INSIDE the TRL virtualenv (``bench/trl_venv.py``; TRL cannot share the proj
 imports nothing from ``rolloutbus``: the reward, execution match on the question's SQLite database,
 comes from ``rolloutbus/demo/sql.py`` loaded by path.
 
-    PY=$(.venv/bin/python bench/trl_venv.py)
+    PY=$(.venv/bin/python -m bench.trl_venv)
     $PY bench/learning_trl.py --model ~/.rolloutbus/models/smollm2-135m-instruct \\
         --train train.jsonl --minutes 3 --out /tmp/trl-run
 

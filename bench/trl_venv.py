@@ -5,7 +5,9 @@ installed once, with the same torch version as the running interpreter's (no loc
 under ``~/.cache/rolloutbus/bench-trl-1.16.0`` (override the place with ``ROLLOUTBUS_BENCH_TRL_VENV``);
 a marker file makes later runs skip it. A venv that already imports trl 1.16.0 but has no marker (one
 installed by hand) is accepted and marked. A failed install raises :class:`TRLInstallError` with pip's
-last line.
+last line. The venv is made by :func:`bench.venvs.ensure_venv`, as the Agent Lightning ones are.
+
+    .venv/bin/python -m bench.trl_venv    # prints the venv's python, installing it first if need be
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from bench.venvs import CACHE, VenvError, ensure_venv
+
 TRL_VERSION = "1.16.0"
-DEFAULT_VENV = Path.home() / ".cache" / "rolloutbus" / f"bench-trl-{TRL_VERSION}"
+DEFAULT_VENV = CACHE / f"bench-trl-{TRL_VERSION}"
 
 
-class TRLInstallError(RuntimeError):
+class TRLInstallError(VenvError):
     """trl could not be installed into its virtualenv."""
 
 
@@ -48,25 +51,7 @@ def _has_trl(python: Path) -> bool:
 def ensure_trl_venv() -> Path:
     """The venv's python, installing trl (and this interpreter's torch version) on first use."""
     venv = Path(os.environ.get("ROLLOUTBUS_BENCH_TRL_VENV", DEFAULT_VENV)).expanduser()
-    python = venv / "bin" / "python"
-    marker = venv / f".installed-trl-{TRL_VERSION}"
-    if marker.exists() and python.exists():
-        return python
-    if python.exists() and _has_trl(python):
-        marker.write_text(f"{TRL_VERSION}\n")
-        return python
-    wanted = pins()
-    try:
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *wanted], check=True, capture_output=True, text=True, timeout=1800)
-    except subprocess.CalledProcessError as exc:
-        last = (exc.stderr or exc.stdout or "").strip().splitlines()
-        raise TRLInstallError(f"installing {' '.join(wanted)} into {venv} failed: {last[-1] if last else exc}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise TRLInstallError(f"installing trl=={TRL_VERSION} took over {exc.timeout:.0f}s; check PyPI access") from exc
-    marker.write_text(f"{TRL_VERSION}\n")
-    return python
+    return ensure_venv(venv, pins(), timeout=1800, error=TRLInstallError, present=_has_trl)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The same workload feeds every side of the bench (our producers, our gateway, Agent Lightning's
 store), so the comparisons carry the same span count, the same token counts and the same attribute
 bytes. Nothing here imports a third-party package: this module also runs inside the separate
-Agent Lightning virtual environment (``bench/agentlightning_store.py``). The converter to our Avro
+Agent Lightning virtual environment (``bench/agentlightning_store.py``, imported as ``bench.workload``). The converter to our Avro
 span dicts imports ``schemas.codec`` only when it is called.
 
 A rollout is a sequence of spans with strictly increasing ``sequence_id``: a user message first, a
@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "SPANS_PER_ROLLOUT",
     "SynthSpan",
     "WorkloadSpec",
     "generate",
     "iter_rollouts",
     "size_summary",
+    "spec_for",
     "to_agentlightning",
     "to_avro",
 ]
@@ -60,6 +62,15 @@ class WorkloadSpec:
     @property
     def total_spans(self) -> int:
         return self.rollouts * self.spans_per_rollout
+
+
+SPANS_PER_ROLLOUT = 16  # the benches that take a size in spans send whole rollouts of 16
+
+
+def spec_for(spans: int, llm_fraction: float = 0.25, seed: int = 7) -> WorkloadSpec:
+    """The workload with ``spans`` spans, rounded to whole rollouts of 16 (at least one)."""
+    return WorkloadSpec(seed=seed, rollouts=max(1, round(spans / SPANS_PER_ROLLOUT)), spans_per_rollout=SPANS_PER_ROLLOUT,
+                        llm_fraction=llm_fraction)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """``rolloutbus bench``: run the benches in ``bench/`` on one local broker, print one table against the
 targets, and write ``bench/results/<YYYY-MM-DD>.md`` with the table and the machine.
 
-Each bench runs as a subprocess (``python bench/<file> --json``); benches that print no JSON have their
-table text kept in the results file. Top-level imports stay light (standard library only).
+Each bench runs as a subprocess from the checkout's root (``python -m bench.<module> --json``: ``bench/`` is
+a package); benches that print no JSON have their table text kept in the results file. Nothing here imports
+``bench`` (the floor above): top-level imports stay light (standard library only).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class Bench:
     quick_args: list[str]
     json: bool = True
     timeout_s: int = 300
+
+    @property
+    def module(self) -> str:
+        """What ``python -m`` runs: ``bench.bench_e2e`` for ``bench_e2e.py``."""
+        return f"bench.{self.file.removesuffix('.py')}"
 
 
 BENCHES = [
@@ -85,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_one(b: Bench, quick: bool, env: dict[str, str], spans: int | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, str(BENCH / b.file), *sized_args(b, quick, spans)]
+    cmd = [sys.executable, "-m", b.module, *sized_args(b, quick, spans)]
     if spans and b.name in ("ingest", "agentlightning", "paths", "e2e"):
         b = Bench(b.name, b.file, b.args, b.quick_args, b.json, max(b.timeout_s, int(b.timeout_s * spans / 10_000)))
     started = time.monotonic()

@@ -1,5 +1,6 @@
 """A service process on this machine that outlives the command that started it: pid file, log file,
-start (detached, then waited on until it answers), stop (SIGTERM, then SIGKILL) and kill.
+start (detached, then waited on until it answers), stop (SIGTERM, then SIGKILL) and kill; and a free
+port for one more local service (the demo's and the benches' processes).
 
 ``rolloutbus up`` starts the local broker (:mod:`rolloutbus.local_kafka`) and the local store
 (:mod:`rolloutbus.store.local`) through it; ``rolloutbus down`` stops them by their pid files.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -16,6 +18,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from foundation.errors import ServiceError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the kernel's pick), for a local process to listen on."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def alive(pid: int) -> bool:
@@ -135,4 +144,4 @@ class LocalProcess:
                 time.sleep(0.05)
 
 
-__all__ = ["LocalProcess", "alive"]
+__all__ = ["LocalProcess", "alive", "free_port"]

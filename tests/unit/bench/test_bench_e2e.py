@@ -4,16 +4,11 @@ read from /proc, how cost growth is worded, and ``rolloutbus bench --spans`` siz
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-import bench_e2e  # noqa: E402
-
-from rolloutbus import bench_cli  # noqa: E402
+from bench import bench_e2e, common
+from rolloutbus import bench_cli
 
 
 def test_sizes_are_whole_rollouts_and_the_llm_mix_makes_every_middle_span_an_llm_call() -> None:
@@ -37,8 +32,8 @@ def test_cost_growth_compares_the_smallest_and_the_largest_size(us: dict[int, fl
 def test_proc_stat_gives_the_parent_and_all_four_cpu_counters() -> None:
     tck = os.sysconf("SC_CLK_TCK")
     line = f"42 (a (weird) name) S 7 42 42 0 -1 0 0 0 0 0 {tck} {tck} {2 * tck} {tck} 20 0 1 0"
-    assert bench_e2e.parse_stat(line) == (7, 5.0)
-    assert bench_e2e.tree_cpu_s(os.getpid()) > 0
+    assert common.parse_stat(line) == (7, 5.0)
+    assert common.tree_cpu_s(os.getpid()) > 0
 
 
 def test_every_system_gets_the_same_bodies_but_for_the_ids() -> None:

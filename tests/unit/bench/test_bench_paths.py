@@ -4,17 +4,12 @@ sizes the benches that take a workload size and reports what they measure agains
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-import bench_paths  # noqa: E402
-
-from foundation.errors import SettingError  # noqa: E402
-from rolloutbus import bench_cli  # noqa: E402
+from bench import bench_paths
+from foundation.errors import SettingError
+from rolloutbus import bench_cli
 
 
 def test_every_path_runs_on_the_workload_and_the_stage_completes_every_attempt() -> None:

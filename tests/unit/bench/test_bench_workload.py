@@ -4,16 +4,11 @@ both sides of the comparison (our Avro span, Agent Lightning's event body). No n
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-from workload import WorkloadSpec, generate, size_summary, to_agentlightning, to_avro  # noqa: E402
-
-from schemas.codec import decode, encode_raw  # noqa: E402
+from bench.workload import WorkloadSpec, generate, size_summary, to_agentlightning, to_avro
+from schemas.codec import decode, encode_raw
 
 SMALL = WorkloadSpec(seed=3, rollouts=6, spans_per_rollout=12, llm_fraction=0.4)
 
