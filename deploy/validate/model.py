@@ -143,12 +143,6 @@ def published_ports(service: dict[str, Any]) -> list[tuple[str, str, int]]:
     return out
 
 
-def command_words(service: dict[str, Any]) -> list[str]:
-    """A service's ``command`` as words (a string is split as a shell would), not interpolated."""
-    cmd = service.get("command") or []
-    return shlex.split(cmd) if isinstance(cmd, str) else [str(a) for a in cmd]
-
-
 @dataclass
 class ComposeFile:
     """One compose file; ``base`` is the document of the file it is layered on (None: it is the base)."""
@@ -182,8 +176,9 @@ class ComposeFile:
             image = s.get("image") or self.in_base(svc).get("image")
             if not _is_rolloutbus_image(image) or not s.get("command"):
                 continue
-            out.append(Container(f"{self.name}: service {svc}", [expand(a) for a in command_words(s)],
-                                 environment(s), "compose", spec=s))
+            cmd = s["command"]
+            argv = shlex.split(cmd) if isinstance(cmd, str) else [str(a) for a in cmd]
+            out.append(Container(f"{self.name}: service {svc}", [expand(a) for a in argv], environment(s), "compose", spec=s))
         return out
 
 
