@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean
+.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean gpu-check gpu-wheels
 
 setup: system-deps $(STAMP) native kafka-jars dashboard-assets
 
@@ -100,6 +100,40 @@ bench: setup
 # runs of LEARNING_ARGS' minutes each, one after the other, about 25 minutes a round on 2 cores.
 bench-learning: setup
 	$(BIN)/python -m bench.bench_learning $(LEARNING_ARGS)
+
+# The GPU trainer check (tests/gpu/gpu_check.py): the trainer's GRPO step on CUDA against the CPU (fp32, bf16),
+# step time, tokens/s and peak memory at 135M and 1B, verl where it imports. On a GPU machine (no venv there: the
+# image's python3, with gpu-wheels/ carried and installed when pydantic or fastavro is missing), one command:
+#   make gpu-check GPU_CHECK_ARGS="--device cuda --out $OUT"
+# or, where there is no make:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site gpu-wheels/*.whl \
+#     && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 tests/gpu/gpu_check.py --device cuda --out $OUT
+# Without a GPU, --device auto runs the CPU mode that `make test` runs (tests/gpu).
+GPU_CHECK_ARGS ?= --device auto
+GPU_WHEELS := gpu-wheels
+gpu-check:
+	@py=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)); \
+	if ! $$py -c "import pydantic, fastavro" 2>/dev/null; then \
+	  $$py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rolloutbus-site \
+	    $(GPU_WHEELS)/*.whl || exit 1; export PYTHONPATH=/tmp/rolloutbus-site; fi; \
+	PYTHONUNBUFFERED=1 $$py tests/gpu/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The wheels the GPU machine's image lacks for that check (its Python 3.12, manylinux x86_64), in the versions this
+# venv runs, from PyPI into gpu-wheels/ (ignored; never committed). They travel with the working tree, which must
+# stay under 64 MiB in all: the sizes are printed. verl's path does not fit (ray's wheel alone is 79 MB).
+GPU_WHEEL_PACKAGES := pydantic pydantic-core annotated-types typing-inspection typing-extensions fastavro
+gpu-wheels: $(STAMP)
+	@rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS) && \
+	pins=$$($(BIN)/python -c "import importlib.metadata as m, sys; print(' '.join(p + '==' + m.version(p) for p in sys.argv[1:]))" \
+	  $(GPU_WHEEL_PACKAGES)) && echo "fetching $$pins" && \
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_WHEELS) $$pins && \
+	du -b $(GPU_WHEELS)/*.whl | sort -n && \
+	wheels=$$(du -cb $(GPU_WHEELS)/*.whl | tail -1 | cut -f1) && \
+	tree=$$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) && \
+	echo "carried: working tree $$((tree / 1024)) KiB + wheels $$((wheels / 1024)) KiB = $$(((tree + wheels) / 1048576)) MiB of 64" && \
+	test $$((tree + wheels)) -lt $$((64 * 1048576)) || { echo "over the 64 MiB a GPU run may carry" >&2; exit 1; }
 
 validate-deploy: setup
 	@if [ -x deploy/validate.sh ]; then PYTHON=$(BIN)/python bash deploy/validate.sh; fi

@@ -1,7 +1,9 @@
-"""What runs next to the agent: the rollout context and ``emit_*`` helpers, the LitAgent-style API,
-the OpenTelemetry exporter, the OTLP gateway, the LLM proxy and the task runner.
+"""The agent library, what runs next to the agent (the base install): the rollout context and ``emit_*``
+helpers, the LitAgent-style API, the OpenTelemetry span processor, the span transport and its spool, the
+LLM proxy's client side (:mod:`producers.proxy`) and the task runner.
 
-Heavy parts (aiohttp, OpenTelemetry SDK) are imported only by the modules that need them.
+The ingest service that runs on servers (the OTLP gateway, Agent Lightning's APIs, the LLM proxy) is
+:mod:`producers.ingest`; nothing here imports it.
 """
 
 from producers.context import RolloutContext, arollout, current_rollout, rollout

@@ -23,8 +23,8 @@ from foundation.flags import Bounded, OneLineParser
 COMPONENTS: dict[str, tuple[str, str]] = {
     "store": ("rolloutbus.store.cli", "serve the embedded ClickHouse store over ClickHouse's HTTP interface (`up` starts it)"),
     "process": ("streams.cli", "run the stream processor: spans → trajectories → rewards → groups, into ClickHouse"),
-    "gateway": ("producers.gateway_cli", "run the OTLP/HTTP ingest gateway"),
-    "proxy": ("producers.proxy_cli", "run the OpenAI-compatible LLM proxy that records token ids"),
+    "gateway": ("producers.ingest.gateway_cli", "run the OTLP/HTTP ingest gateway"),
+    "proxy": ("producers.ingest.llm_proxy_cli", "run the OpenAI-compatible LLM proxy that records token ids"),
     "run-agent": ("producers.runner_cli", "run an agent on tasks from rb.tasks"),
     "tasks": ("producers.tasks_cli", "publish tasks to rb.tasks from a JSONL file"),
     "train": ("trainer.cli", "run the GRPO trainer on rb.batches"),

@@ -110,7 +110,7 @@ def test_sigkill_gateway_worker_and_runner_mid_workload(kafka_conf: dict[str, An
     logs.mkdir()
 
     def start_gw() -> Any:
-        return py(gw_env, "-m", "producers.gateway_cli", log=logs / "gateway.log")
+        return py(gw_env, "-m", "producers.ingest.gateway_cli", log=logs / "gateway.log")
 
     def start_runner() -> Any:
         return py(run_env, "-m", "producers.runner_cli", "tests.faults.fault_agents:Steady", "--concurrency", "4", log=logs / "runner.log")

@@ -153,7 +153,7 @@ def test_no_secret_reaches_an_answer_or_a_log(secret_env: dict[str, str], the_st
     # ---- the gateway, with Kafka
     gw_port, gw_log = free_port(), tmp_path / "gateway.log"
     gw = py({**env, "ROLLOUTBUS_GATEWAY_TOKEN": CANARY["gateway-token"], "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw"),
-             "ROLLOUTBUS_GATEWAY_PORT": str(gw_port)}, "-m", "producers.gateway_cli", log=gw_log)
+             "ROLLOUTBUS_GATEWAY_PORT": str(gw_port)}, "-m", "producers.ingest.gateway_cli", log=gw_log)
     base = f"http://127.0.0.1:{gw_port}"
     wait_http(base + "/healthz", gw)
     good = {"Authorization": f"Bearer {CANARY['gateway-token']}"}
@@ -214,7 +214,7 @@ def test_no_secret_reaches_an_answer_or_a_log(secret_env: dict[str, str], the_st
         port3, log3 = free_port(), tmp_path / f"gateway-{label.replace(' ', '-')}.log"
         gw3 = py({**env, **extra, "ROLLOUTBUS_GATEWAY_TOKEN": CANARY["gateway-token"],
                   "ROLLOUTBUS_DATA_DIR": str(tmp_path / f"gw3-{len(SEEN)}"), "ROLLOUTBUS_GATEWAY_PORT": str(port3)},
-                 "-m", "producers.gateway_cli", log=log3)
+                 "-m", "producers.ingest.gateway_cli", log=log3)
         wait_http(f"http://127.0.0.1:{port3}/healthz", gw3)
         for path in ("/v1/agl/rollouts", "/v1/agl/spans?rollout_id=ro-canary", "/v1/agl/rollouts/ro-canary"):
             answer(f"gateway ({label}) GET {path}", requests.get(f"http://127.0.0.1:{port3}{path}", headers=good, timeout=30))
@@ -230,7 +230,7 @@ def test_no_secret_reaches_an_answer_or_a_log(secret_env: dict[str, str], the_st
     gw2 = py({**env, "ROLLOUTBUS_GATEWAY_TOKEN": CANARY["gateway-token"], "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw2"),
               "ROLLOUTBUS_GATEWAY_PORT": str(gw2_port), "ROLLOUTBUS_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
               "ROLLOUTBUS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "ROLLOUTBUS_KAFKA_SASL_MECHANISM": "PLAIN"},
-             "-m", "producers.gateway_cli", log=gw2_log)
+             "-m", "producers.ingest.gateway_cli", log=gw2_log)
     base2 = f"http://127.0.0.1:{gw2_port}"
     wait_http(base2 + "/healthz", gw2)
     answer("gateway (no Kafka) spans", requests.post(base2 + "/v1/traces", json=OTLP, headers=good, timeout=10))
@@ -247,7 +247,7 @@ def test_no_secret_reaches_an_answer_or_a_log(secret_env: dict[str, str], the_st
         pport, plog = free_port(), tmp_path / f"proxy-{label}.log"
         proxy = py({**env, "ROLLOUTBUS_PROXY_TOKEN": CANARY["proxy-token"], "ROLLOUTBUS_DATA_DIR": str(tmp_path / f"px-{label}"),
                     "ROLLOUTBUS_PROXY_PORT": str(pport)},
-                   "-m", "producers.proxy_cli", "--upstream-kind", "openai",
+                   "-m", "producers.ingest.llm_proxy_cli", "--upstream-kind", "openai",
                    "--upstream", f"http://user:{CANARY['upstream-key']}@127.0.0.1:{port}/v1", log=plog)
         pbase = f"http://127.0.0.1:{pport}"
         wait_http(pbase + "/healthz", proxy)

@@ -50,7 +50,7 @@ def gateway(test_env: dict[str, str], tmp_path: Path) -> Any:
     env = {**test_env, "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw"), "ROLLOUTBUS_GATEWAY_PORT": str(port),
            "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_KAFKA_SASL_PASSWORD": SASL, "ROLLOUTBUS_CLICKHOUSE_PASSWORD": CHPW,
            "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": "100000"}
-    proc = py(env, "-m", "producers.gateway_cli", log=log)
+    proc = py(env, "-m", "producers.ingest.gateway_cli", log=log)
     base = f"http://127.0.0.1:{port}"
     _wait_http(base + "/healthz", proc)
     yield base, proc, log
@@ -59,9 +59,9 @@ def gateway(test_env: dict[str, str], tmp_path: Path) -> Any:
 
 
 def test_the_code_compares_tokens_in_constant_time() -> None:
-    from producers import gateway_auth
-    from producers.gateway import Gateway
-    from producers.proxy import LLMProxy
+    from producers.ingest import auth as gateway_auth
+    from producers.ingest.gateway import Gateway
+    from producers.ingest.llm_proxy import LLMProxy
 
     # The gateway's every route goes through its one check, which compares in constant time.
     assert "authorized(" in inspect.getsource(Gateway.traces)
@@ -125,7 +125,7 @@ def test_proxy_refuses_without_the_token(test_env: dict[str, str], tmp_path: Pat
     env = {**test_env, "ROLLOUTBUS_DATA_DIR": str(tmp_path / "px"), "ROLLOUTBUS_PROXY_PORT": str(port),
            "ROLLOUTBUS_PROXY_TOKEN": TOKEN, "ROLLOUTBUS_PROXY_UPSTREAM": f"http://127.0.0.1:{free_port()}/v1",
            "ROLLOUTBUS_KAFKA_SASL_PASSWORD": SASL}
-    proc = py(env, "-m", "producers.proxy_cli", log=log)
+    proc = py(env, "-m", "producers.ingest.llm_proxy_cli", log=log)
     base = f"http://127.0.0.1:{port}"
     _wait_http(base + "/healthz", proc)
     url = base + "/rollout/r1/attempt/a1/v1/chat/completions"

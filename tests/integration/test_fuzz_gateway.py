@@ -74,7 +74,7 @@ def gateway(kafka_bootstrap: str, fuzz_topics: Any, tmp_path_factory: pytest.Tem
            "ROLLOUTBUS_GATEWAY_TOKEN": TOKEN, "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY),
            "ROLLOUTBUS_CLICKHOUSE_DSN": f"chdb://{data / 'clickhouse'}"}  # its Agent Lightning reads
     log = (data / "gateway.log").open("wb")  # not a pipe: it logs every rejection, and a full pipe would block it
-    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=env, cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=env, cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -465,7 +465,8 @@ def _gateway_ctype(headers: dict[str, str]) -> str:
 
 def account_otlp(status: int, headers: dict[str, str], answer: bytes, sent_body: bytes) -> None:
     """An OTLP request answered 200: every span in it was accepted or counted as rejected."""
-    from producers.gateway import decode_request, inflate
+    from producers.ingest.front_door import inflate
+    from producers.ingest.otlp import decode_request
 
     if status != 200:
         return

@@ -128,7 +128,7 @@ def proxies(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             port, log = _port(), tmp / f"{name}.log"
             with log.open("wb") as f:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "producers.proxy_cli", "--upstream", f"http://u:pw-{name}@127.0.0.1:{upstream}/v1",
+                    [sys.executable, "-m", "producers.ingest.llm_proxy_cli", "--upstream", f"http://u:pw-{name}@127.0.0.1:{upstream}/v1",
                      "--port", str(port), "--max-response-bytes", str(4 << 20)],
                     env={**env, "ROLLOUTBUS_DATA_DIR": str(tmp / name)}, stdout=f, stderr=subprocess.STDOUT))
             _up(f"http://127.0.0.1:{port}/healthz", procs[-1])

@@ -24,7 +24,7 @@ TOKEN = "gw-metrics-tok-5e0a"
 def _start(env: dict[str, str], host: str, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--host", host, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--host", host, "--port", str(port)],
                                 env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

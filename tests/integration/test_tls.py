@@ -74,7 +74,7 @@ def test_gateway_on_an_open_address_with_tls_and_token_takes_spans_over_https(te
     env = _env(test_env, ROLLOUTBUS_GATEWAY_TOKEN=TOKEN, ROLLOUTBUS_DATA_DIR=str(tmp_path / "gw"),
                ROLLOUTBUS_TLS_KEY=str(key))  # the key from the variable, the certificate from the flag
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--host", "0.0.0.0", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--host", "0.0.0.0", "--port", str(port),
                                  "--tls-cert", str(cert)], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     base = f"https://127.0.0.1:{port}"
     try:

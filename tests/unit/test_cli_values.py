@@ -355,9 +355,9 @@ def test_a_secret_variable_is_never_shown(guarded: dict[str, int], monkeypatch: 
 def test_a_command_that_reads_settings_directly_still_gets_one_line(guarded: dict[str, int], monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """The boundary also maps a settings class built without load_settings (a new command that forgot)."""
-    import producers.gateway_cli
-    from producers.settings import GatewaySettings
+    import producers.ingest.gateway_cli
+    from producers.ingest.settings import GatewaySettings
 
-    monkeypatch.setattr(producers.gateway_cli, "run", lambda args: GatewaySettings(gateway_port=-1))
+    monkeypatch.setattr(producers.ingest.gateway_cli, "run", lambda args: GatewaySettings(gateway_port=-1))
     case = Case(("gateway",), ("ROLLOUTBUS_GATEWAY_PORT",))
     _assert_one_line(case, *_run(case, monkeypatch, capsys))

@@ -63,7 +63,7 @@ def start_gateway(env: dict[str, str], data_dir: Path, token: str | None = None)
     genv.pop("ROLLOUTBUS_GATEWAY_TOKEN", None)
     if token is not None:
         genv["ROLLOUTBUS_GATEWAY_TOKEN"] = token
-    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=genv,
+    proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=genv,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -8,8 +8,8 @@ Its own code drives it, in its own virtualenv (al_venv.py, Agent Lightning 1.0.2
 built as its ``_create_rollouts`` builds it), the poll is its ``LocalReconciler``'s query, the patches its
 ``LocalReconciler._patch`` (its whole loop, unmodified, with real agents and a policy:
 test_agentlightning_e2e.py), the events its ``AgentLightningSyncClient`` posting to the ``AGL_EVENT_URL``
-its controller hands an agent. Replies are read back with its own pydantic models. The gateway is ``producers.gateway.Gateway`` with
-:class:`producers.agl_api_http.AgentLightning1Routes` added to its application.
+its controller hands an agent. Replies are read back with its own pydantic models. The gateway is ``producers.ingest.gateway.Gateway`` with
+:class:`producers.ingest.agl.v1_api_http.AgentLightning1Routes` added to its application.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class Replica:
         genv = {**env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_DATA_DIR": str(data_dir)}
         genv.pop("ROLLOUTBUS_GATEWAY_TOKEN", None)
         with self.log.open("w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=genv,
+            self.proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=genv,
                                          stdout=log, stderr=subprocess.STDOUT)
         self.agl = f"http://127.0.0.1:{port}/v1/agl"
         deadline = time.monotonic() + 30

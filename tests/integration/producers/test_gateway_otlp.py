@@ -59,7 +59,7 @@ def gateway(test_env: dict[str, str]) -> Any:
     port = _free_port()
     env = {**test_env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_GATEWAY_TOKEN": "s3cret", "ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES": "200000"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=env,
+        [sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     base = f"http://127.0.0.1:{port}"
@@ -213,7 +213,7 @@ def test_gateway_pushes_back_with_503_when_kafka_is_down_and_the_spool_is_full(t
            "ROLLOUTBUS_DATA_DIR": str(tmp_path / "gw"), "ROLLOUTBUS_SPOOL_MAX_BYTES": "200000",
            "ROLLOUTBUS_GATEWAY_RETRY_AFTER_S": "7"}
     log = (tmp_path / "gateway.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "producers.gateway_cli", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

@@ -102,7 +102,7 @@ def served(test_env: dict[str, str]) -> Any:
     try:
         _start([sys.executable, "-m", "trainer.serve_cli", "--model", "tiny", "--port", str(serve_port), "--no-follow"],
                env, f"http://127.0.0.1:{serve_port}/v1/models", procs)
-        _start([sys.executable, "-m", "producers.proxy_cli", "--upstream", f"http://127.0.0.1:{serve_port}/v1",
+        _start([sys.executable, "-m", "producers.ingest.llm_proxy_cli", "--upstream", f"http://127.0.0.1:{serve_port}/v1",
                 "--port", str(proxy_port)], env, f"http://127.0.0.1:{proxy_port}/healthz", procs)
         yield f"http://127.0.0.1:{proxy_port}"
     finally:

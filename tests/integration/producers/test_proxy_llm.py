@@ -93,7 +93,7 @@ def proxy(test_env: dict[str, str], tmp_path: Path) -> Any:
     script.write_text(UPSTREAM)
     upstream = subprocess.Popen([sys.executable, str(script), str(up_port)], env=env, stderr=subprocess.PIPE, text=True)
     px = subprocess.Popen(
-        [sys.executable, "-m", "producers.proxy_cli", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--port", str(px_port)],
+        [sys.executable, "-m", "producers.ingest.llm_proxy_cli", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--port", str(px_port)],
         env=env, stderr=subprocess.PIPE, text=True,
     )
     try:

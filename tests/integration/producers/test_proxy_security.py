@@ -135,7 +135,7 @@ def start_proxy(test_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[.
             if name not in env:
                 penv.pop(name, None)
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "producers.proxy_cli", "-v", "--upstream", upstream,
+            proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.llm_proxy_cli", "-v", "--upstream", upstream,
                                      "--port", str(port), *flags], env=penv, stdout=out, stderr=subprocess.STDOUT)
         px = Proxy(f"http://127.0.0.1:{port}", proc, log)
         started.append(px)

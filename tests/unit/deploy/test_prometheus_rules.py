@@ -104,7 +104,7 @@ def exported_metrics() -> dict[str, set[str]]:
     import streams.app  # noqa: F401 - registers the worker's metrics on the default registry
     import streams.health  # noqa: F401
     import streams.spans_stage  # noqa: F401
-    from producers.gateway import Gateway
+    from producers.ingest.gateway import Gateway
     from trainer.health import TrainerHealth
 
     class _Transport:  # what the gateway's gauges ask of its span transport

@@ -1,4 +1,4 @@
-"""Agent Lightning 1.x's server API → our records (producers/agl_api.py); no network."""
+"""Agent Lightning 1.x's server API → our records (producers/ingest/agl/v1_api.py); no network."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from producers.agl_api import (
+from producers.ingest.agl.v1_api import (
     check_depth,
     check_list_query,
     check_rollout_creates,
@@ -24,7 +24,7 @@ from producers.agl_api import (
     task_from_create,
     task_id_of,
 )
-from producers.agl_claims import ClaimBook, Limits, limits_of
+from producers.ingest.agl.claims import ClaimBook, Limits, limits_of
 from producers.mapping import MappingError
 from schemas.codec import decode, encode
 from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent, Task

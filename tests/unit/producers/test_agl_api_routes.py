@@ -1,4 +1,4 @@
-"""Agent Lightning 1.x's controller loop on the gateway's ``/api`` routes (producers/agl_api_http.py), served by
+"""Agent Lightning 1.x's controller loop on the gateway's ``/api`` routes (producers/ingest/agl/v1_api_http.py), served by
 aiohttp's test server: the queue a real claim book behind an in-memory stand-in for rb.tasks, the LLM
 route forwarded to a stand-in proxy; no network beyond loopback."""
 
@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from producers.agl_api_http import AgentLightning1Routes
-from producers.agl_claims import Claim, ClaimBook, Slot
+from producers.ingest.agl.claims import Claim, ClaimBook, Slot
+from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from schemas.codec import decode
 from schemas.models import ResourceVersion, RolloutEvent, Task
 from tests.unit.producers.memory_transport import MemoryTransport

@@ -1,5 +1,5 @@
 """The gateway's token as Bearer or as a URL's userinfo (Basic), what Agent Lightning 0.3's client can send
-(producers/gateway_auth.py and the routes that use it); no network."""
+(producers/ingest/auth.py and the routes that use it); no network."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from aiohttp import encode_basic_auth
 from aiohttp.test_utils import TestClient, TestServer
 
-from producers.gateway import SERVER_OPTIONS, Gateway
-from producers.gateway_auth import authorized
+from producers.ingest.auth import authorized
+from producers.ingest.gateway import SERVER_OPTIONS, Gateway
 from tests.unit.producers.memory_transport import MemoryTransport
 
 

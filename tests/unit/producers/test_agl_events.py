@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from producers.agl_events import attempt_trace_id, event_to_span
+from producers.ingest.agl.v1_events import attempt_trace_id, event_to_span
 from producers.mapping import MappingError
 from producers.transport import SPAN
 from schemas.codec import encode_raw, unpack_floats, unpack_tokens

@@ -1,10 +1,10 @@
-"""The reads of Agent Lightning's store API shaped from ClickHouse rows (producers/agl_store.py), no I/O."""
+"""The reads of Agent Lightning's store API shaped from ClickHouse rows (producers/ingest/agl/v0_3_store.py), no I/O."""
 
 from __future__ import annotations
 
 import pytest
 
-from producers.agl_store import check_query, filter_rollouts, filter_spans, page, rollouts_from_rows, span_to_agl
+from producers.ingest.agl.v0_3_store import check_query, filter_rollouts, filter_spans, page, rollouts_from_rows, span_to_agl
 from producers.mapping import MappingError
 
 

@@ -1,4 +1,4 @@
-"""Agent Lightning 0.3's LightningStore calls → our records (producers/agl_store.py); no network."""
+"""Agent Lightning 0.3's LightningStore calls → our records (producers/ingest/agl/v0_3_store.py); no network."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from producers.agl_store import attempt_reply, check_attempt_update, finished_from_update, resources_update, span_from_agl
+from producers.ingest.agl.v0_3_store import attempt_reply, check_attempt_update, finished_from_update, resources_update, span_from_agl
 from producers.mapping import MappingError
 from schemas.codec import decode, encode, encode_raw
 from schemas.models import ResourceVersion, Span
@@ -101,7 +101,8 @@ def test_resources_are_its_resources_update() -> None:
 
 
 def test_add_resources_is_the_next_version_of_each_name_and_reads_back_as_given() -> None:
-    from producers.agl_store import newest, versions_from_agl
+    from producers.ingest.agl.v0_3_store import versions_from_agl
+    from producers.ingest.resources import newest
 
     current = {"policy": ResourceVersion(name="policy", version=3, kind="model", uri="/ckpt/3", base_model="tiny", step=30,
                                          created_ns=1, config={"endpoint": "http://proxy:8788/v1"})}
@@ -134,14 +135,14 @@ def test_add_resources_is_the_next_version_of_each_name_and_reads_back_as_given(
     ({"p": 3}, "resource 'p'"),
 ])
 def test_resources_that_are_not_its_types_say_why(body: Any, reason: str) -> None:
-    from producers.agl_store import versions_from_agl
+    from producers.ingest.agl.v0_3_store import versions_from_agl
 
     with pytest.raises(MappingError, match=reason):
         versions_from_agl(body, {}, now_ns=1)
 
 
 def test_a_wait_answers_the_finished_ones_in_the_order_asked_as_rollouts() -> None:
-    from producers.agl_store import WAIT_CAP_S, check_wait, finished_rollouts
+    from producers.ingest.agl.v0_3_store import WAIT_CAP_S, check_wait, finished_rollouts
 
     items = [{"rollout_id": "a", "status": "succeeded", "attempt": {}}, {"rollout_id": "b", "status": "running", "attempt": {}},
              {"rollout_id": "c", "status": "failed", "attempt": {}}]

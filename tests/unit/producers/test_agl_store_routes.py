@@ -1,4 +1,4 @@
-"""The /v1/agl routes that publish resources and wait for rollouts (producers/agl_store_http.py), served by
+"""The /v1/agl routes that publish resources and wait for rollouts (producers/ingest/agl/v0_3_store_http.py), served by
 aiohttp's test server with in-memory stand-ins for Kafka and ClickHouse; no network."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from foundation.errors import KafkaUnavailable
-from producers.agl_store_http import LightningStoreRoutes
+from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
 from schemas.models import ResourceVersion
 from tests.unit.producers.memory_transport import MemoryTransport
 
@@ -134,7 +134,7 @@ class Commits:
 
 def queue_of(transport: FlakyTransport, tasks: int) -> Any:
     from foundation.config import Topics
-    from producers.agl_queue import TaskQueue
+    from producers.ingest.agl.queue import TaskQueue
     from schemas.models import Task
 
     q = TaskQueue({}, Topics(), transport, claim_timeout_s=60)  # type: ignore[arg-type]

@@ -73,7 +73,7 @@ def test_bad_spans_are_refused_with_a_reason(attrs: dict[str, Any], reason: str)
 
 
 def test_the_proxy_keeps_the_prompt_as_text_cut_to_its_latest_turns() -> None:
-    from producers.proxy import prompt_text
+    from producers.ingest.llm_proxy import prompt_text
 
     body = {"messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]},

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from producers import gateway, mapping
+from producers import mapping
+from producers.ingest import otlp
 from tests.unit.schemas.test_span_avro import hostile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
@@ -25,7 +26,7 @@ import bench_paths  # noqa: E402 - the bench's OTLP bodies
 import workload  # noqa: E402
 
 native = pytest.importorskip("rolloutbus_native", reason="the compiled mapping is not built (make setup builds it)")
-COMPILED = gateway._OTLP_COMPILED
+COMPILED = otlp._OTLP_COMPILED
 PB = "application/x-protobuf"
 
 KEYS = sorted(mapping._PLAIN) + [
@@ -145,8 +146,8 @@ def build(resources: list) -> bytes:
 
 def outcome(body: bytes, compiled: Any, ctype: str = PB) -> tuple[str, Any]:
     try:
-        return "ok", gateway.map_body(body, ctype, compiled=compiled)
-    except gateway.BadRequest as exc:
+        return "ok", otlp.map_body(body, ctype, compiled=compiled)
+    except otlp.BadRequest as exc:
         return "400", str(exc)
 
 
@@ -199,7 +200,7 @@ def test_the_common_shapes_are_compiled_and_equal(llm_fraction: float) -> None:
     for body in [*bodies, moved.SerializeToString()]:
         mapped = COMPILED(body)
         assert mapped and all(m is not None for m in mapped)
-        assert gateway.map_body(body, PB, compiled=COMPILED) == gateway.map_body(body, PB, compiled=None)
+        assert otlp.map_body(body, PB, compiled=COMPILED) == otlp.map_body(body, PB, compiled=None)
     kinds = {mapping_kind(v) for _k, v, _n in COMPILED(bodies[0])}
     assert {"llm", "tool", "reward", "span"} <= kinds
 
@@ -231,8 +232,8 @@ def test_declined_spans_are_the_references(why: str, change: Any) -> None:
     body = req.SerializeToString()
     mapped = COMPILED(body)
     assert mapped is not None and mapped[1] is None and mapped[0] is not None and mapped[2] is not None, why
-    got = gateway.map_body(body, PB, compiled=COMPILED)
-    assert got == gateway.map_body(body, PB, compiled=None)
+    got = otlp.map_body(body, PB, compiled=COMPILED)
+    assert got == otlp.map_body(body, PB, compiled=None)
     assert [n for _k, _v, n in got[0]][0] == "s0" and [n for _k, _v, n in got[0]][-1] == "s2"
 
 
@@ -246,7 +247,7 @@ def test_a_malformed_body_is_upbs_400() -> None:
 
 def test_json_bodies_take_the_reference() -> None:
     body = b'{"resourceSpans": []}'
-    assert gateway.map_body(body, "application/json", compiled=COMPILED) == ([], [])
+    assert otlp.map_body(body, "application/json", compiled=COMPILED) == ([], [])
 
 
 def _ld(field: int, data: bytes) -> bytes:

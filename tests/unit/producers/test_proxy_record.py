@@ -15,7 +15,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from foundation.errors import KafkaNotAuthorized
-from producers.proxy import LLMProxy
+from producers.ingest.llm_proxy import LLMProxy
 from producers.transport import SpanTransport
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "2 + 2?"}]}
@@ -77,7 +77,7 @@ def _run(transport: SpanTransport, *calls: tuple[str, str, dict[str, Any] | None
 
 
 def test_a_stopped_transport_costs_the_agent_nothing_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "producers.proxy")
+    caplog.set_level(logging.INFO, "producers.ingest.llm_proxy")
     chat, healthz, readyz, livez, metrics = _run(
         _Transport(stopped=True), ("POST", ROUTE, CHAT, {}), ("GET", "/healthz", None, {}), ("GET", "/readyz", None, {}),
         ("GET", "/livez", None, {}), ("GET", "/metrics", None, {}))

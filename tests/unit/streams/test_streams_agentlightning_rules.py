@@ -216,7 +216,7 @@ def test_the_last_reward_span_is_the_rollouts_reward(name: str, attrs: Any, with
 
 
 def test_a_1x_reward_event_is_the_final_reward() -> None:
-    from producers.agl_events import event_to_span
+    from producers.ingest.agl.v1_events import event_to_span
 
     def ev(seq: int, body: dict[str, Any]) -> Span:
         rec = decode(encode_raw("rolloutbus.Span", event_to_span("ro", "at", body, sequence_id=seq, span_id=f"e{seq}", time_ns=seq)))

@@ -1,7 +1,7 @@
 """Agent Lightning 0.3's LightningStore HTTP API (``/v1/agl/...``) on the bus: the calls of an attempt. Pure.
 
 What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; the routes are in
-:mod:`producers.agl_store_http`):
+:mod:`producers.ingest.agl.v0_3_store_http`):
 
 * ``POST /spans`` (``add_span``: an Agent Lightning ``Span`` as JSON) → our Avro ``Span`` (:func:`span_from_agl`),
   through the same mapping as OTLP spans, so its reward, LLM and message spans are understood alike;
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from producers.mapping import Attribution, MappingError, otel_to_span
@@ -211,15 +211,6 @@ def versions_from_agl(body: Any, current: Mapping[str, ResourceVersion], *, now_
     return out
 
 
-def newest(current: Mapping[str, ResourceVersion], versions: Iterable[ResourceVersion]) -> dict[str, ResourceVersion]:
-    """``current`` with each of ``versions`` that is newer than the one it has."""
-    out = dict(current)
-    for rv in versions:
-        if rv.name not in out or out[rv.name].version < rv.version:
-            out[rv.name] = rv
-    return out
-
-
 def resources_id(current: Mapping[str, ResourceVersion]) -> str:
     """The id of a set of versions: ``name=version`` pairs, sorted (``policy=3,prompt=1``)."""
     return ",".join(f"{name}={rv.version}" for name, rv in sorted(current.items()))
@@ -393,5 +384,5 @@ def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = ["PREFIX", "TERMINAL", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
            "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
-           "worker_reply", "resources_update", "resources_id", "versions_from_agl", "newest", "check_wait",
+           "worker_reply", "resources_update", "resources_id", "versions_from_agl", "check_wait",
            "finished_rollouts", "WAIT_CAP_S"]

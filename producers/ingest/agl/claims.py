@@ -1,6 +1,6 @@
-"""Agent Lightning's rollout queue on rb.tasks: the claim bookkeeping of one gateway replica, and the
-records and replies of enqueue and dequeue. Pure (the consumer and its commits are
-:mod:`producers.agl_queue`).
+"""Agent Lightning's rollout queue on rb.tasks, both APIs': the claim bookkeeping of one gateway replica.
+Pure (the consumer and its commits are :mod:`producers.ingest.agl.queue`; the records of 0.3's queue calls
+:mod:`producers.ingest.agl.v0_3_queue`, of 1.x's :mod:`producers.ingest.agl.v1_api`).
 
 The replicas are one consumer group on rb.tasks, so each task partition has one owner. The owner hands
 its partitions' tasks out (a *claim*: one attempt of one rollout, with a deadline), and commits a
@@ -17,88 +17,13 @@ ClickHouse for an update that reached another one). One that reaches its deadlin
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.ingest.agl.v0_3_queue import CONFIG, ROLLOUT_ID, new_attempt_id
+from producers.ingest.agl.v1_api import AGL1_ROLLOUT
 from schemas.models import Task
-
-# Task metadata keys of a rollout enqueued through the store API: what its dequeue gives back.
-ROLLOUT_ID = "agl.rollout_id"
-RESOURCES_ID = "agl.resources_id"
-CONFIG = "agl.config"
-METADATA = "agl.metadata"
-AGL1_ROLLOUT = "agl1.rollout"  # a rollout created through Agent Lightning 1.x's API (producers.agl_api): its Rollout's JSON
-DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
-MODES = ("train", "val", "test")
-
-
-class EnqueueError(ValueError):
-    """An enqueue request that is not Agent Lightning's ``EnqueueManyRolloutsRequest``."""
-
-
-def new_rollout_id() -> str:
-    """A rollout id as Agent Lightning's store makes them (``ro-`` + 12 characters)."""
-    return "ro-" + uuid.uuid4().hex[:12]
-
-
-def new_attempt_id() -> str:
-    return "at-" + uuid.uuid4().hex[:8]
-
-
-def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
-    """The ``rollouts`` of an ``EnqueueManyRolloutsRequest`` (also a bare ``RolloutRequest``), checked."""
-    if not isinstance(body, Mapping):
-        raise EnqueueError("the request is a JSON object with a list 'rollouts'")
-    items = body["rollouts"] if "rollouts" in body else [body]
-    if not isinstance(items, list):
-        raise EnqueueError("'rollouts' must be a list")
-    for n, item in enumerate(items):
-        if not isinstance(item, Mapping) or "input" not in item:
-            raise EnqueueError(f"rollouts[{n}] is not an object with an 'input'")
-        if item.get("mode") is not None and item["mode"] not in MODES:
-            raise EnqueueError(f"rollouts[{n}].mode {item['mode']!r} is not one of {list(MODES)}")
-        if item.get("resources_id") is not None and not isinstance(item["resources_id"], str):
-            raise EnqueueError(f"rollouts[{n}].resources_id must be a string")
-        for key in ("config", "metadata"):
-            if item.get(key) is not None and not isinstance(item[key], Mapping):
-                raise EnqueueError(f"rollouts[{n}].{key} must be an object")
-    return items
-
-
-def task_from_request(req: Mapping[str, Any], *, rollout_id: str, resources_id: str | None, now_ns: int,
-                      defaults: Mapping[str, Any] | None = None) -> Task:
-    """One enqueued rollout → the task record on rb.tasks (keyed by its ``task_id``, the rollout id). Its config
-    is the request's, what it leaves out taken from ``defaults`` (the gateway's: :meth:`ClaimBook.defaults`),
-    then from Agent Lightning's own defaults; a null ``max_attempts`` or ``timeout_seconds`` is the default's."""
-    given = {k: v for k, v in (req.get("config") or {}).items()
-             if v is not None or k not in ("max_attempts", "timeout_seconds")}
-    config = {**DEFAULT_CONFIG, **(defaults or {}), **given}
-    metadata = {ROLLOUT_ID: rollout_id, CONFIG: json.dumps(config), METADATA: json.dumps(req.get("metadata") or {})}
-    if resources_id is not None:
-        metadata[RESOURCES_ID] = resources_id
-    return Task(task_id=rollout_id, input=json.dumps(req["input"]), mode=req.get("mode") or "train", group_size=1,
-                created_ns=now_ns, metadata=metadata)
-
-
-def rollout_reply(task: Task, rollout_id: str, *, status: str = "queuing") -> dict[str, Any]:
-    """Agent Lightning's ``Rollout`` for a task (as its in-memory store answers an enqueue)."""
-    meta = task.metadata
-    try:
-        payload: Any = json.loads(task.input)
-    except ValueError:
-        payload = task.input  # plain text input
-    try:
-        config = {**DEFAULT_CONFIG, **json.loads(meta.get(CONFIG, "{}"))}
-        metadata = json.loads(meta[METADATA]) if METADATA in meta else {k: v for k, v in meta.items()}
-    except (ValueError, TypeError):
-        config, metadata = dict(DEFAULT_CONFIG), {}
-    return {"rollout_id": rollout_id, "input": payload, "start_time": task.created_ns / 1e9 or time.time(),
-            "end_time": None, "mode": task.mode if task.mode in MODES else None, "resources_id": meta.get(RESOURCES_ID),
-            "status": status, "config": config, "metadata": metadata}
 
 
 def rollout_count(task: Task) -> int:
@@ -349,16 +274,5 @@ class ClaimBook:
         return sorted(self._marks)
 
 
-def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
-    """Agent Lightning's ``AttemptedRollout`` for a claim: what its store's dequeue answers."""
-    slot = claim.slot
-    reply = rollout_reply(slot.task, slot.rollout_id, status="preparing")
-    reply["attempt"] = {"rollout_id": slot.rollout_id, "attempt_id": claim.attempt_id, "sequence_id": claim.attempt,
-                        "start_time": now, "end_time": None, "status": "preparing", "worker_id": claim.worker_id,
-                        "last_heartbeat_time": None, "metadata": None}
-    return reply
-
-
-__all__ = ["AGL1_ROLLOUT", "ClaimBook", "Claim", "Slot", "Limits", "limits_of", "EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply",
-           "attempted_rollout", "rollout_count", "rollout_id_of", "claim_mark", "read_mark", "new_rollout_id",
-           "new_attempt_id", "DEFAULT_CONFIG"]
+__all__ = ["ClaimBook", "Claim", "Slot", "Limits", "limits_of", "rollout_count", "rollout_id_of", "claim_mark", "read_mark",
+           "RETRIED"]

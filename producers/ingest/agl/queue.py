@@ -3,7 +3,7 @@ records; dequeue hands out the tasks of the partitions this replica owns in the 
 ``Topics.agl_dequeue_group``; ClickHouse tells which claims ended through another replica.
 
 The bookkeeping (claims, deadlines, what to commit, the commit mark a later owner reads) is
-:mod:`producers.agl_claims`; its docstring says why a task has at most one live claim across replicas.
+:mod:`producers.ingest.agl.claims`; its docstring says why a task has at most one live claim across replicas.
 One thread polls the consumer and sweeps the claims; the routes call :meth:`TaskQueue.dequeue` and
 :meth:`TaskQueue.enqueue` from an executor. A lock keeps the book and the consumer to one caller.
 """
@@ -18,26 +18,17 @@ from typing import Any
 
 from foundation.config import Topics
 from foundation.errors import DecodeError, KafkaUnavailable, ServiceError, ValidationError
-from producers.agl_claims import (
-    Claim,
-    ClaimBook,
-    Slot,
-    attempted_rollout,
-    claim_mark,
-    new_rollout_id,
-    read_mark,
-    rollout_reply,
-    task_from_request,
-)
+from producers.ingest.agl.claims import Claim, ClaimBook, Slot, claim_mark, read_mark
+from producers.ingest.agl.v0_3_queue import attempted_rollout, new_rollout_id, rollout_reply, task_from_request
+from producers.ingest.resources import Resources
 from producers.transport import SpanTransport
 from schemas.codec import decode, encode
-from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent, Task
+from schemas.models import SPANS_UNKNOWN, RolloutEvent, Task
 
 log = logging.getLogger(__name__)
 
 # rollout ids → {attempt id: status} of ended attempts (ClickHouse's rollouts); raises when it cannot tell.
 Ended = Callable[[Sequence[str]], "dict[str, dict[str, str]]"]
-Resources = Callable[[], "dict[str, ResourceVersion] | None"]
 SUCCESS = ("succeeded", "finished")  # "finished": a FINISHED event that named no status
 
 
@@ -257,7 +248,7 @@ class TaskQueue:
         if version is None and current and "policy" in current:
             version = current["policy"].version
         metadata = {"agentlightning.worker_id": claim.worker_id} if claim.worker_id else {}
-        # 1.x's rollout metadata (producers.agl_api.task_from_create) goes on its events, as when it was created
+        # 1.x's rollout metadata (producers.ingest.agl.v1_api.task_from_create) goes on its events, as when it was created
         metadata.update({k: v for k, v in task.metadata.items() if k.startswith("agentlightning.metadata.")})
         if kind == "FINISHED":
             metadata[SPANS_UNKNOWN] = "1"

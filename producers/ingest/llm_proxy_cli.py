@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from producers.proxy import LLMProxy
-    from producers.settings import ProxySettings
+    from producers.ingest.llm_proxy import LLMProxy
+    from producers.ingest.settings import ProxySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
     from foundation.exposure import check_listen, is_loopback
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m producers.proxy_cli``: the same as ``rolloutbus proxy``."""
+    """``python -m producers.ingest.llm_proxy_cli``: the same as ``rolloutbus proxy``."""
     from foundation.entry import run_command
 
     return run_command("rolloutbus proxy", add_arguments, run, argv)

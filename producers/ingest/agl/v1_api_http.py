@@ -1,7 +1,7 @@
 """The routes of Agent Lightning 1.x's server API (``/api/...``) that the gateway serves, so its controllers
 (``LocalReconciler``, ``K8sReconciler``) run against the gateway with only its URL (and key) changed.
 
-Its queue is rb.tasks, through the gateway's :class:`producers.agl_queue.TaskQueue` (one owner per task
+Its queue is rb.tasks, through the gateway's :class:`producers.ingest.agl.queue.TaskQueue` (one owner per task
 partition, at most one live claim per rollout): ``POST /api/rollouts`` puts a task per rollout on rb.tasks;
 ``GET /api/rollouts?state_in=queuing&state_in=running`` (what its controllers poll) lists the rollouts this
 replica offers (``queuing``) and has claimed (``running``); ``PATCH /api/rollouts/{id}`` to ``running`` is
@@ -9,16 +9,18 @@ the claim (the attempt's STARTED on rb.spans; 409 when this replica does not off
 state its FINISHED. ``GET /api/rollouts/{id}`` reads it back (queuing or running from this replica's queue,
 ended from ClickHouse). ``GET /api/models`` lists the model versions on rb.resources. The LLM route its
 controllers hand every agent (``/proxy/rollout/{id}/attempt/{id}/mode/{mode}/openai/v1/...``) is forwarded
-to ``rolloutbus proxy``'s route for the attempt, at the endpoint the policy's version names. Mapped by
-:mod:`producers.agl_api`; its events route is the gateway's own (:mod:`producers.agl_events`). Its calls
-with no meaning on the bus — terminal pages, events, deleting, registering model servers — answer 501
-naming the call; rollouts and their steps are read from ClickHouse.
+to ``rolloutbus proxy``'s route for the attempt, at the endpoint the policy's version names. Its agents'
+events URL (``POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events`` with ``{"event_type", "data"}``)
+makes one span each (:mod:`producers.ingest.agl.v1_events`); the reply is the stored event, as its store
+answers (422 with the reason for a body that is not an event). Mapped by :mod:`producers.ingest.agl.v1_api`.
+Its calls with no meaning on the bus — terminal pages, events queries, deleting, registering model servers —
+answer 501 naming the call; rollouts and their steps are read from ClickHouse. Token, body and error shape
+are the front door's (:mod:`producers.ingest.front_door`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -26,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from foundation.errors import EncodeError, KafkaUnavailable
-from producers.agl_api import (
+from producers.context import new_span_id
+from producers.ingest.agl.v1_api import (
     DEFAULT_ATTEMPT_ID,
     ENDED_COLUMNS,
     LLM_PATHS,
@@ -50,16 +52,16 @@ from producers.agl_api import (
     rollout_of_task,
     task_from_create,
 )
-from producers.agl_events import EVENT_PATH
-from producers.agl_store_http import Resources
-from producers.gateway_auth import CHALLENGE, REFUSED, authorized
+from producers.ingest.agl.v1_events import EVENT_PATH, event_to_span
+from producers.ingest.front_door import BadRequest, Counts, FrontDoor, not_a_json_constant, parse_json
+from producers.ingest.resources import Resources
 from producers.mapping import MappingError
-from producers.spool import FRAME_OVERHEAD
-from producers.transport import SpanTransport
-from schemas.codec import encode
+from producers.transport import SPAN, SpanTransport
+from schemas.codec import encode, encode_raw
+from schemas.models import UNNUMBERED
 
 if TYPE_CHECKING:
-    from producers.agl_queue import ClickHouseReader, TaskQueue
+    from producers.ingest.agl.queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +76,23 @@ NOT_ON_THE_BUS = {
 }
 
 
-class BadBody(ValueError):
-    """The body is not JSON the routes can read (400)."""
-
-
 class AgentLightning1Routes:
-    """Adds Agent Lightning 1.x's ``/api`` routes (all but its events route, the gateway's) to an application."""
+    """Adds Agent Lightning 1.x's ``/api`` routes to an application."""
 
     def __init__(self, transport: SpanTransport, resources: Resources, *, token: str | None = None,
                  retry_after_s: int = 5, max_body_bytes: int = 16 << 20, policy: str = "policy",
-                 queue: TaskQueue | None = None, llm_token: str | None = None, llm_timeout_s: float = 300.0) -> None:
+                 queue: TaskQueue | None = None, llm_token: str | None = None, llm_timeout_s: float = 300.0,
+                 counts: Counts = Counts()) -> None:
         """``queue``: rb.tasks (None: the queue's calls answer 501); ``llm_token``: the bearer token the LLM
-        route sends ``rolloutbus proxy`` (its ``ROLLOUTBUS_PROXY_TOKEN``)."""
+        route sends ``rolloutbus proxy`` (its ``ROLLOUTBUS_PROXY_TOKEN``); ``counts``: the gateway's counters,
+        which count the events route's answers and spans with the OTLP route's."""
         self.transport = transport
         self.resources = resources
-        self.token = token
-        self.retry_after_s = retry_after_s
-        self.max_body_bytes = max_body_bytes
+        self.door = FrontDoor(token=token, max_body_bytes=max_body_bytes, retry_after_s=retry_after_s, detail=True)
+        # The events route answers its refusals as plain text, as it did as the gateway's own route.
+        self.events_door = FrontDoor(token=token, max_body_bytes=max_body_bytes, retry_after_s=retry_after_s,
+                                     counts=counts)
+        self.counts = counts
         self.policy = policy
         self.queue = queue
         self.clickhouse: ClickHouseReader | None = None  # None: an ended rollout cannot be read (GET /api/rollouts/{id})
@@ -107,61 +109,28 @@ class AgentLightning1Routes:
         r.add_patch(f"{PREFIX}/rollouts/{{rollout_id}}", self.patch_rollout)
         r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}", self.get_rollout)
         r.add_get(f"{PREFIX}/models", self.list_models)
+        r.add_post(EVENT_PATH, self.add_event)
         r.add_post(LLM_ROUTE, self.llm_call)
         app.on_cleanup.append(self._close)
         r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
 
     # ------------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-        # Its server answers errors as FastAPI does: {"detail": ...}.
-        return web.json_response({"detail": detail}, status=status, headers=headers)
+    def _error(self, status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+        return self.door.refuse(status, detail, headers)
 
     def _refused(self, request: web.Request) -> web.Response | None:
-        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
-            return self._error(401, REFUSED, CHALLENGE)
-        return None
-
-    async def _raw(self, request: web.Request) -> bytes:
-        """The body; :class:`BadBody` with one line for a body that is too big or unreadable."""
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise BadBody(f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BadBody(f"body is over the limit of {self.max_body_bytes} bytes") from None
-        except RequestPayloadError as exc:
-            raise BadBody(f"body cannot be read as sent: {exc}") from exc
+        return self.door.refused(request)
 
     async def _json(self, request: web.Request) -> Any:
-        """The body as JSON; :class:`BadBody` with one line for a body that is too big, unreadable,
-        not JSON or nested too deep."""
-        raw = await self._raw(request)
-        if not raw:
-            return None
-        try:
-            body = json.loads(raw)
-        except RecursionError:
-            raise BadBody("body is JSON nested too deep") from None
-        except ValueError as exc:
-            raise BadBody(f"body is not JSON: {exc}") from exc
+        """The body as JSON (None when empty); :class:`BadRequest` with one line for a body that is too big,
+        unreadable, not JSON or nested too deep (each answered 400)."""
+        body = await self.door.json(request)
         try:
             check_depth(body)
         except MappingError as exc:
-            raise BadBody(f"body is {exc}") from exc
+            raise BadRequest(f"body is {exc}") from exc
         return body
-
-    def _send(self, records: list[tuple[str, bytes]]) -> web.Response | None:
-        """Hand records to the transport, all or none; a 503 answer when it cannot keep them."""
-        size = sum(len(k.encode()) + len(v) + FRAME_OVERHEAD for k, v in records)
-        if not self.transport.accepting(size):
-            return self._error(503, "Kafka is unreachable and the local spool is full; retry later",
-                               {"Retry-After": str(self.retry_after_s)})
-        for key, value in records:
-            if not self.transport.emit_encoded(key.encode(), value):
-                return self._error(503, "the local queue is full; retry later", {"Retry-After": str(self.retry_after_s)})
-        return None
 
     # ------------------------------------------------------------------ routes
 
@@ -170,7 +139,7 @@ class AgentLightning1Routes:
                                 "built without (rolloutbus gateway has it)")
 
     def _busy(self, exc: Exception) -> web.Response:
-        return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+        return self.door.busy(f"{exc}; retry later")
 
     async def create_rollouts(self, request: web.Request) -> web.Response:
         """``POST /api/rollouts``: a task per rollout on rb.tasks (delivered before the answer), its rollouts queuing."""
@@ -180,13 +149,13 @@ class AgentLightning1Routes:
             return self._no_queue(request)
         try:
             reqs = check_rollout_creates(await self._json(request))
-        except BadBody as exc:
+        except BadRequest as exc:
             return self._error(400, str(exc))
         except MappingError as exc:
             return self._error(422, f"not a list of Agent Lightning rollouts to create: {exc}")
         current = self.resources()
         if current is None:  # the task names the policy version its group is keyed by: wait for it
-            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         now, now_ns = time.time(), time.time_ns()
         version = policy_version(current, self.policy)
         rollouts, tasks = [], []
@@ -250,7 +219,7 @@ class AgentLightning1Routes:
             rows = await loop.run_in_executor(None, self.clickhouse.query, sql, {"rid": rollout_id})
         except Exception as exc:  # noqa: BLE001 — the driver's errors of every kind, mapped once, here
             log.warning("GET /api/rollouts/{id} read failed: %s", exc)
-            return self._error(503, "ClickHouse cannot answer now; retry", {"Retry-After": str(self.retry_after_s)})
+            return self.door.busy("ClickHouse cannot answer now; retry")
         if not rows:
             return self._error(404, f"Rollout not found: {rollout_id}")
         return web.json_response(ended_rollout([dict(zip(ENDED_COLUMNS, row)) for row in rows]))
@@ -262,7 +231,7 @@ class AgentLightning1Routes:
         rollout_id = request.match_info["rollout_id"]
         try:
             status = check_rollout_patch(await self._json(request))
-        except BadBody as exc:
+        except BadRequest as exc:
             return self._error(400, str(exc))
         except MappingError as exc:
             return self._error(422, f"not an Agent Lightning rollout patch: {exc}")
@@ -284,7 +253,7 @@ class AgentLightning1Routes:
                 value = encode(event)
             except (EncodeError, ValueError) as exc:
                 return self._error(422, f"the rollout cannot be finished: {exc}")
-            if (busy := self._send([(rollout_id, value)])) is not None:
+            if (busy := self.door.deliver(self.transport, [(rollout_id.encode(), value)])) is not None:
                 return busy
             if self.queue is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.queue.finished, event.attempt_id,
@@ -303,8 +272,36 @@ class AgentLightning1Routes:
             return refused
         current = self.resources()
         if current is None:
-            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         return web.json_response(models_reply(current))
+
+    async def add_event(self, request: web.Request) -> web.Response:
+        """One event of its agents (their ``AGL_EVENT_URL``) → one span on rb.spans; answers the stored event."""
+        door, counts = self.events_door, self.counts
+        if (refused := door.refused(request)) is not None:
+            return refused
+        try:
+            # NaN and Infinity are not JSON: kept, they would go back in the reply and on the span as text no
+            # strict reader takes.
+            event = parse_json(await door.body(request), parse_constant=not_a_json_constant)
+        except BadRequest as exc:
+            return door.refuse(exc.status, str(exc))
+        rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
+        now = time.time_ns()
+        try:
+            # Unnumbered: the span stage numbers the attempt's events in arrival order (as Agent Lightning's
+            # store keeps events in insertion order), whichever replica each came through.
+            span = event_to_span(rollout_id, attempt_id, event, sequence_id=UNNUMBERED, span_id=new_span_id(), time_ns=now)
+            value = encode_raw(SPAN, span)
+        except (MappingError, EncodeError) as exc:
+            counts.rejected(1)
+            return door.refuse(422, f"not an Agent Lightning event: {exc}")
+        if (busy := door.deliver(self.transport, [(rollout_id.encode(), value)])) is not None:
+            return busy
+        counts.accepted(1)
+        counts.answered(200)
+        return web.json_response({"event_type": event["event_type"], "rollout_id": rollout_id, "attempt_id": attempt_id,
+                                  "timestamp": now / 1e9, "data": event.get("data") or {}})
 
     async def llm_call(self, request: web.Request) -> web.StreamResponse:
         """Its server's LLM proxy route, as its controllers hand it to every agent
@@ -322,8 +319,8 @@ class AgentLightning1Routes:
             return self._error(503, "no LLM endpoint is published on rb.resources: run rolloutbus train with "
                                     "--llm-endpoint http://<proxy>/v1 (the proxy's base URL)", {"Retry-After": "5"})
         try:
-            body = await self._raw(request)
-        except BadBody as exc:
+            body = await self.door.body(request)
+        except BadRequest as exc:
             return self._error(400, str(exc))
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         if self.llm_token:

@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from producers.agl_queue import ClickHouseReader, TaskQueue, clickhouse_ended
-    from producers.agl_store_http import FollowedResources
-    from producers.gateway import SERVER_OPTIONS, Gateway
-    from producers.settings import GatewaySettings
+    from producers.ingest.agl.queue import ClickHouseReader, TaskQueue, clickhouse_ended
+    from producers.ingest.gateway import SERVER_OPTIONS, Gateway
+    from producers.ingest.resources import FollowedResources
+    from producers.ingest.settings import GatewaySettings
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
     from foundation.exposure import check_listen, is_loopback
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m producers.gateway_cli``: the same as ``rolloutbus gateway``."""
+    """``python -m producers.ingest.gateway_cli``: the same as ``rolloutbus gateway``."""
     from foundation.entry import run_command
 
     return run_command("rolloutbus gateway", add_arguments, run, argv)

@@ -1,28 +1,35 @@
 """The routes of Agent Lightning 0.3's LightningStore API that the gateway serves (``/v1/agl/...``).
 
 The attempt-level calls its runner makes — health, spans, sequence ids, attempt updates, resources,
-worker heartbeats — mapped by :mod:`producers.agl_store`. Its OTLP endpoint (``/v1/traces``) is the
+worker heartbeats — mapped by :mod:`producers.ingest.agl.v0_3_store`. Its OTLP endpoint (``/v1/traces``) is the
 gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``) is rb.tasks, claimed through
-:mod:`producers.agl_queue`; ``start_rollout`` starts an attempt the caller runs at once (no task);
-``add_resources`` / ``update_resources`` publish versions on rb.resources; the reads and
-``wait_for_rollouts`` answer from ClickHouse. The other calls answer 501 naming the call.
+:mod:`producers.ingest.agl.queue` (its records :mod:`producers.ingest.agl.v0_3_queue`'s); ``start_rollout``
+starts an attempt the caller runs at once (no task); ``add_resources`` / ``update_resources`` publish
+versions on rb.resources (:mod:`producers.ingest.resources`); the reads and ``wait_for_rollouts`` answer from
+ClickHouse. The other calls answer 501 naming the call. Token, body and error shape are the front door's
+(:mod:`producers.ingest.front_door`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from foundation.errors import EncodeError, KafkaUnavailable
-from producers.agl_claims import EnqueueError, enqueue_requests, new_attempt_id, new_rollout_id
-from producers.agl_store import (
-    newest,
+from producers.ingest.agl.v0_3_queue import (
+    EnqueueError,
+    enqueue_requests,
+    new_attempt_id,
+    new_rollout_id,
+    rollout_reply,
+    task_from_request,
+)
+from producers.ingest.agl.v0_3_store import (
     PREFIX,
     ROLLOUT_COLUMNS,
     check_query,
@@ -43,20 +50,18 @@ from producers.agl_store import (
     span_from_agl,
     worker_reply,
 )
-from producers.gateway_auth import CHALLENGE, REFUSED, authorized
+from producers.ingest.front_door import BadRequest, FrontDoor, TooDeep
+from producers.ingest.resources import Publish, Resources, newest
 from producers.mapping import MappingError
-from producers.spool import FRAME_OVERHEAD
 from producers.transport import SPAN, SpanTransport
 from schemas.codec import encode, encode_raw
-from schemas.models import UNNUMBERED, ResourceVersion, RolloutEvent
+from schemas.models import UNNUMBERED, RolloutEvent
 
 if TYPE_CHECKING:
-    from producers.agl_queue import ClickHouseReader, TaskQueue
+    from producers.ingest.agl.queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
 
-Resources = Callable[[], "dict[str, ResourceVersion] | None"]  # None: rb.resources not read to its end yet
-Publish = Callable[[Sequence[ResourceVersion]], None]  # onto rb.resources, delivered; raises KafkaUnavailable
 MAX_ROWS = 100_000  # rows one read takes from ClickHouse (filters it cannot push down run here)
 
 
@@ -75,9 +80,7 @@ class LightningStoreRoutes:
         self.clickhouse: ClickHouseReader | None = None  # None: the reads answer 501
         self.publish: Publish | None = None  # None: add_resources / update_resources answer 501
         self.wait_poll_s = 0.5  # how often wait_for_rollouts reads ClickHouse
-        self.token = token
-        self.retry_after_s = retry_after_s
-        self.max_body_bytes = max_body_bytes
+        self.door = FrontDoor(token=token, max_body_bytes=max_body_bytes, retry_after_s=retry_after_s, detail=True)
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
@@ -106,35 +109,25 @@ class LightningStoreRoutes:
 
     # ------------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-        # Agent Lightning's server answers errors as FastAPI does: {"detail": ...}.
-        return web.json_response({"detail": detail}, status=status, headers=headers)
+    def _error(self, status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+        return self.door.refuse(status, detail, headers)
 
     def _refused(self, request: web.Request) -> web.Response | None:
-        if self.token is not None and not authorized(request.headers.get("Authorization", ""), self.token):
-            return self._error(401, REFUSED, CHALLENGE)
-        return None
+        return self.door.refused(request)
 
     async def _json(self, request: web.Request) -> Any:
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise MappingError(f"body of {request.content_length} bytes is over the limit of {self.max_body_bytes}")
-        body = await request.read()
-        if not body:
-            return None
+        """The body as JSON (None when empty); :class:`MappingError` for one that is too big, unreadable or not
+        JSON, which each route answers in its own words. JSON nested too deep is the front door's 400."""
         try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise MappingError(f"body is not JSON: {exc}") from exc
+            return await self.door.json(request)
+        except TooDeep:
+            raise
+        except BadRequest as exc:
+            raise MappingError(str(exc)) from exc
 
     def _send(self, key: str, value: bytes) -> web.Response | None:
         """Hand a record to the transport; a 503 answer when it cannot keep it."""
-        if not self.transport.accepting(len(key.encode()) + len(value) + FRAME_OVERHEAD):
-            return self._error(503, "Kafka is unreachable and the local spool is full; retry later",
-                               {"Retry-After": str(self.retry_after_s)})
-        if not self.transport.emit_encoded(key.encode(), value):
-            return self._error(503, "the local queue is full; retry later", {"Retry-After": str(self.retry_after_s)})
-        return None
+        return self.door.deliver(self.transport, [(key.encode(), value)])
 
     # ------------------------------------------------------------------ routes
 
@@ -197,7 +190,7 @@ class LightningStoreRoutes:
         try:
             replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
         except KafkaUnavailable as exc:
-            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+            return self.door.busy(f"{exc}; retry later")
         return web.json_response(replies, status=201)
 
     async def dequeue(self, request: web.Request) -> web.Response:
@@ -221,7 +214,7 @@ class LightningStoreRoutes:
         try:
             got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
         except KafkaUnavailable as exc:
-            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+            return self.door.busy(f"{exc}; retry later")
         return web.json_response(got)
 
     async def start_rollout(self, request: web.Request) -> web.Response:
@@ -234,8 +227,6 @@ class LightningStoreRoutes:
             [req] = enqueue_requests(body)
         except (MappingError, EnqueueError, ValueError) as exc:
             return self._error(422, f"not a rollout request: {exc}")
-        from producers.agl_claims import rollout_reply, task_from_request
-
         rid, aid, now = new_rollout_id(), new_attempt_id(), time.time()
         task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or self._resources_id(),
                                  now_ns=int(now * 1e9))
@@ -297,7 +288,7 @@ class LightningStoreRoutes:
             return self._error(422, f"not a query: {exc}")
         except _Unavailable as exc:
             log.warning("a /v1/agl read failed: %s", exc)
-            return self._error(503, f"ClickHouse cannot answer now: {exc}", {"Retry-After": str(self.retry_after_s)})
+            return self.door.busy(f"ClickHouse cannot answer now: {exc}")
 
     @staticmethod
     def _paging(query: dict[str, Any], default_sort: str | None) -> dict[str, Any]:
@@ -371,7 +362,7 @@ class LightningStoreRoutes:
             return refused
         current = self.resources()
         if current is None:
-            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         return web.json_response(resources_update(current))
 
     async def resources_by_id(self, request: web.Request) -> web.Response:
@@ -379,7 +370,7 @@ class LightningStoreRoutes:
             return refused
         current = self.resources()
         if current is None:
-            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         update = resources_update(current)
         # Only the newest set is kept here (older versions are in ClickHouse's resource_versions):
         # another id answers null, as Agent Lightning's store answers an id it does not hold.
@@ -395,7 +386,7 @@ class LightningStoreRoutes:
             return await self.not_on_the_bus(request)
         current = self.resources()
         if current is None:
-            return self._error(503, "rb.resources is still being read; retry", {"Retry-After": "1"})
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         try:
             versions = versions_from_agl(await self._json(request), current, now_ns=time.time_ns())
         except MappingError as exc:
@@ -403,7 +394,7 @@ class LightningStoreRoutes:
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.publish, versions)
         except KafkaUnavailable as exc:
-            return self._error(503, f"{exc}; retry later", {"Retry-After": str(self.retry_after_s)})
+            return self.door.busy(f"{exc}; retry later")
         log.info("published through the store API: %s", ", ".join(f"{v.name} v{v.version}" for v in versions))
         update = resources_update(newest(current, versions))
         return web.json_response(update, status=201 if "resources_id" not in request.match_info else 200)
@@ -443,47 +434,4 @@ class LightningStoreRoutes:
                                 "(ClickHouse) and OTLP /v1/traces")
 
 
-class FollowedResources:
-    """The newest versions on ``rb.resources``, read by a follower started on the first call (a gateway
-    no Agent Lightning runner talks to never reads the topic). None until it was read to its end."""
-
-    def __init__(self, kafka_conf: dict[str, Any], topic: str) -> None:
-        self.kafka_conf, self.topic = kafka_conf, topic
-        self._follower: Any = None
-        self._producer: Any = None
-        self._published: dict[str, ResourceVersion] = {}  # what this replica published, until the follower reads it
-
-    def __call__(self) -> dict[str, ResourceVersion] | None:
-        if self._follower is None:
-            from producers.runner import ResourceFollower
-
-            self._follower = ResourceFollower(self.kafka_conf, self.topic).start()
-        if not self._follower.ready.is_set():
-            return None
-        return newest(self._follower.current(), list(self._published.values()))
-
-    def publish(self, versions: Sequence[ResourceVersion]) -> None:
-        """Each version onto rb.resources (keyed by its name), delivered before it returns; this replica answers
-        with them at once. Raises :class:`KafkaUnavailable` when Kafka did not take them."""
-        from confluent_kafka import Producer
-
-        if self._producer is None:
-            self._producer = Producer({**self.kafka_conf, "enable.idempotence": True, "log_level": 0})
-        failed: list[Any] = []
-        for rv in versions:
-            self._producer.produce(self.topic, encode(rv), rv.name.encode(),
-                                   on_delivery=lambda err, _msg: failed.append(err) if err else None)
-        left = self._producer.flush(30)
-        if left or failed:
-            raise KafkaUnavailable(f"{left or len(failed)} resource versions not delivered to {self.topic}: "
-                                   f"{failed[0] if failed else 'timed out'}")
-        self._published = newest(self._published, versions)
-
-    def close(self) -> None:
-        if self._follower is not None:
-            self._follower.stop()
-        if self._producer is not None:
-            self._producer.flush(10)
-
-
-__all__ = ["LightningStoreRoutes", "FollowedResources"]
+__all__ = ["LightningStoreRoutes"]

@@ -1,0 +1,108 @@
+"""Agent Lightning 0.3's queue calls on rb.tasks (``enqueue_rollout(s)``, ``dequeue_rollout(s)``,
+``start_rollout``): the task record an enqueued rollout becomes, and the ``Rollout`` / ``AttemptedRollout``
+its store answers. Pure (the routes are :mod:`producers.ingest.agl.v0_3_store_http`, the queue
+:mod:`producers.ingest.agl.queue`).
+
+Its metadata keys on a task (the rollout's id, config) are read back by the queue's claims
+(:mod:`producers.ingest.agl.claims`) and written by 1.x's rollouts too (:mod:`producers.ingest.agl.v1_api`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from schemas.models import Task
+
+if TYPE_CHECKING:
+    from producers.ingest.agl.claims import Claim
+
+# Task metadata keys of a rollout enqueued through the store API: what its dequeue gives back.
+ROLLOUT_ID = "agl.rollout_id"
+RESOURCES_ID = "agl.resources_id"
+CONFIG = "agl.config"
+METADATA = "agl.metadata"
+DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
+MODES = ("train", "val", "test")
+
+
+class EnqueueError(ValueError):
+    """An enqueue request that is not Agent Lightning's ``EnqueueManyRolloutsRequest``."""
+
+
+def new_rollout_id() -> str:
+    """A rollout id as Agent Lightning's store makes them (``ro-`` + 12 characters)."""
+    return "ro-" + uuid.uuid4().hex[:12]
+
+
+def new_attempt_id() -> str:
+    return "at-" + uuid.uuid4().hex[:8]
+
+
+def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
+    """The ``rollouts`` of an ``EnqueueManyRolloutsRequest`` (also a bare ``RolloutRequest``), checked."""
+    if not isinstance(body, Mapping):
+        raise EnqueueError("the request is a JSON object with a list 'rollouts'")
+    items = body["rollouts"] if "rollouts" in body else [body]
+    if not isinstance(items, list):
+        raise EnqueueError("'rollouts' must be a list")
+    for n, item in enumerate(items):
+        if not isinstance(item, Mapping) or "input" not in item:
+            raise EnqueueError(f"rollouts[{n}] is not an object with an 'input'")
+        if item.get("mode") is not None and item["mode"] not in MODES:
+            raise EnqueueError(f"rollouts[{n}].mode {item['mode']!r} is not one of {list(MODES)}")
+        if item.get("resources_id") is not None and not isinstance(item["resources_id"], str):
+            raise EnqueueError(f"rollouts[{n}].resources_id must be a string")
+        for key in ("config", "metadata"):
+            if item.get(key) is not None and not isinstance(item[key], Mapping):
+                raise EnqueueError(f"rollouts[{n}].{key} must be an object")
+    return items
+
+
+def task_from_request(req: Mapping[str, Any], *, rollout_id: str, resources_id: str | None, now_ns: int,
+                      defaults: Mapping[str, Any] | None = None) -> Task:
+    """One enqueued rollout → the task record on rb.tasks (keyed by its ``task_id``, the rollout id). Its config
+    is the request's, what it leaves out taken from ``defaults`` (the gateway's: :meth:`ClaimBook.defaults`),
+    then from Agent Lightning's own defaults; a null ``max_attempts`` or ``timeout_seconds`` is the default's."""
+    given = {k: v for k, v in (req.get("config") or {}).items()
+             if v is not None or k not in ("max_attempts", "timeout_seconds")}
+    config = {**DEFAULT_CONFIG, **(defaults or {}), **given}
+    metadata = {ROLLOUT_ID: rollout_id, CONFIG: json.dumps(config), METADATA: json.dumps(req.get("metadata") or {})}
+    if resources_id is not None:
+        metadata[RESOURCES_ID] = resources_id
+    return Task(task_id=rollout_id, input=json.dumps(req["input"]), mode=req.get("mode") or "train", group_size=1,
+                created_ns=now_ns, metadata=metadata)
+
+
+def rollout_reply(task: Task, rollout_id: str, *, status: str = "queuing") -> dict[str, Any]:
+    """Agent Lightning's ``Rollout`` for a task (as its in-memory store answers an enqueue)."""
+    meta = task.metadata
+    try:
+        payload: Any = json.loads(task.input)
+    except ValueError:
+        payload = task.input  # plain text input
+    try:
+        config = {**DEFAULT_CONFIG, **json.loads(meta.get(CONFIG, "{}"))}
+        metadata = json.loads(meta[METADATA]) if METADATA in meta else {k: v for k, v in meta.items()}
+    except (ValueError, TypeError):
+        config, metadata = dict(DEFAULT_CONFIG), {}
+    return {"rollout_id": rollout_id, "input": payload, "start_time": task.created_ns / 1e9 or time.time(),
+            "end_time": None, "mode": task.mode if task.mode in MODES else None, "resources_id": meta.get(RESOURCES_ID),
+            "status": status, "config": config, "metadata": metadata}
+
+
+def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
+    """Agent Lightning's ``AttemptedRollout`` for a claim: what its store's dequeue answers."""
+    slot = claim.slot
+    reply = rollout_reply(slot.task, slot.rollout_id, status="preparing")
+    reply["attempt"] = {"rollout_id": slot.rollout_id, "attempt_id": claim.attempt_id, "sequence_id": claim.attempt,
+                        "start_time": now, "end_time": None, "status": "preparing", "worker_id": claim.worker_id,
+                        "last_heartbeat_time": None, "metadata": None}
+    return reply
+
+
+__all__ = ["EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply", "attempted_rollout", "new_rollout_id",
+           "new_attempt_id", "DEFAULT_CONFIG", "MODES", "ROLLOUT_ID", "RESOURCES_ID", "CONFIG", "METADATA"]
