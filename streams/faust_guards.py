@@ -40,7 +40,7 @@ class FaustGuardError(RuntimeError):
 # where this assignment starts (START: the committed offset, else the earliest one). A commit is held
 # back while the lowest acked offset is above that floor. The worker keeps a frontier per partition
 # (FRONTIER: the next offset it must process) and, when records arrive past it, seeks back to it
-# instead of skipping them (Worker._admit).
+# instead of skipping them (streams.frontier.Frontier.admit).
 #
 # A compacted topic has gaps in its offsets, so the frontier cannot hold it; its records are few and
 # its table deduplicates. For those (REPLAY_TOPICS) every assignment reads the partition again from its

@@ -13,7 +13,8 @@ Delivery: offsets are committed only at a commit point, after the sink wrote eve
 records below them produced and the producer delivered every summary, dead letter and changelog
 entry they caused. A crash replays from the last commit; see :mod:`streams.attempts`. Inserts are
 pipelined: a commit point hands its rows to the sink's writer thread and settles the commit point
-before it, whose rows are written by then (:meth:`SpanStage.commit_point`).
+before it, whose rows are written by then; the order of the steps is :class:`streams.checkpoint.Checkpoint`'s,
+done here on librdkafka (:meth:`SpanStage.take` to :meth:`SpanStage.commit`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from schemas import codec
 from schemas.checks import check_span
 from schemas.models import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, UNNUMBERED, DeadLetter, RolloutEventType
 from streams.attempts import Attempt, Key, PartitionState, span_view
+from streams.checkpoint import Checkpoint
 from streams.grouping import group_of
 from streams.rollout import RolloutResult, Settings, finish_attempt
 from streams import rowbinary
@@ -159,12 +161,9 @@ class SpanStage:
         self.group = group
         self.spans_topic, self.done_topic, self.dlq_topic, self.state_topic = spans_topic, done_topic, dlq_topic, state_topic
         self.sink = sink
-        self.flush_sink = flush_sink
-        # None: each commit point writes its rows before it goes on (the tests' stages)
-        self.submit_sink = submit_sink
-        # (batch number, (partition, changelog key, value) entries, partition → offset to commit) of
-        # commit points whose rows were handed to the sink and are not known to be written yet
-        self._unsettled: list[tuple[int, list[tuple[int, bytes, bytes | None]], dict[int, TopicPartition]]] = []
+        # Its commit points; submit_sink None: each writes its rows before it goes on (the tests' stages).
+        # What one takes: ((partition, changelog key, value) entries, partition → offset to commit).
+        self.checkpoint = Checkpoint(self, sink, flush_sink, submit_sink)
         self.core = core
         self.finish_grace_s = finish_grace_s
         self.rollout_timeout_s = rollout_timeout_s
@@ -485,19 +484,21 @@ class SpanStage:
 
     def commit_point(self, *, final: bool = False) -> None:
         """Hand the rows buffered since the last commit point to the sink, and settle every earlier commit
-        point whose rows are written: deliver the completed attempts' changelog entries and what was
-        produced, then commit the offsets those rows came from.
+        point whose rows are written: deliver what was produced and the completed attempts' changelog
+        entries, then commit the offsets those rows came from (:class:`streams.checkpoint.Checkpoint`).
 
         The rows go to the sink's writer thread and the stage reads on while ClickHouse inserts them; the
         next commit point waits for them (at most one batch in flight) and commits their offsets then.
         ``final`` (revoke, stop) writes everything and commits before it returns."""
         if self._closed:
             return
-        if final or self.submit_sink is None:
-            self.flush_sink()  # the batch in flight first, then the rest
-            seq = self.sink.submitted
-        else:
-            seq = self.submit_sink()  # raises the batch in flight's failure: it goes with the next one
+        self.checkpoint.commit_now(final)
+
+    # The checkpoint's steps on librdkafka (streams.checkpoint.Committing). They wait here, holding the event loop.
+
+    def take(self, final: bool) -> tuple[list[tuple[int, bytes, bytes | None]], dict[int, TopicPartition]]:
+        """(partition, changelog key, value) entries of the attempts completed since the last commit point, and
+        partition → offset to commit."""
         if final and self._commit_sent is not None:  # an earlier commit may yet be refused: this one waits, with every offset
             self._commit_again()
         now_ns = time.time_ns()
@@ -511,23 +512,10 @@ class SpanStage:
             if offset is not None:
                 position, replay_from = offset
                 offsets[st.partition] = TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}")
-        self._unsettled.append((seq, entries, offsets))
-        self._settle(final)
-        refused, self._commit_error = self._commit_error, None
-        if final:  # its own commit was waited for: what an earlier one got is behind it
-            return
-        if refused is not None:  # an earlier commit: its offsets are committed again
-            self._commit_refused(refused)
-        if self._commit_sent is not None and self._consumed_at - self._commit_sent > DELIVERY_WAIT_S:
-            # Not answered by a poll 5 s after it was sent (the coordinator unknown, the broker gone): not ready, as
-            # a refused commit would be. Counted to the last poll: answers are served there, not while we insert.
-            raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commit_sent:.0f} s")
+        return entries, offsets
 
-    def _settle(self, final: bool = False) -> None:
-        """Deliver and commit what the commit points whose rows are all written carry."""
-        ready = [u for u in self._unsettled if u[0] <= self.sink.written]
-        if not ready:
-            return
+    async def deliver(self) -> float:
+        """What was refused before is sent again, then every summary and dead letter waited for."""
         redo, self._redo = self._redo, []
         for topic, key, value, partition in redo:  # refused before: sent again, before what follows them
             self._send(topic, key, value, partition=partition)
@@ -537,13 +525,19 @@ class SpanStage:
         # Both waits together take at most DELIVERY_WAIT_S.
         deadline = time.monotonic() + DELIVERY_WAIT_S
         self._flush(deadline)
-        self._unsettled = self._unsettled[len(ready):]
-        offsets: dict[int, TopicPartition] = {}
-        for _, entries, later in ready:
+        return deadline
+
+    async def send_changelog(self, points: list[Any], by: float | None) -> None:
+        for entries, _ in points:
             for partition, key, value in entries:
                 self._send(self.state_topic, key, value, partition=partition)
+        assert by is not None
+        self._flush(by)
+
+    async def commit(self, points: list[Any], final: bool) -> None:
+        offsets: dict[int, TopicPartition] = {}
+        for _, later in points:
             offsets.update(later)
-        self._flush(deadline)
         if offsets and self._commit_sent is not None and not final:
             # One asynchronous commit at a time. librdkafka sends a commit again after a backoff when the coordinator
             # moved or timed out, and answers only then; a later commit sent meanwhile could land first and be
@@ -560,7 +554,22 @@ class SpanStage:
             except KafkaException as exc:
                 self._commit_again()
                 self._commit_refused(exc.args[0] if exc.args else exc)
-        self._lag()
+        if points:
+            self._lag()
+        refused, self._commit_error = self._commit_error, None
+        if final:  # its own commit was waited for: what an earlier one got is behind it
+            return
+        if refused is not None:  # an earlier commit: its offsets are committed again
+            self._commit_refused(refused)
+        if self._commit_sent is not None and self._consumed_at - self._commit_sent > DELIVERY_WAIT_S:
+            # Not answered by a poll 5 s after it was sent (the coordinator unknown, the broker gone): not ready, as
+            # a refused commit would be. Counted to the last poll: answers are served there, not while we insert.
+            raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commit_sent:.0f} s")
+
+    def put_back(self, points: list[Any], sent: bool) -> None:
+        """Nothing to take back: a point that failed before its entries stays queued in the checkpoint, and every
+        partition's offset goes with the next commit point (``_flush``); entries librdkafka gave up on are in
+        ``_redo``."""
 
     def _flush(self, deadline: float) -> None:
         """Wait until the broker has everything produced; raise (offsets not committed) if it does not by
@@ -597,7 +606,7 @@ class SpanStage:
         """Drop what is not settled for partitions no longer ours: their next owner replays them."""
         gone = {tp.partition for tp in partitions}
         self._redo = [r for r in self._redo if r[0] != self.state_topic or r[3] not in gone]
-        for _, entries, offsets in self._unsettled:
+        for _, (entries, offsets) in self.checkpoint.unsettled:
             entries[:] = [e for e in entries if e[0] not in gone]
             for p in gone:
                 offsets.pop(p, None)

@@ -71,7 +71,7 @@ def test_a_record_too_large_to_send_fails_its_future_not_the_send_task() -> None
         return fut
 
     fut = asyncio.run(send())
-    assert isinstance(fut.exception(), MessageSizeTooLargeError)  # what streams.app takes as refused for good
+    assert isinstance(fut.exception(), MessageSizeTooLargeError)  # what streams.groups_stage takes as refused for good
 
     class Broken:
         async def publish_message(self, fut: object, wait: bool = False) -> None:

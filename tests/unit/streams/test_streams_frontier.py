@@ -1,7 +1,6 @@
 """The worker's per-partition frontier: records faust skips are read again, never passed over.
 
-Pure logic: ``Worker._admit`` runs on a stand-in holding only what it touches, with a fake consumer
-that records seeks.
+Pure logic: ``Frontier.admit`` runs with a fake consumer that records seeks.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from streams import app as streams_app
 from streams import faust_guards
-from streams.app import Worker
+from streams.frontier import Frontier
+from streams.groups_stage import GroupStage
 
 TOPIC = "x.spans"
 
@@ -33,11 +32,7 @@ class FakeConsumer:
 
 
 def stand_in(gap_accept_s: float = 2.0) -> Any:
-    w = SimpleNamespace(_last_in={}, _seeks={}, cfg=SimpleNamespace(gap_accept_s=gap_accept_s),
-                        app=SimpleNamespace(consumer=FakeConsumer()), stats={"rereads": 0, "dropped": 0, "redelivered": 0})
-    w._seek = lambda tp, offset, reason: Worker._seek(w, tp, offset, reason)
-    w._admit = lambda m: Worker._admit(w, m)
-    return w
+    return Frontier(SimpleNamespace(consumer=FakeConsumer()), gap_accept_s)
 
 
 def msg(offset: int, partition: int = 0) -> Any:
@@ -46,13 +41,13 @@ def msg(offset: int, partition: int = 0) -> Any:
 
 @pytest.fixture(autouse=True)
 def frontier() -> Any:
-    streams_app.FRONTIER.clear()
-    yield streams_app.FRONTIER
-    streams_app.FRONTIER.clear()
+    faust_guards.FRONTIER.clear()
+    yield faust_guards.FRONTIER
+    faust_guards.FRONTIER.clear()
 
 
 def admit(w: Any, offset: int) -> str:
-    return asyncio.run(Worker._admit(w, msg(offset)))
+    return asyncio.run(w.admit(msg(offset)))
 
 
 def test_in_order_records_are_processed_and_redeliveries_only_acked(frontier: dict) -> None:
@@ -110,8 +105,8 @@ def test_commit_floor_holds_a_commit_above_an_unacked_head() -> None:
     faust_guards._patch_faust_commit_floor()
     from faust.transport.consumer import Consumer
 
-    streams_app.STRICT_TOPICS.add(TOPIC)
-    streams_app.START[(TOPIC, 0)] = 3
+    faust_guards.STRICT_TOPICS.add(TOPIC)
+    faust_guards.START[(TOPIC, 0)] = 3
     from faust.types import TP
     from intervaltree import IntervalTree
 
@@ -125,8 +120,8 @@ def test_commit_floor_holds_a_commit_above_an_unacked_head() -> None:
         fake._acked[tp] = [4, 5, 6]  # once 4 is acked the run commits
         assert Consumer._new_offset(fake, tp) == 7
     finally:
-        streams_app.STRICT_TOPICS.discard(TOPIC)
-        streams_app.START.clear()
+        faust_guards.STRICT_TOPICS.discard(TOPIC)
+        faust_guards.START.clear()
 
 
 class FakeTable:
@@ -140,9 +135,9 @@ class FakeTable:
 
 def table_worker() -> Any:
     w = SimpleNamespace(_dirty={})
-    w._put = lambda table, p, key, value: Worker._put(w, table, p, key, value)
+    w._put = lambda table, p, key, value: GroupStage._put(w, table, p, key, value)
     def flush() -> None:  # what a commit point sends once its rows are written
-        for (_, k), (table, partition, _fresh), value in Worker._take_changelogs(w):
+        for (_, k), (table, partition, _fresh), value in GroupStage._take_changelogs(w):
             table.send_changelog(partition, k, value)
 
     w.flush = flush
@@ -270,7 +265,7 @@ def test_records_fetched_again_after_a_seek_back_reach_the_worker(frontier: dict
     dropped_by_faust: list[int] = []
 
     async def callback(message: Any) -> None:  # the agent, inline
-        verdicts.append((message.offset, await Worker._admit(w, message)))
+        verdicts.append((message.offset, await w.admit(message)))
 
     async def wait_first(coro: Any, other: Any) -> None:
         other.close()
@@ -294,11 +289,11 @@ def test_records_fetched_again_after_a_seek_back_reach_the_worker(frontier: dict
         await asyncio.wait_for(Consumer._drain_messages(consumer, fetch.fetcher), 5)
         assert fetch.seeks == [44]
 
-    streams_app.STRICT_TOPICS.add(TOPIC)
+    faust_guards.STRICT_TOPICS.add(TOPIC)
     try:
         asyncio.run(drain())
     finally:
-        streams_app.STRICT_TOPICS.discard(TOPIC)
+        faust_guards.STRICT_TOPICS.discard(TOPIC)
     assert verdicts[:6] == [(45, "drop")] + [(o, "drop") for o in range(46, 51)]  # stale: fetched before the seek
     assert [o for o, v in verdicts if v == "process"] == list(range(44, 51))  # the re-read, all of it
     assert frontier[(TOPIC, 0)] == 51 and dropped_by_faust == []

@@ -1,4 +1,4 @@
-"""The group stage's emission and commit point, on a Worker with stand-ins for faust's parts.
+"""The group stage's emission and commit point, with stand-ins for faust's parts.
 
 What the scale-out fault test (tests/faults/test_scale_out.py) found, reduced: the timer and the
 agent emitting one group twice, a worker emitting groups of partitions it does not own, offsets
@@ -21,8 +21,9 @@ from faust.types import TP
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NotLeaderForPartitionError
 
 from foundation.errors import ClickHouseError, KafkaUnavailable
-from streams.app import Config, Worker
+from streams.checkpoint import SinkWrites
 from streams.grouping import GroupPolicy, group_id
+from streams.groups_stage import GroupStage
 from streams.health import StreamHealth
 from streams.rollout import Settings, finish_attempt
 from streams.sink import ClickHouseSink
@@ -97,19 +98,17 @@ class FakeProducer:
         pass
 
 
-def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0) -> Any:
-    w = Worker.__new__(Worker)
-    w.cfg = Config(app_id="x", broker="kafka://", topic_prefix="x.", partitions=6,
-                   groups=GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s))
-    w.sink = FakeSink()
-    w.group_state, w.group_members = FakeTable(), FakeTable("group-members")
-    w.done_topic, w.batches_topic, w.dlq_topic = FakeTopic(DONE), FakeTopic("x.batches"), FakeTopic("x.dlq")
-    w.app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
-                            consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
-    w._open_groups, w._incomplete, w._last_scan, w._dirty, w._out, w._pending = set(), set(), 0, {}, [], []
-    w._lock = asyncio.Lock()
-    w.stats = {"groups": 0}
-    return w
+def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0, sink: Any = None, pipelined: bool = True) -> Any:
+    sink = sink if sink is not None else FakeSink()
+    health = StreamHealth()
+    writes = SinkWrites(sink, health)
+    app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
+                          consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
+    return GroupStage(app, policy=GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s),
+                      completed_retention_s=3600.0, sink=sink, health=health, done_topic=FakeTopic(DONE),
+                      batches_topic=FakeTopic("x.batches"), dlq_topic=FakeTopic("x.dlq"), group_state=FakeTable(),
+                      group_members=FakeTable("group-members"), flush=writes.flush, submit=writes.submit,
+                      pipelined=pipelined)
 
 
 def arrival(rid: str, partition: int = 1) -> Any:
@@ -179,12 +178,9 @@ def test_the_commit_point_acks_only_after_the_broker_has_what_was_produced() -> 
     assert acked == [] and pending == ["event"]  # kept for the next commit point
 
 
-def sink_worker(client: GatedClient) -> tuple[Any, list[str]]:
+def sink_worker(client: GatedClient, pipelined: bool = True) -> tuple[Any, list[str]]:
     """A worker with a real sink on ``client``, one row buffered, one entry changed and one event to ack."""
-    w = worker()
-    w.sink = ClickHouseSink(client)
-    w.health = StreamHealth()
-    w._written_seen, w._replaced_seen, w._batch_seen = {}, 0, 0
+    w = worker(sink=ClickHouseSink(client), pipelined=pipelined)
     acked: list[str] = []
 
     async def ack(event: str) -> None:
@@ -280,8 +276,7 @@ def test_a_batch_that_failed_after_its_first_table_went_in_leaves_clickhouse_unh
 def test_a_sync_worker_writes_its_rows_on_the_loop_before_the_commit_point_goes_on() -> None:
     async def run() -> tuple[list[str], list[Any], list[str]]:
         client = GatedClient()
-        w, acked = sink_worker(client)
-        w.cfg.sink_pipelined = False
+        w, acked = sink_worker(client, pipelined=False)
         await w.commit_point()
         assert w.sink._writer is None  # written on the loop's thread: no writer thread
         return [d.decode() for _, d, _ in client.inserts], w.group_state.sent, acked
@@ -474,14 +469,13 @@ def test_the_timers_commit_point_logs_a_failure_and_the_next_one_acks(caplog: py
     a broker or ClickHouse away for a moment restarted it, instead of the commit point being tried again."""
     async def run() -> tuple[list[str], str, list[str], bool]:
         w = worker()
-        w.health = StreamHealth()
         acked = acks(w)
         w.batches_topic.outcomes = [KafkaTimeoutError()]
         await w.on_rollout_done(arrival("a"))
         await w.on_rollout_done(arrival("b"))
-        await w._try_commit()
+        await w.try_commit()
         failed, reason = list(acked), w.health.problems["groups"][0]  # /readyz says so until one succeeds
-        await w._try_commit()
+        await w.try_commit()
         return failed, reason, acked, "groups" in w.health.problems
 
     assert asyncio.run(run()) == ([], "the group stage's commit point is failing (see the worker log)", ["a", "b"], False)
