@@ -109,12 +109,6 @@ class LightningStoreRoutes:
 
     # ------------------------------------------------------------------ helpers
 
-    def _error(self, status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-        return self.door.refuse(status, detail, headers)
-
-    def _refused(self, request: web.Request) -> web.Response | None:
-        return self.door.refused(request)
-
     async def _json(self, request: web.Request) -> Any:
         """The body as JSON (None when empty); :class:`MappingError` for one that is too big, unreadable or not
         JSON, which each route answers in its own words. JSON nested too deep is the front door's 400."""
@@ -135,32 +129,32 @@ class LightningStoreRoutes:
         return web.json_response({"status": "ok"})
 
     async def next_sequence_id(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         # Not a counter (replicas would repeat each other's): the span stage numbers spans sent with 0.
         return web.json_response({"sequence_id": UNNUMBERED})
 
     async def add_span(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         try:
             body = await self._json(request)
             span = span_from_agl(body, now_ns=time.time_ns())
             value = encode_raw(SPAN, span)
         except (MappingError, EncodeError) as exc:
-            return self._error(400, f"not an Agent Lightning span: {exc}")
+            return self.door.refuse(400, f"not an Agent Lightning span: {exc}")
         if (busy := self._send(span["rollout_id"], value)) is not None:
             return busy
         return web.json_response(body, status=201)
 
     async def update_attempt(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
         try:
             body = check_attempt_update(await self._json(request))
         except MappingError as exc:
-            return self._error(400, f"not an attempt update: {exc}")
+            return self.door.refuse(400, f"not an attempt update: {exc}")
         event = finished_from_update(rollout_id, attempt_id, body, now_ns=time.time_ns())
         if event is not None:
             if (busy := self._send(rollout_id, encode(event))) is not None:
@@ -177,14 +171,14 @@ class LightningStoreRoutes:
 
     async def enqueue(self, request: web.Request) -> web.Response:
         """``enqueue_rollout(s)``: each rollout a task on rb.tasks; answers its ``Rollout``s (queuing)."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         if self.queue is None:
             return await self.not_on_the_bus(request)
         try:
             reqs = enqueue_requests(await self._json(request))
         except (MappingError, EnqueueError) as exc:
-            return self._error(422, f"not an enqueue request: {exc}")
+            return self.door.refuse(422, f"not an enqueue request: {exc}")
         if not reqs:
             return web.json_response([], status=201)
         try:
@@ -196,19 +190,19 @@ class LightningStoreRoutes:
     async def dequeue(self, request: web.Request) -> web.Response:
         """``dequeue_rollout(s)``: rollouts of the tasks this replica owns, each claimed by the caller; []
         when it has none (the client's None)."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         if self.queue is None:
             return await self.not_on_the_bus(request)
         try:
             body = await self._json(request) or {}
         except MappingError as exc:
-            return self._error(422, str(exc))
+            return self.door.refuse(422, str(exc))
         if not isinstance(body, dict):
-            return self._error(422, "the request is a JSON object: {\"limit\": <int>, \"worker_id\": <string or null>}")
+            return self.door.refuse(422, "the request is a JSON object: {\"limit\": <int>, \"worker_id\": <string or null>}")
         limit, worker_id = body.get("limit", 1), body.get("worker_id")
         if isinstance(limit, bool) or not isinstance(limit, int) or (worker_id is not None and not isinstance(worker_id, str)):
-            return self._error(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
+            return self.door.refuse(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
         if limit <= 0:
             return web.json_response([])
         try:
@@ -220,13 +214,13 @@ class LightningStoreRoutes:
     async def start_rollout(self, request: web.Request) -> web.Response:
         """``start_rollout``: a rollout its caller runs now: no task on rb.tasks, its attempt STARTED on
         rb.spans (task id = rollout id); answers the ``AttemptedRollout``."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         try:
             body = await self._json(request)
             [req] = enqueue_requests(body)
         except (MappingError, EnqueueError, ValueError) as exc:
-            return self._error(422, f"not a rollout request: {exc}")
+            return self.door.refuse(422, f"not a rollout request: {exc}")
         rid, aid, now = new_rollout_id(), new_attempt_id(), time.time()
         task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or self._resources_id(),
                                  now_ns=int(now * 1e9))
@@ -275,17 +269,17 @@ class LightningStoreRoutes:
 
     async def _read(self, request: web.Request, answer: Callable[[dict[str, Any]], Any]) -> web.Response:
         """Run one read: 501 without ClickHouse, 422 for a bad query, 503 when ClickHouse cannot answer."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         if self.clickhouse is None:
-            return self._error(501, f"{request.method} {request.path} reads ClickHouse: this gateway has no ClickHouse "
-                                    "server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...; an embedded chdb:// store is "
-                                    "the stream worker's own)")
+            return self.door.refuse(501, f"{request.method} {request.path} reads ClickHouse: this gateway has no ClickHouse "
+                                         "server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...; an embedded chdb:// store is "
+                                         "the stream worker's own)")
         try:
             query = await self._query(request)
             return web.json_response(await answer(query))
         except MappingError as exc:
-            return self._error(422, f"not a query: {exc}")
+            return self.door.refuse(422, f"not a query: {exc}")
         except _Unavailable as exc:
             log.warning("a /v1/agl read failed: %s", exc)
             return self.door.busy(f"ClickHouse cannot answer now: {exc}")
@@ -358,7 +352,7 @@ class LightningStoreRoutes:
         return await self._read(request, answer)
 
     async def latest_resources(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         current = self.resources()
         if current is None:
@@ -366,7 +360,7 @@ class LightningStoreRoutes:
         return web.json_response(resources_update(current))
 
     async def resources_by_id(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         current = self.resources()
         if current is None:
@@ -380,7 +374,7 @@ class LightningStoreRoutes:
     async def add_resources(self, request: web.Request) -> web.Response:
         """``add_resources`` and ``update_resources``: the next version of each named resource on rb.resources;
         answers the ``ResourcesUpdate`` of the newest set (its id names the versions: ``policy=4,prompt=2``)."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         if self.publish is None:
             return await self.not_on_the_bus(request)
@@ -390,7 +384,7 @@ class LightningStoreRoutes:
         try:
             versions = versions_from_agl(await self._json(request), current, now_ns=time.time_ns())
         except MappingError as exc:
-            return self._error(422, f"not Agent Lightning's NamedResources: {exc}")
+            return self.door.refuse(422, f"not Agent Lightning's NamedResources: {exc}")
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.publish, versions)
         except KafkaUnavailable as exc:
@@ -416,22 +410,22 @@ class LightningStoreRoutes:
         return await self._read(request, answer)
 
     async def update_worker(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         try:
             body = await self._json(request)
             reply = worker_reply(request.match_info["worker_id"], body, now=time.time())
         except MappingError as exc:
-            return self._error(400, f"not a worker update: {exc}")
+            return self.door.refuse(400, f"not a worker update: {exc}")
         return web.json_response(reply)
 
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
         call = f"{request.method} {request.path}"
-        return self._error(501, f"{call} is not served by rolloutbus: the gateway serves the queue (queues/rollouts/enqueue, "
-                                "dequeue; rb.tasks), start_rollout, the calls of an attempt (spans, spans/next, "
-                                "rollouts/{id}/attempts/{id}, resources, workers/{id}), add_resources and update_resources "
-                                "(rb.resources), the reads of rollouts, attempts and spans and wait_for_rollouts "
-                                "(ClickHouse) and OTLP /v1/traces")
+        return self.door.refuse(501, f"{call} is not served by rolloutbus: the gateway serves the queue (queues/rollouts/enqueue, "
+                                     "dequeue; rb.tasks), start_rollout, the calls of an attempt (spans, spans/next, "
+                                     "rollouts/{id}/attempts/{id}, resources, workers/{id}), add_resources and update_resources "
+                                     "(rb.resources), the reads of rollouts, attempts and spans and wait_for_rollouts "
+                                     "(ClickHouse) and OTLP /v1/traces")
 
 
 __all__ = ["LightningStoreRoutes"]

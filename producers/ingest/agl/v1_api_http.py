@@ -116,12 +116,6 @@ class AgentLightning1Routes:
 
     # ------------------------------------------------------------------ helpers
 
-    def _error(self, status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-        return self.door.refuse(status, detail, headers)
-
-    def _refused(self, request: web.Request) -> web.Response | None:
-        return self.door.refused(request)
-
     async def _json(self, request: web.Request) -> Any:
         """The body as JSON (None when empty); :class:`BadRequest` with one line for a body that is too big,
         unreadable, not JSON or nested too deep (each answered 400)."""
@@ -135,24 +129,24 @@ class AgentLightning1Routes:
     # ------------------------------------------------------------------ routes
 
     def _no_queue(self, request: web.Request) -> web.Response:
-        return self._error(501, f"{request.method} {request.path} needs the queue on rb.tasks, which this gateway was "
-                                "built without (rolloutbus gateway has it)")
+        return self.door.refuse(501, f"{request.method} {request.path} needs the queue on rb.tasks, which this gateway was "
+                                     "built without (rolloutbus gateway has it)")
 
     def _busy(self, exc: Exception) -> web.Response:
         return self.door.busy(f"{exc}; retry later")
 
     async def create_rollouts(self, request: web.Request) -> web.Response:
         """``POST /api/rollouts``: a task per rollout on rb.tasks (delivered before the answer), its rollouts queuing."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         if self.queue is None:
             return self._no_queue(request)
         try:
             reqs = check_rollout_creates(await self._json(request))
         except BadRequest as exc:
-            return self._error(400, str(exc))
+            return self.door.refuse(400, str(exc))
         except MappingError as exc:
-            return self._error(422, f"not a list of Agent Lightning rollouts to create: {exc}")
+            return self.door.refuse(422, f"not a list of Agent Lightning rollouts to create: {exc}")
         current = self.resources()
         if current is None:  # the task names the policy version its group is keyed by: wait for it
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
@@ -167,7 +161,7 @@ class AgentLightning1Routes:
                 tasks.append((rollout["rollout_id"], task))
                 rollouts.append(rollout)
         except (EncodeError, ValueError) as exc:
-            return self._error(422, f"a rollout cannot be queued: {exc}")
+            return self.door.refuse(422, f"a rollout cannot be queued: {exc}")
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.queue.publish, tasks)
         except KafkaUnavailable as exc:
@@ -177,16 +171,16 @@ class AgentLightning1Routes:
 
     async def list_rollouts(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts?state_in=...&limit=...``: this replica's offered (queuing) and claimed (running) rollouts."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         try:
             states, limit = check_list_query(request.query.getall("state_in", []), request.query.get("limit"))
         except MappingError as exc:
-            return self._error(422, str(exc))
+            return self.door.refuse(422, str(exc))
         if any(state in TERMINAL for state in states):
-            return self._error(501, f"GET {request.path}?state_in={'|'.join(TERMINAL)} (listing ended rollouts) is not "
-                                    "served by rolloutbus: ended rollouts are in ClickHouse's rollouts table; the gateway "
-                                    "lists queuing and running ones")
+            return self.door.refuse(501, f"GET {request.path}?state_in={'|'.join(TERMINAL)} (listing ended rollouts) is not "
+                                         "served by rolloutbus: ended rollouts are in ClickHouse's rollouts table; the gateway "
+                                         "lists queuing and running ones")
         if self.queue is None:
             return self._no_queue(request)
         offered, claims = await asyncio.get_running_loop().run_in_executor(None, self.queue.agl1_rollouts)
@@ -197,7 +191,7 @@ class AgentLightning1Routes:
         """``GET /api/rollouts/{id}``: its ``RolloutDetail`` — queuing or running from this replica's queue, ended
         from ClickHouse's ``rollouts``; 404 when neither has it (queued in another replica's partition, or not
         yet written by the stream worker)."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         rollout_id = request.match_info["rollout_id"]
         loop = asyncio.get_running_loop()
@@ -212,8 +206,8 @@ class AgentLightning1Routes:
                 if s.rollout_id == rollout_id:
                     return web.json_response({"rollout": rollout_of_task(s.task, rollout_id), "attempts": []})
         if self.clickhouse is None:
-            return self._error(501, f"GET {request.path} of a rollout this replica does not queue reads ClickHouse: this "
-                                    "gateway has no ClickHouse server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...)")
+            return self.door.refuse(501, f"GET {request.path} of a rollout this replica does not queue reads ClickHouse: this "
+                                         "gateway has no ClickHouse server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...)")
         sql = f"SELECT {', '.join(ENDED_COLUMNS)} FROM rollouts FINAL WHERE rollout_id = {{rid:String}} LIMIT 1000"
         try:
             rows = await loop.run_in_executor(None, self.clickhouse.query, sql, {"rid": rollout_id})
@@ -221,20 +215,20 @@ class AgentLightning1Routes:
             log.warning("GET /api/rollouts/{id} read failed: %s", exc)
             return self.door.busy("ClickHouse cannot answer now; retry")
         if not rows:
-            return self._error(404, f"Rollout not found: {rollout_id}")
+            return self.door.refuse(404, f"Rollout not found: {rollout_id}")
         return web.json_response(ended_rollout([dict(zip(ENDED_COLUMNS, row)) for row in rows]))
 
     async def patch_rollout(self, request: web.Request) -> web.Response:
         """``PATCH /api/rollouts/{id}``: ``running`` claims it (its STARTED), a terminal state is its FINISHED."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         rollout_id = request.match_info["rollout_id"]
         try:
             status = check_rollout_patch(await self._json(request))
         except BadRequest as exc:
-            return self._error(400, str(exc))
+            return self.door.refuse(400, str(exc))
         except MappingError as exc:
-            return self._error(422, f"not an Agent Lightning rollout patch: {exc}")
+            return self.door.refuse(422, f"not an Agent Lightning rollout patch: {exc}")
         state, attempt_id = status.get("state"), status.get("last_attempt_id") or DEFAULT_ATTEMPT_ID
         claim = None
         if self.queue is not None and state in ("running", *TERMINAL):
@@ -244,15 +238,15 @@ class AgentLightning1Routes:
             except KafkaUnavailable as exc:
                 return self._busy(exc)
             if claim is None and state == "running":
-                return self._error(409, f"Rollout {rollout_id}: cannot transition to running: this gateway replica does not "
-                                        "offer it (running already, ended, or queued in a partition another replica owns; "
-                                        "list the rollouts again)")
+                return self.door.refuse(409, f"Rollout {rollout_id}: cannot transition to running: this gateway replica does not "
+                                             "offer it (running already, ended, or queued in a partition another replica owns; "
+                                             "list the rollouts again)")
         event = finished_from_patch(rollout_id, status, now_ns=time.time_ns())
         if event is not None:
             try:
                 value = encode(event)
             except (EncodeError, ValueError) as exc:
-                return self._error(422, f"the rollout cannot be finished: {exc}")
+                return self.door.refuse(422, f"the rollout cannot be finished: {exc}")
             if (busy := self.door.deliver(self.transport, [(rollout_id.encode(), value)])) is not None:
                 return busy
             if self.queue is not None:
@@ -268,7 +262,7 @@ class AgentLightning1Routes:
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /api/models``: the model versions on rb.resources, latest first, as its ``Model`` list."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         current = self.resources()
         if current is None:
@@ -307,21 +301,21 @@ class AgentLightning1Routes:
         """Its server's LLM proxy route, as its controllers hand it to every agent
         (``AGL_OPENAI_BASE_URL``): forwarded to ``rolloutbus proxy``'s route for the attempt (which records the
         call's token ids on rb.spans), at the endpoint the policy's newest version names."""
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
         m = request.match_info
         if m["mode"] not in ("train", "val"):
-            return self._error(404, f"Unsupported proxy mode: {m['mode']}")
+            return self.door.refuse(404, f"Unsupported proxy mode: {m['mode']}")
         if m["path"] not in LLM_PATHS:
-            return self._error(404, f"Unsupported upstream path: {m['path']}")
+            return self.door.refuse(404, f"Unsupported upstream path: {m['path']}")
         url = llm_upstream(self.resources(), self.policy, m["rollout_id"], m["attempt_id"], m["path"])
         if url is None:
-            return self._error(503, "no LLM endpoint is published on rb.resources: run rolloutbus train with "
-                                    "--llm-endpoint http://<proxy>/v1 (the proxy's base URL)", {"Retry-After": "5"})
+            return self.door.refuse(503, "no LLM endpoint is published on rb.resources: run rolloutbus train with "
+                                         "--llm-endpoint http://<proxy>/v1 (the proxy's base URL)", {"Retry-After": "5"})
         try:
             body = await self.door.body(request)
         except BadRequest as exc:
-            return self._error(400, str(exc))
+            return self.door.refuse(400, str(exc))
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         if self.llm_token:
             headers["Authorization"] = f"Bearer {self.llm_token}"
@@ -335,7 +329,7 @@ class AgentLightning1Routes:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("LLM call of %s/%s not forwarded to %s: %s", m["rollout_id"], m["attempt_id"], url.split("/rollout/")[0],
                         type(exc).__name__)
-            return self._error(502, f"the LLM proxy at {url.split('/rollout/')[0]} did not answer: {type(exc).__name__}")
+            return self.door.refuse(502, f"the LLM proxy at {url.split('/rollout/')[0]} did not answer: {type(exc).__name__}")
 
     async def _close(self, _app: web.Application) -> None:
         if self._session is not None:
@@ -344,16 +338,16 @@ class AgentLightning1Routes:
 
     def _not_on_the_bus(self, what: str) -> Any:
         async def handler(request: web.Request) -> web.Response:
-            if (refused := self._refused(request)) is not None:
+            if (refused := self.door.refused(request)) is not None:
                 return refused
-            return self._error(501, f"{request.method} {request.path} ({what}) is not served by rolloutbus: "
-                                    f"{self._served()}; rollouts and their steps are in ClickHouse")
+            return self.door.refuse(501, f"{request.method} {request.path} ({what}) is not served by rolloutbus: "
+                                         f"{self._served()}; rollouts and their steps are in ClickHouse")
         return handler
 
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request)) is not None:
+        if (refused := self.door.refused(request)) is not None:
             return refused
-        return self._error(501, f"{request.method} {request.path} is not served by rolloutbus: {self._served()}")
+        return self.door.refuse(501, f"{request.method} {request.path} is not served by rolloutbus: {self._served()}")
 
     @staticmethod
     def _served() -> str:
