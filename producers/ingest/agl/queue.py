@@ -299,7 +299,8 @@ class TaskQueue:
         taken = started
         for c in taken:
             log.info("rollout %s attempt %d (%s) handed to worker %s", c.slot.rollout_id, c.attempt, c.attempt_id, worker_id)
-        return [attempted_rollout(c, now=now) for c in taken]
+        return [attempted_rollout(c.slot.task, c.slot.rollout_id, attempt_id=c.attempt_id, attempt=c.attempt,
+                                  worker_id=c.worker_id, now=now) for c in taken]
 
     def enqueue(self, requests: Sequence[Mapping[str, Any]], resources_id: str | None) -> list[dict[str, Any]]:
         """Each request → a task record on rb.tasks (keyed by its rollout id), delivered before the reply."""

@@ -13,12 +13,9 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from schemas.models import Task
-
-if TYPE_CHECKING:
-    from producers.ingest.agl.claims import Claim
 
 # Task metadata keys of a rollout enqueued through the store API: what its dequeue gives back.
 ROLLOUT_ID = "agl.rollout_id"
@@ -94,13 +91,14 @@ def rollout_reply(task: Task, rollout_id: str, *, status: str = "queuing") -> di
             "status": status, "config": config, "metadata": metadata}
 
 
-def attempted_rollout(claim: Claim, *, now: float) -> dict[str, Any]:
-    """Agent Lightning's ``AttemptedRollout`` for a claim: what its store's dequeue answers."""
-    slot = claim.slot
-    reply = rollout_reply(slot.task, slot.rollout_id, status="preparing")
-    reply["attempt"] = {"rollout_id": slot.rollout_id, "attempt_id": claim.attempt_id, "sequence_id": claim.attempt,
-                        "start_time": now, "end_time": None, "status": "preparing", "worker_id": claim.worker_id,
-                        "last_heartbeat_time": None, "metadata": None}
+def attempted_rollout(task: Task, rollout_id: str, *, attempt_id: str, attempt: int, worker_id: str | None,
+                      now: float) -> dict[str, Any]:
+    """Agent Lightning's ``AttemptedRollout``: what its store's dequeue answers for a claim (the claim's attempt
+    number as the attempt's ``sequence_id``), and ``start_rollout`` for the attempt it starts."""
+    reply = rollout_reply(task, rollout_id, status="preparing")
+    reply["attempt"] = {"rollout_id": rollout_id, "attempt_id": attempt_id, "sequence_id": attempt, "start_time": now,
+                        "end_time": None, "status": "preparing", "worker_id": worker_id, "last_heartbeat_time": None,
+                        "metadata": None}
     return reply
 
 

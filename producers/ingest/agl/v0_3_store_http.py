@@ -23,10 +23,10 @@ from aiohttp import web
 from foundation.errors import EncodeError, KafkaUnavailable
 from producers.ingest.agl.v0_3_queue import (
     EnqueueError,
+    attempted_rollout,
     enqueue_requests,
     new_attempt_id,
     new_rollout_id,
-    rollout_reply,
     task_from_request,
 )
 from producers.ingest.agl.v0_3_store import (
@@ -229,10 +229,7 @@ class LightningStoreRoutes:
                                mode=task.mode, metadata={"agentlightning.worker_id": worker} if worker else {})
         if (busy := self._send(rid, encode(started))) is not None:
             return busy
-        reply = rollout_reply(task, rid, status="preparing")
-        reply["attempt"] = {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now, "end_time": None,
-                            "status": "preparing", "worker_id": worker, "last_heartbeat_time": None, "metadata": None}
-        return web.json_response(reply, status=201)
+        return web.json_response(attempted_rollout(task, rid, attempt_id=aid, attempt=1, worker_id=worker, now=now), status=201)
 
     # ------------------------------------------------------------------ reads (ClickHouse)
 

@@ -116,7 +116,8 @@ def test_an_enqueued_rollout_comes_back_as_its_store_answers() -> None:
     b = book()
     b.add(0, 5, t, now=0)
     c = b.take("worker-1", now=3)
-    a = attempted_rollout(c, now=3.0)
+    a = attempted_rollout(c.slot.task, c.slot.rollout_id, attempt_id=c.attempt_id, attempt=c.attempt, worker_id=c.worker_id,
+                          now=3.0)
     assert a["rollout_id"] == "ro-abc" and a["status"] == "preparing"
     assert a["attempt"] == {"rollout_id": "ro-abc", "attempt_id": c.attempt_id, "sequence_id": 1, "start_time": 3.0,
                             "end_time": None, "status": "preparing", "worker_id": "worker-1", "last_heartbeat_time": None,
