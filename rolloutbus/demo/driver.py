@@ -1,5 +1,5 @@
-"""The demo's orchestration: the local stack, a supervised warm-up, the real processes, a live table,
-a held-out evaluation of the first and the final version, and a report from ClickHouse.
+"""The demo's orchestration: the local stack (:mod:`rolloutbus.demo.stack`), a supervised warm-up, the real
+processes, a live table, a held-out evaluation of the first and the final version, and a report from ClickHouse.
 
 Processes (each ``rolloutbus <command>``, logs under ``<out>/logs``): the stream processor (the only
 writer of the embedded ClickHouse store), the policy server (hot-reloads new versions), the LLM proxy in
@@ -27,6 +27,8 @@ from typing import Any, Callable
 from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo import calc
 from rolloutbus.demo.procs import Supervisor
+from rolloutbus.demo.stack import LocalStack, local_stack, process_env
+from rolloutbus.localproc import free_port
 from foundation.errors import ConfigError, RolloutbusError
 
 
@@ -95,12 +97,6 @@ class DemoConfig:
         if cfg.group_size < 2:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         return cfg
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, timeout: float, sup: Supervisor) -> None:
@@ -232,7 +228,7 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
     from producers.settings import AgentSettings
     from producers.transport import SpanTransport
 
-    serve_port, proxy_port = _free_port(), _free_port()
+    serve_port, proxy_port = free_port(), free_port()
     sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port),
                                          "--threads", str(task.eval_threads), "--max-batch", str(threads)])
     sup.start(f"eval-proxy-v{version}", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
@@ -343,7 +339,7 @@ def _port_free(port: int) -> bool:
 
 def start_dashboard(sup: Supervisor, say: Any) -> None:
     """``rolloutbus dashboard`` for the length of the run, on 8050 or a free port; it reads the store over HTTP."""
-    port = 8050 if _port_free(8050) else _free_port()
+    port = 8050 if _port_free(8050) else free_port()
     sup.start("dashboard", ["dashboard", "--host", "127.0.0.1", "--port", str(port)])
     say(f"dashboard  http://127.0.0.1:{port}/ — learning curves, pipeline health, trajectories and SQL, live during the run")
 
@@ -396,21 +392,10 @@ class DemoResult:
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process over the training phase
 
 
-def _stack(settings: CommonSettings, say: Any) -> tuple[Any, bool, Any, bool]:
-    """The local broker and store: (broker, started it, store or None, started it)."""
-    from rolloutbus.local_kafka import LocalKafka
-
-    broker = LocalKafka(settings.data_dir, settings.kafka_port)
-    started_broker = broker.start()
-    say(f"kafka      {'started' if started_broker else 'reused'} on {broker.bootstrap}")
-    store, started_store = None, False
-    if settings.uses_local_store:
-        from rolloutbus.store.local import LocalStore
-
-        store = LocalStore(settings.data_dir, settings.store_host, settings.store_port)
-        started_store = store.start()
-        say(f"store      {'started' if started_store else 'reused'} on {store.url}: query the run while it trains")
-    return broker, started_broker, store, started_store
+def _say_stack(stack: LocalStack, say: Any) -> None:
+    say(f"kafka      {'started' if stack.started_broker else 'reused'} on {stack.broker.bootstrap}")
+    if stack.store is not None:
+        say(f"store      {'started' if stack.started_store else 'reused'} on {stack.store.url}: query the run while it trains")
 
 
 def _local_settings(cfg: DemoConfig) -> CommonSettings:
@@ -451,8 +436,6 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
     """The whole run; ``first_scores``: version 0's held-out scores when already known (it is not evaluated again)."""
     from rich.console import Console
 
-    from trainer.validation import best as best_version, complete
-
     console = Console(highlight=False, soft_wrap=True)
     say = console.print
     settings = _local_settings(cfg)
@@ -463,7 +446,16 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
     say(f"[bold]rolloutbus demo[/bold] — {'quick smoke run' if cfg.quick else f'{cfg.minutes:g} minutes of training'}, "
         f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step")
 
-    broker, started_broker, store, started_store = _stack(settings, say)
+    with local_stack(settings, cfg.out / "logs", keep_running=cfg.keep_running) as stack:
+        _say_stack(stack, say)
+        return _run(cfg, settings, stack, demo_dir, t_start, say, first_scores)
+
+
+def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir: Path, t_start: float, say: Any,
+         first_scores: list[float] | None) -> DemoResult:
+    """The run on the started stack: a fresh start, the task, the processes, training, validation, evaluation, the report."""
+    from trainer.validation import best as best_version, complete
+
     reset_local_state(settings, say)
     task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, demo_dir, say)
     train, held_out, base = task.train, task.held_out, task.model
@@ -479,21 +471,20 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
             "the version that wins is the one evaluated"
             + (f"; the trainer stops after {cfg.early_stop_patience} validated version(s) without a better score" if cfg.early_stop_patience else ""))
 
-    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"), **task.env)
+    env = dict(process_env(settings), ROLLOUTBUS_CHECKPOINT_DIR=str(demo_dir / "checkpoints"), **task.env)
     import shutil
 
     shutil.rmtree(demo_dir / "checkpoints", ignore_errors=True)
     shutil.rmtree(settings.data_dir / "spool", ignore_errors=True)
-    sup = Supervisor(cfg.out / "logs", env)
-    finished = False
+    sup = stack.procs
+    sup.env = env
     live = Live()
     stop_follow = threading.Event()
     follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
     try:
         if cfg.dashboard and settings.uses_local_store:
             start_dashboard(sup, say)
-        serve_port, proxy_port = _free_port(), _free_port()
+        serve_port, proxy_port = free_port(), free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
                               "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])
         sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
@@ -598,21 +589,16 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
         report(settings, cfg, live, first, chosen, first_scores, chosen_scores, say, task.title, task.first_label,
                subsets=task.subsets, final_label="after GRPO" if chosen == final else "after GRPO, validation's choice",
                evaluated=tuple(evaluated))
-        finished = True
+        stack.keep_store = True
         say(f"done in {time.monotonic() - t_start:.0f}s.")
-        if store is not None:
+        if stack.store is not None:
             # The run is there to be queried: the store stays up (one light process); the broker stops.
-            say(f"query      the store stays up on {store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
+            say(f"query      the store stays up on {stack.store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
                 "(.venv/bin/rolloutbus down stops it)")
         return DemoResult(first, chosen, final, first_scores, chosen_scores, val_scores, task.subsets, steps_done, rollouts,
                           train_s, early_stopped, time.monotonic() - t_start, step_time, cpu)
     finally:
         stop_follow.set()
-        sup.stop_all()
-        if started_store and store is not None and not cfg.keep_running and not finished:
-            store.stop()
-        if started_broker and not cfg.keep_running:
-            broker.stop()
 
 
 def _version_uri(versions: dict[int, dict[str, Any]], version: int, demo_dir: Path) -> str:
@@ -630,15 +616,9 @@ def evaluate_model(cfg: DemoConfig, uri: str, label: str) -> tuple[list[float], 
 
     say = Console(highlight=False, soft_wrap=True).print
     settings = _local_settings(cfg)
-    broker, started_broker, store, started_store = _stack(settings, say)
-    task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, settings.data_dir / "demo", say)
-    sup = Supervisor(cfg.out / "logs", dict(os.environ, ROLLOUTBUS_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1", **task.env))
-    try:
-        scores = evaluate(settings, sup, uri, 0, task.held_out, label, task, threads=16 if cfg.task == "sql" else 8)
+    with local_stack(settings, cfg.out / "logs", keep_running=cfg.keep_running) as stack:
+        _say_stack(stack, say)
+        task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, settings.data_dir / "demo", say)
+        stack.procs.env.update(task.env)
+        scores = evaluate(settings, stack.procs, uri, 0, task.held_out, label, task, threads=16 if cfg.task == "sql" else 8)
         return scores, task.held_out, task.subsets
-    finally:
-        sup.stop_all()
-        if started_store and store is not None and not cfg.keep_running:
-            store.stop()
-        if started_broker and not cfg.keep_running:
-            broker.stop()

@@ -4,11 +4,14 @@ ClickHouse engine; versions are published and the runners move on to them."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from rolloutbus.localproc import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
                                                           reason="the demo runs on the local stack only")]
@@ -17,13 +20,8 @@ TABLES = ["spans", "rollouts", "transitions", "groups", "resource_versions", "tr
 
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        store_port = str(sock.getsockname()[1])
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT="29992", PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_STORE_PORT=store_port)
+               ROLLOUTBUS_STORE_PORT=str(free_port()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--out", str(out)],
@@ -44,6 +42,9 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
         return q.stdout
 
     assert "rolloutbus down stops it" in proc.stdout
+    # Its local stack stopped the broker it started (the store stays up to be queried).
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", 29992)) != 0, "the demo left its broker running"
     for table in TABLES:
         rows = int(query(f"SELECT count() AS n FROM {table} FINAL").splitlines()[2])
         assert rows > 0, f"no rows in {table}"
