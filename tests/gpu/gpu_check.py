@@ -8,21 +8,26 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
     single-object records) through one step of a model of SmolLM2-135M's architecture (seeded random
     weights: the packaged GGUF is 89 MiB, over the 64 MiB a GPU run may carry), in float32 and bfloat16,
     on the device and on the CPU from the same weights; loss, the step's metrics and every gradient
-    compared. Two batch variants: ``recorded`` (the recorded behaviour log-probs: ratios and clipping as
-    recorded) and ``on_policy_kl`` (behaviour log-probs dropped, so every response token carries
-    gradient, plus the k3 KL to a reference model of another seed). The gate: with ``--device cuda``,
-    each CUDA run against the CPU run in the same dtype; with ``--device cpu``, each run against the CPU
-    in float64 (else the comparison would be a run against itself). Every run is also reported against
-    the float64 CPU run, for information. Tolerances: :data:`TOLERANCES`.
+    compared. Two batch variants: ``recorded`` (the recorded behaviour log-probs, the tiny policy's, about
+    -4.6 a token against a random 49k-vocabulary model's -10.8: ratios near 2e-3, so the loss is mostly
+    its clipped terms and the gradient comes from the positive-advantage rows) and ``on_policy_kl``
+    (behaviour log-probs dropped, so every response token carries gradient, plus the k3 KL to a reference
+    model of another seed). The exact step is the CPU's in float64. With ``--device cuda`` a run passes
+    when its difference from the CPU's step in the same dtype and its distance from the exact step are
+    both within the larger of :data:`TOLERANCES` and :data:`CPU_FACTOR` x the CPU step's own distance
+    from the exact one; with ``--device cpu`` (no second implementation) when its distance from the
+    exact step is within :data:`TOLERANCES`.
 (b) timing: steps of ``--steps`` (after one warm-up) on synthetic GroupBatches of the trainer's shape, for
     the 135M model and a ~1.04B model of the same family (SmolLM2-1.7B's layer shape, 14 of its 24
     layers), in float32 (what the trainer loads) and bfloat16: seconds per step, tokens/s, peak memory
     (CUDA: ``max_memory_allocated``/``reserved``; CPU: the process's peak RSS, which never goes down).
-(c) verl: ``to_data_proto`` and the actor update, where verl imports. It does not on the GPU machine:
+(c) verl: ``to_data_proto`` onto the device, where verl imports (verl 0.9.1's actor update is its Ray
+    worker's ``update_actor`` over an FSDP engine: not attempted). verl does not import on the GPU machine:
     ``verl.protocol`` imports Ray at its top, and Ray's wheel (ray-2.60.0, cp312 manylinux2014_x86_64)
     is 79 MB, over the 64 MiB carry limit by itself; the section records why.
 
-The GPU run (one command, about 5 minutes on an H100; ``make gpu-wheels`` first, carrying ``gpu-wheels``)::
+The GPU run (one command; estimated 4 to 6 minutes on an H100, never run yet; ``make gpu-wheels`` here first,
+then ``gpu-wheels`` named in the device tool's ``carry``, with ``timeout_s`` 540)::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
       gpu-wheels/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
@@ -84,19 +89,24 @@ SMOLLM2_1B: dict[str, Any] = {
     **SMOLLM2_135M, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 14,
     "num_attention_heads": 32, "num_key_value_heads": 32, "initializer_range": 0.02,
 }
-# The CPU test's: the same family (GQA, tied head, the full vocabulary), two narrow layers.
-TINY: dict[str, Any] = {**SMOLLM2_135M, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                        "num_attention_heads": 4, "num_key_value_heads": 2}
+# The CPU test's: the same family (GQA, tied head), two narrow layers, a vocabulary of 4096 (the recorded ids
+# are under 128; the full one made the test's steps several times slower on 2 cores).
+TINY: dict[str, Any] = {**SMOLLM2_135M, "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 TINY_WIDE: dict[str, Any] = {**TINY, "hidden_size": 128, "intermediate_size": 256}
 
-# Gate: |loss - ref| <= loss_tol * max(1, |ref|) and ||g - g_ref|| / ||g_ref|| <= grad_tol over all parameters.
-# float32 without TF32 lands near 1e-6 (rounding in another summation order); bfloat16 against bfloat16 in
-# another order (or against float64) near 1e-2 after thirty layers. A wrong mask, position or device
-# placement moves these by O(1).
+# Errors: |loss - ref| / max(1, |ref|) and ||g - g_ref|| / ||g_ref|| over all parameters (the gradients the
+# optimiser used). The gate (see :func:`correctness`) raises these to CPU_FACTOR x the CPU's own distance from
+# the float64 step where that is larger. Seen on the CPU (2026-11-27, torch 2.15) for the 135M model, gradients
+# against float64: float32 4.9e-6 (recorded) and 7.6e-6 (on_policy_kl); bfloat16 7.4e-2 and 5.5e-2 (loss 1.2e-3):
+# the ratio exp(logp - old) carries bfloat16's log-prob error into every gradient. The two-layer model: 6e-7
+# and 8e-3. Two bfloat16 implementations with independent errors e differ by about 1.4 e, hence the factor 3.
+# A wrong mask, position or placement moves these by O(1).
 TOLERANCES: dict[str, dict[str, float]] = {
     "float32": {"loss_tol": 1e-4, "grad_tol": 1e-3},
     "bfloat16": {"loss_tol": 5e-2, "grad_tol": 1e-1},
 }
+CPU_FACTOR = 3.0
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANTS = ("recorded", "on_policy_kl")
 
@@ -230,10 +240,9 @@ def run_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str,
 COMPARED_METRICS = ("loss", "pg_loss", "kl", "grad_norm", "ratio_mean", "clip_fraction")
 
 
-def compare(run: StepRun, ref: StepRun, tol: dict[str, float] | None) -> dict[str, Any]:
-    """``run`` against ``ref``: the loss, the metrics, the global and the worst per-tensor gradient error.
-
-    ``tol`` None reports without a verdict. A non-finite loss or gradient never passes."""
+def compare(run: StepRun, ref: StepRun) -> dict[str, Any]:
+    """``run`` against ``ref``: the loss, the metrics, the global and the worst per-tensor gradient error,
+    and whether the loss and every gradient are finite."""
     num = den = 0.0
     worst, worst_name = 0.0, ""
     finite = math.isfinite(run.metrics.get("loss", math.nan))
@@ -246,25 +255,33 @@ def compare(run: StepRun, ref: StepRun, tol: dict[str, float] | None) -> dict[st
             worst, worst_name = math.sqrt(d2 / r2), name
     grad_rel = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
     loss, loss_ref = run.metrics.get("loss", math.nan), ref.metrics.get("loss", math.nan)
-    loss_err = abs(loss - loss_ref) / max(1.0, abs(loss_ref))
-    out: dict[str, Any] = {
-        "run": run.where, "ref": ref.where, "loss": loss, "loss_ref": loss_ref, "loss_err": loss_err,
-        "grad_rel_err": grad_rel, "grad_norm_ref": math.sqrt(den), "worst_tensor_rel_err": worst, "worst_tensor": worst_name,
-        "metrics": {k: [run.metrics.get(k), ref.metrics.get(k)] for k in COMPARED_METRICS},
-        "finite": finite, "seconds": run.seconds,
-    }
-    if tol is not None:
-        out["tolerance"] = tol
-        out["passed"] = bool(finite and den > 0 and loss_err <= tol["loss_tol"] and grad_rel <= tol["grad_tol"])
-    return out
+    return {"run": run.where, "ref": ref.where, "loss": loss, "loss_ref": loss_ref,
+            "loss_err": abs(loss - loss_ref) / max(1.0, abs(loss_ref)), "grad_rel_err": grad_rel,
+            "grad_norm_ref": math.sqrt(den), "worst_tensor_rel_err": worst, "worst_tensor": worst_name,
+            "metrics": {k: [run.metrics.get(k), ref.metrics.get(k)] for k in COMPARED_METRICS}, "finite": finite}
+
+
+def within(errors: dict[str, Any], limit: dict[str, float]) -> bool:
+    """The gate on one comparison: finite, a non-zero reference gradient, both errors within ``limit``
+    (a NaN error fails: no comparison with NaN is true)."""
+    return bool(errors["finite"] and errors["grad_norm_ref"] > 0 and errors["loss_err"] <= limit["loss_tol"]
+                and errors["grad_rel_err"] <= limit["grad_tol"])
 
 
 def correctness(groups: Sequence[GroupBatch], config: dict[str, Any], device: str, dtypes: Sequence[str],
-                seed: int = 0, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Part (a): every variant x dtype on ``device``, gated against its reference (see the module docstring)."""
+                seed: int = 0, log: Callable[[str], None] = print, against_cpu: bool | None = None) -> list[dict[str, Any]]:
+    """Part (a): every variant x dtype on ``device`` against the CPU (see the module docstring).
+
+    The exact step is the CPU's in float64. On CUDA a run passes when both its difference from the CPU's step
+    in its dtype and its distance from the exact step are within ``max(TOLERANCES, CPU_FACTOR x the CPU
+    step's own distance from the exact one)``: bfloat16 steps of thirty layers differ from the exact one by
+    several percent on either device. On the CPU (no second implementation to scale by) a run passes when
+    its distance from the exact step is within TOLERANCES. ``against_cpu`` forces either way (the CPU test
+    takes the CUDA way on the CPU, so that code runs in ``make test`` too)."""
     policy = build_model(config, seed)
     ref_policy = build_model(config, seed + 1)
     log(f"  model of {parameter_count(policy) / 1e6:.1f}M parameters")
+    second_cpu_run = torch.device(device).type == "cuda" if against_cpu is None else against_cpu
     rows: list[dict[str, Any]] = []
     for variant in VARIANTS:
         batch = list(groups) if variant == "recorded" else on_policy(groups)
@@ -272,16 +289,24 @@ def correctness(groups: Sequence[GroupBatch], config: dict[str, Any], device: st
         exact = run_step(policy, batch, "cpu", "float64", ref=ref)
         for dtype in dtypes:
             target = run_step(policy, batch, device, dtype, ref=ref)
-            on_cuda = torch.device(device).type == "cuda"
-            gate_ref = run_step(policy, batch, "cpu", dtype, ref=ref) if on_cuda else exact
-            row = compare(target, gate_ref, TOLERANCES[dtype])
-            row["variant"] = variant
-            row["vs_float64_cpu"] = {k: compare(target, exact, None)[k] for k in ("loss_err", "grad_rel_err")}
-            if on_cuda:
-                row["cpu_vs_float64_cpu"] = {k: compare(gate_ref, exact, None)[k] for k in ("loss_err", "grad_rel_err")}
+            row: dict[str, Any] = {"variant": variant, "dtype": dtype, "seconds": target.seconds,
+                                   "vs_exact": compare(target, exact)}
+            limit = dict(TOLERANCES[dtype])
+            passed = True
+            if second_cpu_run:
+                cpu = run_step(policy, batch, "cpu", dtype, ref=ref)
+                row["cpu_vs_exact"] = compare(cpu, exact)
+                limit = {"loss_tol": max(limit["loss_tol"], CPU_FACTOR * row["cpu_vs_exact"]["loss_err"]),
+                         "grad_tol": max(limit["grad_tol"], CPU_FACTOR * row["cpu_vs_exact"]["grad_rel_err"])}
+                row["vs_cpu"] = compare(target, cpu)
+                passed = within(row["vs_cpu"], limit)
+            row["limit"] = limit
+            row["passed"] = passed and within(row["vs_exact"], limit)
+            gate = row.get("vs_cpu", row["vs_exact"])
+            log(f"  {variant:13s} {target.where:16s} vs {gate['ref']:14s} loss_err {gate['loss_err']:.2e} "
+                f"grad_rel_err {gate['grad_rel_err']:.2e}; vs exact {row['vs_exact']['grad_rel_err']:.2e} "
+                f"(limit {limit['grad_tol']:.1e}) {'ok' if row['passed'] else 'FAILED'}")
             rows.append(row)
-            log(f"  {variant:13s} {target.where:16s} vs {gate_ref.where:14s} loss_err {row['loss_err']:.2e} "
-                f"grad_rel_err {row['grad_rel_err']:.2e} {'ok' if row['passed'] else 'FAILED'}")
     return rows
 
 
@@ -387,19 +412,26 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def markdown(res: dict[str, Any]) -> str:
+    def pair(errors: dict[str, Any] | None) -> str:
+        return f"{errors['loss_err']:.1e}, {errors['grad_rel_err']:.1e}" if errors else "n/a"
+
     env = res["environment"]
     lines = [f"# GPU trainer check ({env['device']}{', ' + env['gpu'] if 'gpu' in env else ''})", "",
              f"torch {env['torch']} (CUDA {env['cuda']}), transformers {env['transformers']}, Python {env['python']}, "
              f"commit {env.get('commit')}, {res.get('elapsed_s', 0):.0f} s", "",
              "## (a) one trainer step against the CPU", "",
-             "| variant | run | against | loss | loss err | grad rel err | worst tensor | vs float64 CPU (loss, grad) | verdict |",
+             "| variant | run | loss | vs the CPU in its dtype (loss, grads) | vs exact (loss, grads) | CPU vs exact (grads) "
+             "| limit (loss, grads) | worst tensor vs exact | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res.get("correctness", []):
-        v = r["vs_float64_cpu"]
-        lines.append(f"| {r['variant']} | {r['run']} | {r['ref']} | {r['loss']:.6g} | {r['loss_err']:.2e} | {r['grad_rel_err']:.2e} | "
-                     f"{r['worst_tensor_rel_err']:.2e} ({r['worst_tensor']}) | {v['loss_err']:.1e}, {v['grad_rel_err']:.1e} | "
+        e, lim = r["vs_exact"], r["limit"]
+        cpu = f"{r['cpu_vs_exact']['grad_rel_err']:.1e}" if "cpu_vs_exact" in r else "n/a"
+        lines.append(f"| {r['variant']} | {e['run']} | {e['loss']:.6g} | {pair(r.get('vs_cpu'))} | {pair(e)} | {cpu} | "
+                     f"{lim['loss_tol']:.1e}, {lim['grad_tol']:.1e} | {e['worst_tensor_rel_err']:.1e} ({e['worst_tensor']}) | "
                      f"{'pass' if r['passed'] else 'FAIL'} |")
-    lines += ["", "Tolerances: " + "; ".join(f"{k}: loss {v['loss_tol']:g}, gradients {v['grad_tol']:g}" for k, v in TOLERANCES.items()),
+    lines += ["", "Tolerances: " + "; ".join(f"{k}: loss {v['loss_tol']:g}, gradients {v['grad_tol']:g}" for k, v in TOLERANCES.items())
+              + f"; on CUDA the limit is the larger of these and {CPU_FACTOR:g} x the CPU step's own distance from the exact "
+              "(float64 CPU) step, and both the difference from the CPU's step and the distance from the exact step must be within it.",
               "", "## (b) step time, tokens/s, peak memory", "",
               "| model | params | dtype | rows x tokens | micro-batch tokens | s/step (median) | tokens/s | peak memory GiB |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -431,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu-check.json and gpu-check.md")
     ap.add_argument("--tiny", action="store_true", help="two-layer models and small batches (the CPU test)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per row (default 3; --tiny 1)")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="timing rows not started after this many seconds are skipped")
+    ap.add_argument("--budget-s", type=float, default=360.0,
+                    help="timing rows not started after this many seconds are skipped (the 1B float32 row, the longest, "
+                         "is estimated at about a minute on an H100: the whole run then ends inside 8 minutes)")
     ap.add_argument("--fixture", type=Path, default=FIXTURE)
     ap.add_argument("--record", type=Path, default=None, help="record a new fixture to this file and exit")
     args = ap.parse_args(argv)
@@ -465,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write(args.out, res)
 
     print("(b) timing", flush=True)
-    batch = timing_groups(vocab=int(SMOLLM2_135M["vocab_size"]), **shape)
+    batch = timing_groups(vocab=int(check_config["vocab_size"]), **shape)
     res["timing"] = []
     for name, cfg in sizes:
         for dtype in dtypes:
