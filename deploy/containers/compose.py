@@ -1,10 +1,9 @@
-"""A small Compose driver for podman: reads deploy/docker-compose.yml plus override files and runs them.
+"""The compose files read into a model: deploy/docker-compose.yml plus override files, merged.
 
-Why not podman-compose or ``docker compose`` against podman's API socket: podman 4.3 here has no systemd,
-so podman's own health checks never run (its timers are systemd units), and ``depends_on: condition:
-service_healthy`` would wait forever. This driver runs each health check itself (``podman exec`` of the
-service's ``healthcheck.test``) while it brings the services up, and starts every service whose
-dependencies are met at once (three KRaft brokers only become healthy together).
+Why not ``docker compose`` or podman-compose: neither is installed here, and against podman 4.3 (no
+systemd, so podman runs no health checks) ``depends_on: condition: service_healthy`` would wait forever.
+This module only reads; lifecycle.py runs the model with testcontainers (one container per replica, the
+health checks as testcontainers wait strategies).
 
 What it understands of the Compose Specification: ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``,
 ``${VAR:?error}``, ``${VAR?error}``, ``$$`` (from the environment, then ``.env`` beside the first file);
@@ -20,15 +19,11 @@ containers ``<project>-<service>-<n>``, network ``<project>_default``, volumes `
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +31,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host import HostError, podman  # noqa: E402
-
-Say = Callable[[str], None]
+from host import HostError  # noqa: E402
 
 
 class ComposeError(HostError):
@@ -338,10 +331,11 @@ class Project:
     def volume(self, name: str) -> str:
         return f"{self.name}_{name}"
 
-    # ------------------------------------------------------------------ podman arguments
+    # ------------------------------------------------------------------ one replica's container
 
-    def _mounts(self, s: Service) -> list[str]:
-        args: list[str] = []
+    def _mounts(self, s: Service) -> dict[str, tuple[str, str]]:
+        """source (a host path or this project's volume name) -> (target, mode)."""
+        out: dict[str, tuple[str, str]] = {}
         for v in s.spec.get("volumes") or []:
             if isinstance(v, dict):
                 src, dst, ro = v.get("source"), v["target"], bool(v.get("read_only"))
@@ -355,8 +349,7 @@ class Project:
                 ro = "ro" in mode.split(",")
                 kind = "bind" if src and (src.startswith(("/", ".", "~"))) else "volume"
             if src is None:
-                args += ["-v", dst]  # anonymous
-                continue
+                raise ComposeError(f"service {s.name}: anonymous volume {dst}: name it under top-level volumes:")
             if kind == "bind":
                 path = Path(os.path.expanduser(src))
                 path = path if path.is_absolute() else (self.directory / path).resolve()
@@ -367,11 +360,12 @@ class Project:
                 if src not in self.volumes:
                     raise ComposeError(f"service {s.name} mounts volume {src}, not declared under top-level volumes:")
                 src = self.volume(src)
-            args += ["-v", f"{src}:{dst}{':ro' if ro else ''}"]
-        return args
+            out[src] = (dst, "ro" if ro else "rw")
+        return out
 
-    def _ports(self, s: Service, n: int) -> list[str]:
-        args: list[str] = []
+    def _ports(self, s: Service, n: int) -> dict[str, int | tuple[str, int] | None]:
+        """container port -> host port (or (host address, port); None: any free port)."""
+        out: dict[str, int | tuple[str, int] | None] = {}
         for p in s.spec.get("ports") or []:
             if isinstance(p, dict):
                 host, target, ip = p.get("published"), p["target"], p.get("host_ip")
@@ -380,8 +374,9 @@ class Project:
                 ip = parts[0] if len(parts) == 3 else None
                 host = parts[-2] if len(parts) >= 2 else None
                 target = parts[-1]
+            target = str(target) if "/" in str(target) else f"{target}/tcp"
             if host is None:
-                args += ["-p", str(target)]
+                out[target] = None
                 continue
             host = str(host)
             if "-" in host:  # a range: one port per replica
@@ -391,272 +386,57 @@ class Project:
                 host = str(lo + n - 1)
             elif s.replicas > 1:
                 raise ComposeError(f"service {s.name} has {s.replicas} replicas but publishes the single host port {host}: "
-                                   f"give a range (e.g. {host}-{int(host) + s.replicas - 1}:{target})")
-            args += ["-p", f"{ip + ':' if ip else ''}{host}:{target}"]
-        return args
+                                   f"give a range (e.g. {host}-{int(host) + s.replicas - 1}:{target.split('/')[0]})")
+            out[target] = (ip, int(host)) if ip else int(host)
+        return out
 
-    def run_args(self, s: Service, n: int) -> list[str]:
+    def replica(self, s: Service, n: int) -> Replica:
+        """What replica ``n`` of ``s`` is created with (names and labels as ``docker compose`` gives them)."""
         spec = s.spec
         name = self.container(s.name, n)
-        args = ["run", "-d", "--name", name, "--network", self.network, "--network-alias", s.name,
-                "--label", f"com.docker.compose.project={self.name}",
-                "--label", f"com.docker.compose.service={s.name}",
-                "--label", f"com.docker.compose.container-number={n}"]
-        if spec.get("hostname"):
-            args += ["--hostname", str(spec["hostname"])]
-            if spec["hostname"] != s.name:
-                args += ["--network-alias", str(spec["hostname"])]
-        else:
-            args += ["--hostname", name]
+        aliases = [s.name]
+        if spec.get("hostname") and spec["hostname"] != s.name:
+            aliases.append(str(spec["hostname"]))
+        options: dict[str, Any] = {
+            "hostname": str(spec.get("hostname") or name),
+            "labels": {"com.docker.compose.project": self.name, "com.docker.compose.service": s.name,
+                       "com.docker.compose.container-number": str(n)},
+        }
         restart = spec.get("restart")
         if restart and restart != "no":
-            args += ["--restart", str(restart)]
-        for k, v in s.environment.items():
-            args += ["-e", f"{k}={v}"]
-        args += self._ports(s, n) + self._mounts(s)
-        if spec.get("stop_grace_period") is not None:
-            args += ["--stop-timeout", str(int(duration(spec["stop_grace_period"], 10)))]
+            options["restart_policy"] = {"Name": str(restart)}
         if spec.get("shm_size"):
-            args += ["--shm-size", str(spec["shm_size"])]
-        for limit, v in (spec.get("ulimits") or {}).items():
-            args += ["--ulimit", f"{limit}={v['soft']}:{v['hard']}" if isinstance(v, dict) else f"{limit}={v}"]
+            options["shm_size"] = str(spec["shm_size"])
+        if spec.get("ulimits"):
+            options["ulimits"] = [{"Name": limit, "Soft": int(v["soft"]), "Hard": int(v["hard"])} if isinstance(v, dict)
+                                  else {"Name": limit, "Soft": int(v), "Hard": int(v)}
+                                  for limit, v in spec["ulimits"].items()]
         if spec.get("user") is not None:
-            args += ["--user", str(spec["user"])]
+            options["user"] = str(spec["user"])
         if spec.get("working_dir"):
-            args += ["--workdir", str(spec["working_dir"])]
+            options["working_dir"] = str(spec["working_dir"])
         if spec.get("entrypoint") is not None:
             ep = spec["entrypoint"]
-            args += ["--entrypoint", json.dumps(shlex.split(ep) if isinstance(ep, str) else [str(e) for e in ep])]
-        return [*args, s.image, *s.command()]
-
-
-# ------------------------------------------------------------------------------------------ running
-
-
-def _inspect(names: list[str]) -> dict[str, dict[str, Any]]:
-    if not names:
-        return {}
-    proc = podman("container", "inspect", *names, check=False)
-    out: dict[str, dict[str, Any]] = {}
-    if proc.stdout.strip():
-        for c in json.loads(proc.stdout):
-            out[c["Name"].lstrip("/")] = c
-    return out
+            options["entrypoint"] = shlex.split(ep) if isinstance(ep, str) else [str(e) for e in ep]
+        return Replica(name=name, service=s.name, image=s.image, command=s.command(), environment=s.environment,
+                       ports=self._ports(s, n), volumes=self._mounts(s), aliases=aliases, options=options,
+                       stop_grace_s=duration(spec.get("stop_grace_period"), 10))
 
 
 @dataclass
-class Stack:
-    """Bring a Project up and down with podman; ``say`` gets one line per step."""
+class Replica:
+    """One container of a service, as the Docker API creates it (``options``: docker-py's keyword names)."""
 
-    project: Project
-    say: Say = print
-    healthy: set[str] = field(default_factory=set)
-
-    # -------------------------------------------------------------- state
-
-    def state(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """name -> {status, exit_code, running, started_at} of this project's containers."""
-        if names is None:
-            proc = podman("ps", "-a", "--filter", f"label=com.docker.compose.project={self.project.name}",
-                          "--format", "{{.Names}}")
-            names = proc.stdout.split()
-        return {n: {"status": c["State"]["Status"], "exit_code": c["State"]["ExitCode"],
-                    "running": c["State"]["Running"], "started_at": c["State"].get("StartedAt"),
-                    "restarts": c.get("RestartCount", 0)}
-                for n, c in _inspect(names).items()}
-
-    def check_health(self, container: str, hc: dict[str, Any]) -> bool:
-        test = hc["test"]
-        if isinstance(test, str):
-            cmd = ["/bin/sh", "-c", test]
-        elif test[0] == "CMD-SHELL":
-            cmd = ["/bin/sh", "-c", " ".join(test[1:])]
-        elif test[0] == "CMD":
-            cmd = [str(t) for t in test[1:]]
-        else:
-            cmd = [str(t) for t in test]
-        timeout = duration(hc.get("timeout"), 30)
-        try:
-            proc = podman("exec", container, *cmd, check=False, timeout=timeout + 5)
-        except subprocess.TimeoutExpired:
-            return False
-        return proc.returncode == 0
-
-    # -------------------------------------------------------------- up
-
-    def ensure_network_and_volumes(self) -> None:
-        if podman("network", "exists", self.project.network, check=False).returncode != 0:
-            podman("network", "create", "--label", f"com.docker.compose.project={self.project.name}", self.project.network)
-        for v in self.project.volumes:
-            name = self.project.volume(v)
-            if podman("volume", "exists", name, check=False).returncode != 0:
-                podman("volume", "create", "--label", f"com.docker.compose.project={self.project.name}", name)
-
-    def start_service(self, s: Service) -> None:
-        existing = self.state(self.project.containers(s.name))
-        for n in range(1, s.replicas + 1):
-            name = self.project.container(s.name, n)
-            st = existing.get(name)
-            if st and st["running"]:
-                continue
-            if st:  # created or exited earlier (e.g. a one-shot that already ran): start it again
-                if s.spec.get("restart", "no") == "no" and st["status"] == "exited" and st["exit_code"] == 0:
-                    continue
-                podman("start", name)
-            else:
-                podman(*self.project.run_args(s, n))
-        self.say(f"started {s.name}" + (f" ×{s.replicas}" if s.replicas > 1 else ""))
-
-    def _condition_met(self, dep: str, condition: str, deadline: dict[str, float]) -> bool:
-        s = self.project.services[dep]
-        names = self.project.containers(dep)
-        st = self.state(names)
-        if len(st) < len(names):
-            return False
-        if condition == "service_completed_successfully":
-            for n in names:
-                if st[n]["status"] == "exited" and st[n]["exit_code"] != 0:
-                    raise ComposeError(f"{n} exited with {st[n]['exit_code']}:\n{self.logs(n, 30)}")
-            return all(st[n]["status"] == "exited" for n in names)
-        if condition == "service_healthy":
-            hc = s.healthcheck
-            if hc is None:
-                raise ComposeError(f"{dep} is waited for as healthy but has no healthcheck")
-            ok = True
-            for n in names:
-                if n in self.healthy:
-                    continue
-                if st[n]["restarts"] >= 3:
-                    raise ComposeError(f"{n} restarted {st[n]['restarts']} times before it was healthy:\n{self.logs(n, 30)}")
-                if not st[n]["running"]:
-                    if st[n]["status"] == "exited" and s.spec.get("restart", "no") == "no":
-                        raise ComposeError(f"{n} exited ({st[n]['exit_code']}) before it was healthy:\n{self.logs(n, 30)}")
-                    ok = False
-                    continue
-                if self.check_health(n, hc):
-                    self.healthy.add(n)
-                    self.say(f"healthy {n}")
-                else:
-                    ok = False
-            if not ok:
-                limit = deadline.setdefault(dep, time.monotonic() + max(
-                    120.0, duration(hc.get("start_period"), 0) + duration(hc.get("interval"), 30) * int(hc.get("retries", 3))))
-                if time.monotonic() > limit:
-                    bad = [n for n in names if n not in self.healthy]
-                    raise ComposeError(f"{', '.join(bad)} not healthy in time:\n" + "\n".join(self.logs(n, 20) for n in bad))
-            return ok
-        return all(st[n]["running"] or st[n]["status"] == "exited" for n in names)
-
-    def up(self, services: Iterable[str] | None = None, timeout: float = 900) -> float:
-        """Start ``services`` (default all) and what they depend on, in dependency order. Returns seconds."""
-        t0 = time.monotonic()
-        self.healthy.clear()
-        wanted = set(services or self.project.services)
-        todo = list(wanted)
-        while todo:  # add dependencies
-            for dep in self.project.services[todo.pop()].depends_on:
-                if dep not in wanted:
-                    wanted.add(dep)
-                    todo.append(dep)
-        for s in wanted:
-            self.project.services[s].image  # noqa: B018 - fails early, naming the service
-            if podman("image", "exists", self.project.services[s].image, check=False).returncode != 0:
-                raise ComposeError(f"image {self.project.services[s].image} of {s} does not exist: build it first "
-                                   "(python deploy/containers/stack.py images)")
-        self.ensure_network_and_volumes()
-        pending = sorted(wanted)
-        deadline: dict[str, float] = {}
-        while pending:
-            ready = [s for s in pending
-                     if all(self._condition_met(d, c.get("condition", "service_started"), deadline)
-                            for d, c in self.project.services[s].depends_on.items())]
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda s: self.start_service(self.project.services[s]), ready))
-            pending = [s for s in pending if s not in ready]
-            if pending and not ready:
-                if time.monotonic() - t0 > timeout:
-                    raise ComposeError(f"up: still waiting after {timeout:.0f}s for: {', '.join(pending)}")
-                time.sleep(1.0)
-        return time.monotonic() - t0
-
-    def wait_healthy(self, services: Iterable[str], timeout: float = 300) -> None:
-        """Wait until every replica of ``services`` that has a health check passes it."""
-        deadline: dict[str, float] = {}
-        end = time.monotonic() + timeout
-        pending = [s for s in services if self.project.services[s].healthcheck]
-        while pending:
-            pending = [s for s in pending if not self._condition_met(s, "service_healthy", deadline)]
-            if pending:
-                if time.monotonic() > end:
-                    raise ComposeError(f"not healthy after {timeout:.0f}s: {', '.join(pending)}")
-                time.sleep(1.0)
-
-    # -------------------------------------------------------------- down and friends
-
-    def down(self, volumes: bool = False, timeout: int | None = None) -> dict[str, float]:
-        """Stop (SIGTERM, then SIGKILL after the service's stop_grace_period) and remove every container.
-
-        Returns the seconds each container took to stop; those over 10 s are named (a process that ignores
-        SIGTERM until its grace period ends)."""
-        names = list(self.state())
-        took: dict[str, float] = {}
-        # As docker compose does: dependents first (runners ... workers, trainer), what they depend on last
-        # (init, the store, the brokers), so every process stops with Kafka and ClickHouse still there.
-        level: dict[str, int] = {}
-
-        def depth(svc: str) -> int:
-            if svc not in level:
-                level[svc] = 0
-                level[svc] = 1 + max((depth(d) for d in self.project.services[svc].depends_on), default=-1)
-            return level[svc]
-
-        by_service = {}
-        for n in names:
-            svc = next((s for s in self.project.services if n.startswith(f"{self.project.name}-{s}-")
-                        and n[len(f"{self.project.name}-{s}-"):].isdigit()), None)
-            by_service[n] = depth(svc) if svc else 0
-
-        def stop(n: str) -> None:
-            t0 = time.monotonic()
-            podman("stop", *(["-t", str(timeout)] if timeout is not None else []), n, check=False, timeout=200)
-            took[n] = round(time.monotonic() - t0, 1)
-
-        if names:
-            for lvl in sorted(set(by_service.values()), reverse=True):
-                with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                    list(pool.map(stop, [n for n in names if by_service[n] == lvl]))
-            podman("rm", "-f", "-v", *names, check=False)
-            slow = {n: t for n, t in sorted(took.items(), key=lambda kv: -kv[1]) if t > 10}
-            if slow:
-                self.say(f"slow to stop on SIGTERM: {slow}")
-        podman("network", "rm", "-f", self.project.network, check=False)
-        if volumes:
-            for v in self.project.volumes:
-                podman("volume", "rm", "-f", self.project.volume(v), check=False)
-        self.say(f"down: {len(names)} containers removed" + (", volumes removed" if volumes else ""))
-        return took
-
-    def kill(self, container: str, signal: str = "KILL") -> None:
-        podman("kill", "--signal", signal, container)
-
-    def start(self, container: str) -> None:
-        podman("start", container)
-
-    def stop(self, container: str, timeout: int = 10) -> None:
-        podman("stop", "-t", str(timeout), container)
-
-    def logs(self, container: str, tail: int = 50) -> str:
-        proc = podman("logs", "--tail", str(tail), container, check=False)
-        text = (proc.stdout or "") + (proc.stderr or "")
-        return f"--- {container} (last {tail} lines)\n{text.rstrip()}"
-
-    def exec(self, container: str, *cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return podman("exec", container, *cmd, check=False, timeout=timeout)
-
-    def ps(self) -> list[tuple[str, str]]:
-        return sorted((n, f"{st['status']}" + (f" ({st['exit_code']})" if st["status"] == "exited" else "")
-                       + (f" healthy" if n in self.healthy else ""))
-                      for n, st in self.state().items())
+    name: str
+    service: str
+    image: str
+    command: list[str]
+    environment: dict[str, str]
+    ports: dict[str, int | tuple[str, int] | None]
+    volumes: dict[str, tuple[str, str]]
+    aliases: list[str]
+    options: dict[str, Any]
+    stop_grace_s: float
 
 
-__all__ = ["ComposeError", "Project", "Service", "Stack", "duration", "interpolate", "merge"]
+__all__ = ["ComposeError", "Project", "Replica", "Service", "duration", "interpolate", "merge"]

@@ -4,6 +4,7 @@ Debian's ``podman`` (4.3) and ``runc`` run rootful containers here once ``CONTAI
 ``deploy/containers/containers.conf`` (runc, cgroupfs, no default ulimits); the system-wide files are
 never edited. ``ensure_tools`` installs podman, runc and debootstrap with apt-get when they are missing
 (as root; otherwise it says which command to run). ``probe`` answers why containers cannot run, or None.
+``api_socket`` serves podman's Docker-compatible API for a while (what testcontainers talks to).
 
 Standard library only: this runs before the project's virtual environment exists.
 """
@@ -13,6 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -76,6 +81,36 @@ def podman(*args: str, check: bool = True, capture: bool = True, timeout: float 
     return proc
 
 
+@contextmanager
+def api_socket(timeout: float = 30) -> Iterator[str]:
+    """``podman system service`` on a socket of its own while the block runs; yields its ``unix://`` URL.
+
+    The containers it starts outlive it (conmon, not the service, is their parent), so a CLI call may
+    start them and exit. Its log: ``<cache>/logs/podman-service.log``."""
+    run = Path(tempfile.mkdtemp(prefix="rb-podman-"))  # short: a socket path has at most 107 bytes
+    sock = run / "docker.sock"
+    log_path = cache_dir() / "logs" / "podman-service.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{sock}"], env=env(),
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + timeout
+        while not sock.exists():  # podman creates the socket once it listens
+            if proc.poll() is not None or time.monotonic() > end:
+                raise HostError(f"`podman system service` did not serve {sock} (log {log_path})")
+            time.sleep(0.1)
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(run, ignore_errors=True)
+
+
 def probe(image: str | None = None) -> str | None:
     """None when podman works here; otherwise one line saying why not.
 
@@ -99,4 +134,4 @@ def probe(image: str | None = None) -> str | None:
     return None
 
 
-__all__ = ["CONF", "HERE", "HostError", "REPO", "cache_dir", "ensure_tools", "env", "missing_tools", "podman", "probe"]
+__all__ = ["CONF", "HERE", "HostError", "REPO", "api_socket", "cache_dir", "ensure_tools", "env", "missing_tools", "podman", "probe"]

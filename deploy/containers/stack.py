@@ -6,9 +6,12 @@
     python deploy/containers/stack.py ps | logs SERVICE-N | kill SERVICE-N | start SERVICE-N
     python deploy/containers/stack.py down [-v]       # -v also removes the volumes (Kafka logs, the store)
 
-The files: deploy/docker-compose.yml + deploy/compose.local.yml (+ any ``-f FILE``). CONTAINERS_CONF is
-deploy/containers/containers.conf. The secrets the compose file requires (CLICKHOUSE_PASSWORD, ANALYST_PASSWORD, POLICY_TOKEN,
-PROXY_TOKEN, GATEWAY_TOKEN), when unset, are generated once per project and kept in ~/.cache/rolloutbus/containers/<project>.env.
+The files: deploy/docker-compose.yml + deploy/compose.local.yml (+ any ``-f FILE``), read by compose.py
+and run by lifecycle.py (testcontainers over the Docker API of a ``podman system service`` that lives as
+long as the command; the containers outlive it). CONTAINERS_CONF is deploy/containers/containers.conf.
+The secrets the compose file requires (CLICKHOUSE_PASSWORD, ANALYST_PASSWORD, POLICY_TOKEN, PROXY_TOKEN,
+GATEWAY_TOKEN), when unset, are generated once per project and kept in
+~/.cache/rolloutbus/containers/<project>.env.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from host import REPO, HostError, cache_dir, ensure_tools, probe  # noqa: E402
 from images import build_all  # noqa: E402
 
 if TYPE_CHECKING:
-    from compose import Stack
+    from compose import Project
+    from lifecycle import Stack
 
 # The secrets docker-compose.yml requires; generated once per project unless the environment sets them.
 SECRETS = ("CLICKHOUSE_PASSWORD", "ANALYST_PASSWORD", "POLICY_TOKEN", "PROXY_TOKEN", "GATEWAY_TOKEN")
@@ -48,20 +52,19 @@ def _project_env(project: str) -> dict[str, str]:
     return values
 
 
-def local_stack(project: str = "rolloutbus", extra_files: Iterable[Path] = (), env: dict[str, str] | None = None,
-                build: bool = True, say=print) -> Stack:  # noqa: ANN001 - a print-like callable
-    """The Stack of the production file + the local override (+ extra files), images built when missing."""
-    from compose import Project, Stack  # PyYAML: the project's environment, not needed by `host`/`images`
+def local_project(project: str = "rolloutbus", extra_files: Iterable[Path] = (), env: dict[str, str] | None = None,
+                  build: bool = True, say=print) -> Project:  # noqa: ANN001 - a print-like callable
+    """The production file + the local override (+ extra files), images built when missing."""
+    from compose import Project  # PyYAML: the project's environment, not needed by `host`/`images`
 
     environ = {**_project_env(project), **os.environ, **(env or {})}
     if build:
         ensure_tools(say)
         environ.update(build_all(say))
-    else:  # down, ps, logs: names are enough
+    else:  # down, ps, logs, config: names are enough
         for var in ("KAFKA_IMAGE", "ROLLOUTBUS_SLIM_IMAGE", "ROLLOUTBUS_IMAGE"):
             environ.setdefault(var, "unbuilt")
-    project_ = Project.load([*COMPOSE_FILES, *extra_files], env=environ, name=project)
-    return Stack(project_, say=say)
+    return Project.load([*COMPOSE_FILES, *extra_files], env=environ, name=project)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,10 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("container", help="<service>-<n>, e.g. kafka-1-1, or a full container name")
     args = parser.parse_args(argv)
-
-    def full(name: str) -> str:
-        return name if name.startswith(f"{args.project}-") else f"{args.project}-{name}"
-
     try:
         if args.cmd == "host":
             ensure_tools()
@@ -96,31 +95,37 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in build_all().items():
                 print(f"{k}={v}")
             return 0
-        stack = local_stack(args.project, args.file, build=args.cmd == "up")
+        project = local_project(args.project, args.file, build=args.cmd == "up")
         if args.cmd == "config":
             import yaml
 
-            print(yaml.safe_dump({n: s.spec for n, s in stack.project.services.items()}, sort_keys=False))
-        elif args.cmd == "up":
-            took = stack.up(args.services or None)
-            print(f"up in {took:.0f}s")
-        elif args.cmd == "down":
-            stack.down(volumes=args.volumes)
-        elif args.cmd == "ps":
-            for name, st in stack.ps():
-                print(f"{name:40} {st}")
-        elif args.cmd == "logs":
-            print(stack.logs(full(args.container), tail=200))
-        elif args.cmd == "kill":
-            stack.kill(full(args.container))
-        elif args.cmd == "start":
-            stack.start(full(args.container))
-        elif args.cmd == "stop":
-            stack.stop(full(args.container))
+            print(yaml.safe_dump({n: s.spec for n, s in project.services.items()}, sort_keys=False))
+            return 0
+        from lifecycle import Stack, engine  # testcontainers: the project's environment
+
+        with engine():
+            _run(Stack(project), args.cmd, getattr(args, "services", None), getattr(args, "volumes", False),
+                 getattr(args, "container", ""))
     except HostError as exc:  # ComposeError included
         print(f"stack: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run(stack: Stack, cmd: str, services: list[str] | None, volumes: bool, container: str) -> None:
+    prefix = f"{stack.project.name}-"
+    full = container if container.startswith(prefix) else prefix + container
+    if cmd == "up":
+        print(f"up in {stack.up(services or None):.0f}s")
+    elif cmd == "down":
+        stack.down(volumes=volumes)
+    elif cmd == "ps":
+        for name, st in stack.ps():
+            print(f"{name:40} {st}")
+    elif cmd == "logs":
+        print(stack.logs(full, tail=200))
+    else:  # kill, start, stop
+        getattr(stack, cmd)(full)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The podman Compose driver's reading of the compose files (deploy/containers/compose.py): pure, no containers."""
+"""How deploy/containers reads the compose files (compose.py) and what it waits for (lifecycle.py): pure, no containers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "deploy" / "containers"))
 
 from compose import ComposeError, Project, Reset, interpolate, merge  # noqa: E402
+from lifecycle import KAFKA_READY, wait_plan  # noqa: E402
 
 FILES = [REPO / "deploy" / "docker-compose.yml", REPO / "deploy" / "compose.local.yml"]
 ENV = {"CLICKHOUSE_PASSWORD": "pw", "ANALYST_PASSWORD": "ap", "POLICY_TOKEN": "pt", "PROXY_TOKEN": "xt", "GATEWAY_TOKEN": "gt",
@@ -72,13 +73,28 @@ def test_replicas_get_one_host_port_each() -> None:
     p = Project.load(FILES, env={**ENV, "GATEWAY_PORTS": "5000-5001"})
     gw = p.services["gateway"]
     assert gw.replicas == 2
-    args = [p.run_args(gw, n) for n in (1, 2)]
-    assert [a[a.index("-p") + 1] for a in args] == ["5000:4318", "5001:4318"]
-    assert all(f"{p.name}_gateway-spool:/var/lib/rolloutbus/spool" in a for a in args)
-    assert args[1][args[1].index("--name") + 1] == "rolloutbus-gateway-2"
+    replicas = [p.replica(gw, n) for n in (1, 2)]
+    assert [r.ports for r in replicas] == [{"4318/tcp": 5000}, {"4318/tcp": 5001}]
+    assert all(r.volumes[f"{p.name}_gateway-spool"] == ("/var/lib/rolloutbus/spool", "rw") for r in replicas)
+    assert replicas[1].name == "rolloutbus-gateway-2"
 
 
 def test_a_single_host_port_for_several_replicas_is_refused() -> None:
     p = Project.load(FILES, env={**ENV, "GATEWAY_PORTS": "5000"})
     with pytest.raises(ComposeError, match="give a range"):
-        p.run_args(p.services["gateway"], 1)
+        p.replica(p.services["gateway"], 1)
+
+
+def test_health_checks_become_testcontainers_waits() -> None:
+    p = Project.load(FILES, env=ENV)
+    plan = {name: wait_plan(s, p.replica(s, 1)) for name, s in p.services.items()}
+    # HTTP checks of a published port: waited for from outside, on the port the host publishes.
+    assert plan["clickhouse"] == [("http", 8123, "/ping")]
+    assert plan["gateway"] == [("http", 4318, "/healthz")]
+    assert plan["proxy"] == [("http", 8080, "/healthz")]
+    # Brokers: their log line, then the compose file's own check; the unpublished policy server: its check.
+    for broker in ("kafka-1", "kafka-2", "kafka-3"):
+        assert plan[broker][0] == ("log", KAFKA_READY)
+        assert plan[broker][1] == ("exec", ["/bin/sh", "-c", p.services[broker].healthcheck["test"][1]])
+    assert [kind for kind, _ in plan["policy"]] == ["exec"] and "8000/healthz" in " ".join(plan["policy"][0][1])
+    assert plan["init"] == plan["stream-worker"] == plan["runner"] == []

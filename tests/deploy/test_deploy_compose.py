@@ -305,7 +305,8 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     if why:
         pytest.skip(f"containers cannot run on this host: {why}")
 
-    from stack import _project_env, local_stack
+    from lifecycle import Stack, engine
+    from stack import _project_env, local_project
 
     k1, k2, k3, ch = _free_ports(4)
     gw = _free_ports(2, consecutive=True)
@@ -314,29 +315,31 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
            "CLICKHOUSE_HTTP_PORT": str(ch), "GATEWAY_PORTS": f"{gw[0]}-{gw[1]}", "PROXY_PORTS": f"{px[0]}-{px[1]}",
            "KAFKA_EXTERNAL_HOST": "localhost", "SPAN_PARTITIONS": "6", "STREAM_WORKERS": "3", "RUNNERS": "2",
            "GATEWAY_REPLICAS": "2", "PROXY_REPLICAS": "2"}
-    stack = local_stack(PROJECT, [TEST_COMPOSE], env=env, build=False, say=say)
-    stack.down(volumes=True)  # what an interrupted earlier run left
-    dep = Deployment(stack, f"localhost:{k1},localhost:{k2},localhost:{k3}", ch, gw, px,
-                     _project_env(PROJECT))
-    failed_before = request.session.testsfailed
-    try:
-        t0 = time.monotonic()
-        stack.up(timeout=600)
-        TIMINGS["up_s"] = round(time.monotonic() - t0, 1)
-        say(f"up in {TIMINGS['up_s']}s: {len(stack.state())} containers")
-        yield dep
-    finally:
-        if request.session.testsfailed > failed_before:
-            logs = host.cache_dir() / "logs" / "deploy-test"
-            dep.dump_logs(logs)
-            say(f"containers' logs in {logs}")
-        if not os.environ.get("ROLLOUTBUS_DEPLOY_KEEP"):
+    project = local_project(PROJECT, [TEST_COMPOSE], env=env, build=False, say=say)
+    with engine():  # podman's Docker API, which testcontainers drives, for as long as the module runs
+        stack = Stack(project, say=say)
+        stack.down(volumes=True)  # what an interrupted earlier run left
+        dep = Deployment(stack, f"localhost:{k1},localhost:{k2},localhost:{k3}", ch, gw, px,
+                         _project_env(PROJECT))
+        failed_before = request.session.testsfailed
+        try:
             t0 = time.monotonic()
-            stack.down(volumes=True)
-            TIMINGS["down_v_s"] = round(time.monotonic() - t0, 1)
-        out = host.cache_dir() / "deploy-test-timings.json"
-        out.write_text(json.dumps(TIMINGS, indent=2))
-        say(f"timings {json.dumps(TIMINGS)} (also in {out})")
+            stack.up(timeout=600)
+            TIMINGS["up_s"] = round(time.monotonic() - t0, 1)
+            say(f"up in {TIMINGS['up_s']}s: {len(stack.state())} containers")
+            yield dep
+        finally:
+            if request.session.testsfailed > failed_before:
+                logs = host.cache_dir() / "logs" / "deploy-test"
+                dep.dump_logs(logs)
+                say(f"containers' logs in {logs}")
+            if not os.environ.get("ROLLOUTBUS_DEPLOY_KEEP"):
+                t0 = time.monotonic()
+                stack.down(volumes=True)
+                TIMINGS["down_v_s"] = round(time.monotonic() - t0, 1)
+            out = host.cache_dir() / "deploy-test-timings.json"
+            out.write_text(json.dumps(TIMINGS, indent=2))
+            say(f"timings {json.dumps(TIMINGS)} (also in {out})")
 
 
 def test_tasks_run_through_the_topology_and_train(deployment: Deployment) -> None:
@@ -367,7 +370,7 @@ def test_tasks_run_through_the_topology_and_train(deployment: Deployment) -> Non
     for name in workers:
         assert "the compiled decoder is not installed" not in dep.stack.logs(name, tail=100000), f"{name} runs the Python paths"
         probe = dep.stack.exec(name, "python3", "-c", "import rolloutbus_native")
-        assert probe.returncode == 0, (probe.stdout or "") + (probe.stderr or "")
+        assert probe.exit_code == 0, probe.output.decode(errors="replace")
 
 
 def test_broker_and_stream_worker_killed_mid_run(deployment: Deployment) -> None:
