@@ -1,8 +1,9 @@
 """The base install, as an agent author gets it: `pip install <this repo>` into a clean virtualenv resolves
 the base dependencies only (no torch, chDB, faust, transformers, matplotlib), and an agent in it emits
 spans — `emit_*` inside a rollout, the LitAgent API and the OpenTelemetry span processor — onto the
-real broker, where they decode as ours. The `rolloutbus` command works there for what the base carries
-and names the extra for the rest.
+real broker, where they decode as ours. Every module of the agent library (`producers.*`, the LLM proxy's
+client side included) imports there without loading the ingest service (`producers.ingest`), which needs
+its extra. The `rolloutbus` command works there for what the base carries and names the extra for the rest.
 
 pip resolves against PyPI through pip's own cache (the wheels are small: about 15 MB in all), so
 this takes a minute or two; it is marked slow (out of the quick loop) but runs in `make test`."""
@@ -54,6 +55,24 @@ class Agent(LitAgent):
 
 
 result = Agent().run("2+2", task_id="task-litagent")
+
+# The whole agent library imports on the base install; none of it loads the ingest service, which needs its extra.
+import importlib, pkgutil, sys
+import producers
+
+agent_modules = sorted(m.name for m in pkgutil.iter_modules(producers.__path__, "producers.") if not m.ispkg)
+for name in agent_modules:
+    importlib.import_module(name)
+ingest_loaded = sorted(m for m in sys.modules if m.startswith("producers.ingest"))
+from producers.proxy import proxy_headers, proxy_url
+
+with rollout(task_id="task-proxy-client") as pctx:
+    proxied = [proxy_url("http://proxy:8788"), proxy_headers()]
+try:
+    import producers.ingest.gateway
+    ingest_needs = None
+except ModuleNotFoundError as exc:
+    ingest_needs = exc.name
 pending = get_transport().flush(30)
 
 
@@ -65,7 +84,9 @@ def present(module):
 
 
 heavy = [m for m in HEAVY if present(m)]
-print(json.dumps({"rollouts": [ctx.rollout_id, result.rollout_id], "pending": pending, "heavy": heavy}))
+print(json.dumps({"rollouts": [ctx.rollout_id, result.rollout_id], "pending": pending, "heavy": heavy,
+                  "agent_modules": agent_modules, "ingest_loaded": ingest_loaded, "ingest_needs": ingest_needs,
+                  "proxied": proxied, "proxied_ids": [pctx.rollout_id, pctx.attempt_id]}))
 '''
 
 
@@ -131,6 +152,12 @@ def test_the_base_install_emits_spans_without_the_heavy_stack(tmp_path: Path, ka
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["heavy"] == [] and out["pending"] == 0, out
+    # The agent library, every module of it, without the ingest service; the service needs the gateway extra.
+    assert {"producers.context", "producers.emit", "producers.litagent", "producers.otel", "producers.proxy",
+            "producers.runner", "producers.spool", "producers.transport"} <= set(out["agent_modules"]), out["agent_modules"]
+    assert out["ingest_loaded"] == [] and out["ingest_needs"] == "aiohttp", out
+    (url, headers), (rid, aid) = out["proxied"], out["proxied_ids"]
+    assert url == f"http://proxy:8788/rollout/{rid}/attempt/{aid}/v1" and headers == {"x-rolloutbus-sequence-id": "1"}, out
 
     records = _consume(kafka_bootstrap, topics.spans, set(out["rollouts"]))
     first, second = out["rollouts"]
