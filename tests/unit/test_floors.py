@@ -3,12 +3,15 @@
     bench/        the benchmarks (and the venv maker the tests share)                 may import all below
     rolloutbus/   applications: the command, demo, dashboard, store server            may import all below
     trainer/      GRPO, serving, APO                                                  producers, schemas, foundation
-    producers/    agent side: SDK, gateway, proxy, runners  |  streams/  processors   schemas, foundation
+    producers/    agent library: SDK, span transport, runners  |  streams/ processors schemas, foundation
+      ingest/     the ingest service: gateway, Agent Lightning's APIs, LLM proxy      the agent library too
     schemas/      the Avro contract                                                   foundation
     foundation/   errors, settings, flags, command entry, Kafka admin, ClickHouse     nothing of the project
 
-and the pure cores (trajectory assembly, rewards, credit, groups, the GRPO loss, APO's search) import
-no Kafka, ClickHouse, faust or HTTP library, and no shell module of their own package.
+Within producers/ the ingest service (``producers.ingest``, what servers run) stands on the agent library
+(what an agent installs), never the reverse. The pure cores (trajectory assembly, rewards, credit, groups,
+the GRPO loss, APO's search) import no Kafka, ClickHouse, faust or HTTP library, and no shell module of
+their own package.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ MAY_IMPORT = {
     "rolloutbus": set(PROJECT) - {"bench"},  # `rolloutbus bench` runs the benches as processes, never imports them
     "bench": set(PROJECT),
 }
+# The ingest service: it may import the agent library (the rest of producers/); the agent library never imports it.
+INGEST = "producers.ingest"
 PURE = {
     "streams": ["assembly", "attempts", "credit", "grouping", "rewards", "rollout", "transitions", "rowbinary"],
     "trainer": ["grpo", "apo"],
@@ -70,9 +75,35 @@ def floor_violations(package: str, root: Path = ROOT) -> list[str]:
     return bad
 
 
+def agent_library_violations(root: Path = ROOT) -> list[str]:
+    """Imports of the ingest service from the agent library (producers/ outside producers/ingest/)."""
+    bad = []
+    for path in modules("producers", root):
+        if path.relative_to(root).parts[:2] == ("producers", "ingest"):
+            continue
+        for line, name in imports_of(path, root):
+            if name == INGEST or name.startswith(INGEST + "."):
+                bad.append(f"{path.relative_to(root)}:{line} imports {name} (the agent library imports no ingest service)")
+    return bad
+
+
 @pytest.mark.parametrize("package", PROJECT)
 def test_no_import_runs_back_up(package: str) -> None:
     assert floor_violations(package) == []
+
+
+def test_the_agent_library_does_not_import_the_ingest_service() -> None:
+    assert agent_library_violations() == []
+
+
+def test_the_check_sees_the_agent_library_import_the_ingest_service(tmp_path: Path) -> None:
+    """The guard fails when it should: an agent module importing the gateway, inside a function; the ingest
+    service importing the agent library is allowed."""
+    (tmp_path / "producers" / "ingest").mkdir(parents=True)
+    (tmp_path / "producers" / "emit.py").write_text("def f():\n    from producers.ingest.gateway import Gateway\n    return Gateway\n")
+    (tmp_path / "producers" / "ingest" / "gateway.py").write_text("from producers.emit import f\nfrom . import otlp\n")
+    assert agent_library_violations(tmp_path) == [
+        "producers/emit.py:2 imports producers.ingest.gateway (the agent library imports no ingest service)"]
 
 
 @pytest.mark.parametrize(("package", "module"), [(p, m) for p, ms in PURE.items() for m in ms])
