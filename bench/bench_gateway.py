@@ -106,7 +106,7 @@ def run_bench(bootstrap: str, scratch: Path, requests: int, batch: int, connecti
     log_path = scratch / "gateway.log"
     with open(log_path, "wb") as out:
         gw = subprocess.Popen(
-            [sys.executable, "-m", "producers.gateway_cli", "--port", str(port)],
+            [sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)],
             cwd=scratch, env=child_env(scratch / "gateway", bootstrap, topics), stdout=out, stderr=subprocess.STDOUT,
         )
     watch = ProcWatch(gw.pid)

@@ -160,7 +160,7 @@ def otlp_bodies(rollouts: list[list[SynthSpan]]) -> tuple[list[bytes], int]:
 def gateway(bodies: list[bytes]) -> int:
     """The gateway's work on each body: ``map_body`` (the compiled mapping of native/ where installed,
     the reference for the spans it declines), to the records the transport takes."""
-    from producers.gateway import map_body
+    from producers.ingest.otlp import map_body
 
     n = 0
     for body in bodies:
