@@ -220,14 +220,8 @@ class FrontDoor:
             if self.token is not None and not authorized(given, self.token):
                 return refuse(401, REFUSED, CHALLENGE)
             try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                return refuse(413, f"body is over the limit of {self.max_body_bytes} bytes")
-            except RequestPayloadError as exc:
-                return refuse(400, f"body cannot be read: {one_line(exc)}")
-            try:
                 # What request.read() answers from now on: every handler reads the decoded body.
-                request._read_bytes = inflate(raw, encoding, self.max_body_bytes)
+                request._read_bytes = inflate(await self.body(request), encoding, self.max_body_bytes)
             except BadRequest as exc:
                 return refuse(exc.status, str(exc))
         try:
