@@ -339,8 +339,9 @@ def time_steps(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], 
     """Part (b) for one model and dtype: one warm-up step, then ``steps`` timed ones (model built on the device)."""
     dev = torch.device(device)
     free(dev)
-    memory_reset(dev)
     model = build_model(config, seed, device).to(DTYPES[dtype])
+    free(dev)
+    memory_reset(dev)  # the peak from here: the weights, then what training adds to them
     backend = TorchGRPOBackend(model, lr=TRAINER_LR, max_grad_norm=TRAINER_MAX_GRAD_NORM, micro_batch_tokens=micro_batch_tokens,
                                pad_id=int(model.config.pad_token_id))
     backend.step(groups)  # warm-up: kernels chosen, optimiser state allocated
@@ -437,10 +438,10 @@ def markdown(res: dict[str, Any]) -> str:
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in res.get("timing", []):
         if "skipped" in t:
-            lines.append(f"| {t['model']} | | {t['dtype']} | | | skipped: {t['skipped']} | | |")
+            lines.append(f"| {t['model']} | | {t['dtype']} | | {t['micro_batch_tokens']} | skipped: {t['skipped']} | | |")
             continue
         mem = t.get("peak_allocated_gib", t.get("process_peak_rss_gib", 0.0))
-        lines.append(f"| {t['model']} | {t['parameters'] / 1e6:.0f}M | {t['dtype']} | {t['rows']} x {t['tokens_per_step'] // max(t['rows'], 1)} | "
+        lines.append(f"| {t['model']} | {t['parameters'] / 1e6:.1f}M | {t['dtype']} | {t['rows']} x {t['tokens_per_step'] // max(t['rows'], 1)} | "
                      f"{t['micro_batch_tokens']} | {t['step_s_median']:.3f} | {t['tokens_per_s']:.0f} | {mem:.2f} |")
     verl = res.get("verl", {})
     lines += ["", "## (c) verl", "", (f"ran: {verl.get('data_proto')}; {verl.get('actor_update')}" if verl.get("ran")
@@ -501,22 +502,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("(b) timing", flush=True)
     batch = timing_groups(vocab=int(check_config["vocab_size"]), **shape)
     res["timing"] = []
-    for name, cfg in sizes:
-        for dtype in dtypes:
-            if time.monotonic() - start > args.budget_s:
-                res["timing"].append({"model": name, "dtype": dtype, "skipped": f"past the {args.budget_s:.0f} s budget"})
-                continue
+    # The trainer's micro-batch size in both dtypes first, then float32 (what it loads) with 4x the micro-batch:
+    # the rows a deployment is sized from, the extra ones first to go when the budget runs out.
+    plan = [(name, cfg, dtype, TRAINER_MICRO_BATCH_TOKENS) for name, cfg in sizes for dtype in dtypes]
+    plan += [(name, cfg, "float32", 4 * TRAINER_MICRO_BATCH_TOKENS) for name, cfg in sizes]
+    for name, cfg, dtype, mbt in plan:
+        if time.monotonic() - start > args.budget_s:
+            row: dict[str, Any] = {"model": name, "dtype": dtype, "micro_batch_tokens": mbt,
+                                   "skipped": f"past the {args.budget_s:.0f} s budget"}
+        else:
             try:
-                row = time_steps(name, cfg, batch, device, dtype, steps)
+                row = time_steps(name, cfg, batch, device, dtype, steps, micro_batch_tokens=mbt)
             except torch.OutOfMemoryError as exc:
                 free(torch.device(device))
-                row = {"model": name, "dtype": dtype, "skipped": f"out of memory: {str(exc).splitlines()[0][:160]}"}
-            res["timing"].append(row)
-            print(f"  {name:13s} {dtype:9s} " + (f"{row['step_s_median']:.3f} s/step {row['tokens_per_s']:.0f} tok/s "
-                                                 f"peak {row.get('peak_allocated_gib', row.get('process_peak_rss_gib', 0)):.2f} GiB"
-                                                 if "skipped" not in row else row["skipped"]), flush=True)
-            res["elapsed_s"] = time.monotonic() - start
-            write(args.out, res)
+                row = {"model": name, "dtype": dtype, "micro_batch_tokens": mbt,
+                       "skipped": f"out of memory: {str(exc).splitlines()[0][:160]}"}
+        res["timing"].append(row)
+        print(f"  {name:13s} {dtype:9s} {mbt:6d} " + (
+            f"{row['step_s_median']:.3f} s/step {row['tokens_per_s']:.0f} tok/s "
+            f"peak {row.get('peak_allocated_gib', row.get('process_peak_rss_gib', 0)):.2f} GiB" if "skipped" not in row
+            else row["skipped"]), flush=True)
+        res["elapsed_s"] = time.monotonic() - start
+        write(args.out, res)
 
     print("(c) verl", flush=True)
     res["verl"] = verl_section(groups, device)

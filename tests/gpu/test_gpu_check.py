@@ -51,7 +51,9 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
     # The on-policy variant trains every response token: its float32 gradients are float64's to rounding.
     assert next(r for r in rows if r["variant"] == "on_policy_kl" and r["dtype"] == "float32")["vs_exact"]["grad_rel_err"] < 1e-4
     timing = res["timing"]
-    assert [(t["model"], t["dtype"]) for t in timing] == [(m, d) for m in ("tiny", "tiny-wide") for d in ("float32", "bfloat16")]
+    assert [(t["model"], t["dtype"], t["micro_batch_tokens"]) for t in timing] == [
+        *((m, d, 4096) for m in ("tiny", "tiny-wide") for d in ("float32", "bfloat16")),
+        ("tiny", "float32", 16384), ("tiny-wide", "float32", 16384)]
     for t in timing:
         assert t["tokens_per_s"] > 0 and t["step_s_median"] > 0 and t["process_peak_rss_gib"] > 0 and t["loss_finite"], t
         assert t["rows"] == 4 and t["tokens_per_step"] == 4 * 40
@@ -90,8 +92,11 @@ def test_the_cuda_way_of_the_gate_runs_here() -> None:
     for r in rows:
         assert r["passed"] and r["vs_cpu"]["grad_rel_err"] == 0.0 and r["vs_cpu"]["ref"] == "cpu bfloat16"
         assert r["limit"]["grad_tol"] == max(gc.TOLERANCES["bfloat16"]["grad_tol"], gc.CPU_FACTOR * r["cpu_vs_exact"]["grad_rel_err"])
-    md = gc.markdown({"environment": gc.environment("cpu"), "correctness": rows, "timing": [], "verl": {}})
+    skipped = {"model": "smollm2-1b", "dtype": "float32", "micro_batch_tokens": 16384, "skipped": "past the 360 s budget"}
+    md = gc.markdown({"environment": gc.environment("cpu"), "correctness": rows, "timing": [skipped],
+                      "verl": {"ran": False, "why": "verl does not import", "what_did_not_fit": "ray"}})
     assert md.count("| pass |") == 2 and "n/a" not in md.split("## (b)")[0]
+    assert "| smollm2-1b | | float32 | | 16384 | skipped: past the 360 s budget |" in md and "not run: verl does not import" in md
 
 
 def test_the_fixture_holds_recorded_groups_the_models_can_read() -> None:
