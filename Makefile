@@ -106,8 +106,9 @@ bench-learning: setup
 # image's python3, with gpu-wheels/ carried and installed when pydantic or fastavro is missing), one command:
 #   make gpu-check GPU_CHECK_ARGS="--device cuda --out $OUT"
 # or, where there is no make:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site gpu-wheels/*.whl \
-#     && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 tests/gpu/gpu_check.py --device cuda --out $OUT
+#   set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#     gpu-wheels/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \
+#     python3 tests/gpu/gpu_check.py --device cuda --out $OUT 2>&1 | tee $OUT/gpu-check.log
 # Without a GPU, --device auto runs the CPU mode that `make test` runs (tests/gpu).
 GPU_CHECK_ARGS ?= --device auto
 GPU_WHEELS := gpu-wheels

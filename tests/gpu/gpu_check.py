@@ -29,9 +29,12 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
 The GPU run (one command; estimated 4 to 6 minutes on an H100, never run yet; ``make gpu-wheels`` here first,
 then ``gpu-wheels`` named in the device tool's ``carry``, with ``timeout_s`` 540)::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
-      gpu-wheels/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
-      python3 tests/gpu/gpu_check.py --device cuda --out $OUT
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+      --target /tmp/site gpu-wheels/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && \\
+      python3 tests/gpu/gpu_check.py --device cuda --out $OUT 2>&1 | tee $OUT/gpu-check.log
+
+Then copy ``gpu-check.md`` into ``bench/results/gpu-<date>.md`` with the card and the commit (where the copy
+on the machine has no ``.git`` its commit field reads None).
 
 ``--device cpu --tiny`` is what ``tests/gpu/test_gpu_check.py`` runs in ``make test`` (the same code, with a
 two-layer model and small batches). The exit status is 1 when a gated comparison failed.
