@@ -24,7 +24,7 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
 (c) verl: ``to_data_proto`` onto the device, where verl imports (verl 0.9.1's actor update is its Ray
     worker's ``update_actor`` over an FSDP engine: not attempted). verl does not import on the GPU machine:
     ``verl.protocol`` imports Ray at its top, and Ray's wheel (ray-2.60.0, cp312 manylinux2014_x86_64)
-    is 79 MB, over the 64 MiB carry limit by itself; the section records why.
+    is 79 MB, over the 64 MiB carry limit by itself; the section records why and what else it would need.
 
 The GPU run (one command; estimated 4 to 6 minutes on an H100, never run yet; ``make gpu-wheels`` here first,
 then ``gpu-wheels`` named in the device tool's ``carry``, with ``timeout_s`` 540)::
@@ -379,9 +379,10 @@ def verl_section(groups: Sequence[GroupBatch], device: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - any failure to import is the answer here
         return {"ran": False, "why": f"verl does not import: {type(exc).__name__}: {str(exc)[:200]}",
                 "what_did_not_fit": "verl.protocol imports ray at its top; ray-2.60.0-cp312-manylinux2014_x86_64.whl is 79 MB, "
-                                    "over the 64 MiB carry limit by itself (verl 1.7 MB, tensordict 0.45 MB, omegaconf, hydra-core, "
-                                    "codetiming, dill, torchdata, pylatexenc together under 3.5 MB; antlr4-python3-runtime 4.9.3, "
-                                    "omegaconf's, has no wheel)"}
+                                    "over the 64 MiB carry limit by itself. The rest would fit: verl-0.9.1 1.7 MB, transformers-5.10.4 "
+                                    "11 MB (verl caps transformers <5.11; the image has 5.17), tensordict-0.10.0 0.45 MB, hydra-core, "
+                                    "omegaconf, codetiming, dill, torchdata, pylatexenc under 1 MB together; antlr4-python3-runtime "
+                                    "4.9.*, which hydra-core 1.3.8 pins, is a source distribution only (a wheel built here)"}
     from trainer.verl_backend import to_data_proto
 
     pad = int(SMOLLM2_135M["pad_token_id"])
