@@ -136,6 +136,8 @@ class Stack:
     project: Project
     say: Say = print
     docker: Any = field(init=False, repr=False)  # docker-py's client, as testcontainers makes it
+    # Set when `up` fails: its threads still bringing services up start no further container.
+    _abandon: threading.Event = field(init=False, repr=False, default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.docker = DockerClient().client
@@ -181,6 +183,8 @@ class Stack:
             if old is not None and (old.status == "running" or (
                     old.status == "exited" and s.spec.get("restart", "no") == "no" and old.attrs["State"]["ExitCode"] == 0)):
                 continue
+            if self._abandon.is_set():
+                raise ComposeError(f"{r.name} not started: `up` failed")
             if old is not None:  # stopped or failed earlier: made anew, as `docker compose up` recreates it
                 old.remove(force=True, v=True)
             c = self._container(r, network)
@@ -235,21 +239,26 @@ class Stack:
 
         running: set[str] = set()
         ready: set[str] = set()
-        while len(ready) < len(wanted):
-            for s in sorted(wanted - ready - running):
-                if deps[s] <= ready:
-                    threading.Thread(target=bring_up, args=(s,), name=f"up-{s}", daemon=True).start()
-                    running.add(s)
-            if not running:
-                raise ComposeError(f"up: circular depends_on among {', '.join(sorted(wanted - ready))}")
-            try:
-                s, exc = results.get(timeout=max(0.0, timeout - (time.monotonic() - t0)))
-            except queue.Empty:
-                raise ComposeError(f"up: still waiting after {timeout:.0f}s for: {', '.join(sorted(running))}") from None
-            if exc is not None:
-                raise exc
-            running.discard(s)
-            ready.add(s)
+        self._abandon.clear()
+        try:
+            while len(ready) < len(wanted):
+                for s in sorted(wanted - ready - running):
+                    if deps[s] <= ready:
+                        threading.Thread(target=bring_up, args=(s,), name=f"up-{s}", daemon=True).start()
+                        running.add(s)
+                if not running:
+                    raise ComposeError(f"up: circular depends_on among {', '.join(sorted(wanted - ready))}")
+                try:
+                    s, exc = results.get(timeout=max(0.0, timeout - (time.monotonic() - t0)))
+                except queue.Empty:
+                    raise ComposeError(f"up: still waiting after {timeout:.0f}s for: {', '.join(sorted(running))}") from None
+                if exc is not None:
+                    raise exc
+                running.discard(s)
+                ready.add(s)
+        except BaseException:
+            self._abandon.set()  # the services still coming up start no further container
+            raise
         return time.monotonic() - t0
 
     # -------------------------------------------------------------- down and friends
@@ -288,7 +297,8 @@ class Stack:
         for lvl in sorted(by_level, reverse=True):
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(stop, by_level[lvl]))
-        for c in containers.values():
+        # Then every container of the project, also one a failed `up`'s thread made while this ran.
+        for c in [*containers.values(), *(c for n, c in self.state().items() if n not in containers)]:
             with suppress(docker.errors.NotFound):
                 c.remove(force=True, v=True)
         slow = {n: t for n, t in sorted(took.items(), key=lambda kv: -kv[1]) if t > 10}
