@@ -2,7 +2,7 @@
 
     python -m bench.bench_gateway [--requests 200] [--batch 512] [--connections 2] [--quick] [--json]
 
-One gateway process (``python -m producers.gateway_cli``, its own data dir) on the bench broker; a
+One gateway process (``python -m producers.ingest.gateway_cli``, its own data dir) on the bench broker; a
 load generator in a separate process (this module with ``--loadgen``) posts ExportTraceServiceRequest
 bodies of ``--batch`` spans each over keep-alive HTTP connections. Throughput = spans / (time from the
 first request to the spans topic holding every span, counted by its watermarks). "Per core" divides by

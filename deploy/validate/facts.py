@@ -35,8 +35,8 @@ PREFIX = "ROLLOUTBUS_"
 
 # subcommand → the settings class its entry reads (module, class)
 SETTINGS = {
-    "gateway": ("producers.settings", "GatewaySettings"),
-    "proxy": ("producers.settings", "ProxySettings"),
+    "gateway": ("producers.ingest.settings", "GatewaySettings"),
+    "proxy": ("producers.ingest.settings", "ProxySettings"),
     "run-agent": ("producers.settings", "RunnerSettings"),
     "process": ("streams.settings", "StreamSettings"),
     "train": ("trainer.settings", "TrainerSettings"),
@@ -51,8 +51,8 @@ FLAG_FIELD_PREFIXES = ("gateway", "proxy", "runner", "streams", "train", "serve"
 # subcommand → (host field, port field, file whose GET routes it serves). The port a Service or probe
 # reaches must be the one these fields resolve to, on an address other than loopback.
 LISTENERS = {
-    "gateway": ("gateway_host", "gateway_port", "producers/gateway.py"),
-    "proxy": ("proxy_host", "proxy_port", "producers/proxy.py"),
+    "gateway": ("gateway_host", "gateway_port", "producers/ingest/gateway.py"),
+    "proxy": ("proxy_host", "proxy_port", "producers/ingest/llm_proxy.py"),
     "serve": ("serve_host", "serve_port", "trainer/serve.py"),
     "process": ("streams_metrics_host", "streams_metrics_port", "foundation/health.py"),
     "train": ("train_metrics_host", "train_metrics_port", "foundation/health.py"),
