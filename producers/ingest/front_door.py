@@ -125,7 +125,7 @@ def not_a_json_constant(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value (use null or a number)")
 
 
-def answer(status: int, reason: str, headers: dict[str, str] | None = None, *, detail: bool) -> web.Response:
+def error_response(status: int, reason: str, headers: dict[str, str] | None = None, *, detail: bool) -> web.Response:
     """A refusal in a route's shape: ``{"detail": reason}`` (Agent Lightning's routes), else plain text."""
     if detail:
         return web.json_response({"detail": reason}, status=status, headers=headers)
@@ -164,7 +164,7 @@ class FrontDoor:
                detail: bool | None = None) -> web.Response:
         """The refusal in this door's shape (or ``detail``'s), counted."""
         self.counts.answered(status)
-        return answer(status, reason, headers, detail=self.detail if detail is None else detail)
+        return error_response(status, reason, headers, detail=self.detail if detail is None else detail)
 
     def refused(self, request: web.Request) -> web.Response | None:
         """The 401 for a request without the token; None when it may go on (or no token is set)."""
@@ -230,5 +230,5 @@ class FrontDoor:
             return refuse(400, TOO_DEEP)
 
 
-__all__ = ["FrontDoor", "Counts", "BadRequest", "BodyTooLarge", "UnsupportedEncoding", "TooDeep", "inflate", "parse_json", "answer",
+__all__ = ["FrontDoor", "Counts", "BadRequest", "BodyTooLarge", "UnsupportedEncoding", "TooDeep", "inflate", "parse_json", "error_response",
            "one_line", "not_a_json_constant", "SERVER_OPTIONS", "TOO_DEEP", "SPOOL_FULL", "QUEUE_FULL"]
