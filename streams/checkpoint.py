@@ -60,8 +60,9 @@ class Committing(Protocol):
     async def commit(self, points: list[Any], final: bool) -> None:
         """Step 4: commit or ack what ``points`` carry (none: nothing was ready; earlier commits may be checked)."""
 
-    def put_back(self, points: list[Any], sent: bool) -> None:
-        """``points`` failed before their offsets went (``sent``: in step 3, their entries sent, landed or not)."""
+    def put_back(self, points: list[Any], sent: bool) -> bool:
+        """``points`` failed before their offsets went (``sent``: in step 3, their entries sent, landed or not).
+        → True when the stage took their content back (the checkpoint forgets them), False to leave them queued."""
 
 
 class Checkpoint:
@@ -103,7 +104,8 @@ class Checkpoint:
                     ready = [p for s, p in self.unsettled if s <= self.sink.written]
                 by = await self.stage.deliver() if ready else None  # 2
             except BaseException:
-                self.stage.put_back([p for _, p in self.unsettled], sent=False)
+                if self.stage.put_back([p for _, p in self.unsettled], sent=False):
+                    self.unsettled.clear()  # their content is the stage's again: the next point takes it
                 raise
             del self.unsettled[:len(ready)]
             if ready:

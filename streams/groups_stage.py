@@ -188,15 +188,17 @@ class GroupStage:
             for stream, event in point.acks:
                 await stream.ack(event)
 
-    def put_back(self, points: list[_Point], sent: bool) -> None:
+    def put_back(self, points: list[_Point], sent: bool) -> bool:
         """The events are acked at the next commit point that succeeds; the entries go with it, with their values
-        then. An entry sent may be on the changelog, failed or not: dropping the key later needs a tombstone."""
+        then. An entry sent may be on the changelog, failed or not: dropping the key later needs a tombstone.
+        → True: the points are emptied here, and the next commit point takes their content again."""
         for point in reversed(points):
             self._pending[:0] = point.acks
         for point in points:
             for slot, (table, partition, fresh), _ in point.changes:
                 self._dirty.setdefault(slot, (table, partition, fresh and not sent))
             point.acks, point.changes = [], []
+        return True
 
     def _produce(self, topic: Any, key: bytes | None, value: bytes) -> None:
         """Queue a record for the broker; the next commit point waits for its delivery (and sends it again)."""

@@ -566,10 +566,11 @@ class SpanStage:
             # a refused commit would be. Counted to the last poll: answers are served there, not while we insert.
             raise KafkaUnavailable(f"offset commit unanswered for {self._consumed_at - self._commit_sent:.0f} s")
 
-    def put_back(self, points: list[Any], sent: bool) -> None:
+    def put_back(self, points: list[Any], sent: bool) -> bool:
         """Nothing to take back: a point that failed before its entries stays queued in the checkpoint, and every
         partition's offset goes with the next commit point (``_flush``); entries librdkafka gave up on are in
         ``_redo``."""
+        return False
 
     def _flush(self, deadline: float) -> None:
         """Wait until the broker has everything produced; raise (offsets not committed) if it does not by

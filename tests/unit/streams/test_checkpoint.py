@@ -15,11 +15,6 @@ from streams.checkpoint import Checkpoint, at_once
 class Stage:
     """Records each step; ``take`` hands out numbered points; ``fail`` names a step that raises once."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.taken = 0
-        self.fail = ""
-
     def take(self, final: bool) -> str:
         self.taken += 1
         return f"p{self.taken}"
@@ -40,8 +35,15 @@ class Stage:
     async def commit(self, points: list[Any], final: bool) -> None:
         self._step("commit", list(points))
 
-    def put_back(self, points: list[Any], sent: bool) -> None:
+    def __init__(self, takes_back: bool = False) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.taken = 0
+        self.fail = ""
+        self.takes_back = takes_back
+
+    def put_back(self, points: list[Any], sent: bool) -> bool:
         self.calls.append(("put_back", (list(points), sent)))
+        return self.takes_back
 
 
 def pipelined() -> tuple[Stage, Any, Checkpoint]:
@@ -87,3 +89,17 @@ def test_a_step_that_waits_on_the_event_loop_cannot_run_at_once() -> None:
 
     with pytest.raises(RuntimeError, match="waited on it"):
         at_once(waits())
+
+
+def test_points_a_stage_takes_back_are_forgotten_and_do_not_pile_up_through_an_outage() -> None:
+    stage = Stage(takes_back=True)
+    sink = SimpleNamespace(submitted=0, written=0, pending=False, buffered=False)
+    cp = Checkpoint(stage, sink, lambda: None, None, wait=True)
+    for _ in range(50):
+        stage.fail = "deliver"
+        with pytest.raises(KafkaUnavailable):
+            cp.commit_now()
+        assert cp.unsettled == []
+    assert stage.calls[-1] == ("put_back", (["p50"], False)), "each failed point is put back once, alone"
+    cp.commit_now()
+    assert stage.calls[-3:] == [("deliver", None), ("changelog", ["p51"]), ("commit", ["p51"])]
