@@ -50,7 +50,7 @@ from producers.ingest.agl.v0_3_store import (
     span_from_agl,
     worker_reply,
 )
-from producers.ingest.front_door import BadRequest, FrontDoor, TooDeep
+from producers.ingest.front_door import BadRequest, BodyTooLarge, FrontDoor, TooDeep
 from producers.ingest.resources import Publish, Resources, newest
 from producers.mapping import MappingError
 from producers.transport import SPAN, SpanTransport
@@ -111,11 +111,17 @@ class LightningStoreRoutes:
 
     async def _json(self, request: web.Request) -> Any:
         """The body as JSON (None when empty); :class:`MappingError` for one that is too big, unreadable or not
-        JSON, which each route answers in its own words. JSON nested too deep is the front door's 400."""
+        JSON, which each route answers in its own words. Two are not the routes' to answer, as before the front
+        door: JSON nested too deep (:class:`TooDeep`, the front door's 400) and a body sent without its length
+        (chunked) found over the limit while it is read (aiohttp's own 413, raised through)."""
         try:
             return await self.door.json(request)
         except TooDeep:
             raise
+        except BodyTooLarge as exc:
+            if isinstance(exc.__cause__, web.HTTPRequestEntityTooLarge):
+                raise exc.__cause__ from None
+            raise MappingError(str(exc)) from exc
         except BadRequest as exc:
             raise MappingError(str(exc)) from exc
 
@@ -219,7 +225,9 @@ class LightningStoreRoutes:
         try:
             body = await self._json(request)
             [req] = enqueue_requests(body)
-        except (MappingError, EnqueueError, ValueError) as exc:
+        except TooDeep:  # a ValueError too, but the front door's 400, not this route's 422
+            raise
+        except (MappingError, EnqueueError, ValueError) as exc:  # ValueError: not one rollout
             return self.door.refuse(422, f"not a rollout request: {exc}")
         rid, aid, now = new_rollout_id(), new_attempt_id(), time.time()
         task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or self._resources_id(),

@@ -53,7 +53,7 @@ from producers.ingest.agl.v1_api import (
     task_from_create,
 )
 from producers.ingest.agl.v1_events import EVENT_PATH, event_to_span
-from producers.ingest.front_door import BadRequest, Counts, FrontDoor, not_a_json_constant, parse_json
+from producers.ingest.front_door import BadRequest, Counts, FrontDoor, TooDeep, not_a_json_constant, parse_json
 from producers.ingest.resources import Resources
 from producers.mapping import MappingError
 from producers.transport import SPAN, SpanTransport
@@ -119,7 +119,10 @@ class AgentLightning1Routes:
     async def _json(self, request: web.Request) -> Any:
         """The body as JSON (None when empty); :class:`BadRequest` with one line for a body that is too big,
         unreadable, not JSON or nested too deep (each answered 400)."""
-        body = await self.door.json(request)
+        try:
+            body = await self.door.json(request)
+        except TooDeep:
+            raise BadRequest("body is JSON nested too deep") from None  # this API's words, as before the front door
         try:
             check_depth(body)
         except MappingError as exc:

@@ -1,11 +1,13 @@
 """The gateway's front door (producers/ingest/front_door.py) as each family of routes answers through it: the
-body limit by Content-Length, a spool that cannot keep a record, the token; and the events route of Agent
-Lightning 1.x counted with the OTLP route. The transport is an in-memory stand-in; no broker."""
+body limit by Content-Length and while a body sent without one is read, JSON nested too deeply, a spool that
+cannot keep a record, the token; and the events route of Agent Lightning 1.x counted with the OTLP route. The
+transport is an in-memory stand-in; no broker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,18 +28,36 @@ class FullTransport(MemoryTransport):
         return False
 
 
-def call(gw: Gateway, requests: list[tuple[str, str, bytes, dict[str, str]]]) -> list[tuple[int, str, dict[str, str]]]:
+async def pieces(body: bytes, size: int = 300) -> AsyncIterator[bytes]:
+    """``body`` in pieces: aiohttp's client sends it chunked, without a Content-Length."""
+    for i in range(0, len(body), size):
+        yield body[i:i + size]
+
+
+def call(gw: Gateway, requests: list[tuple[str, str, bytes, dict[str, str]]], *,
+         chunked: bool = False) -> list[tuple[int, str, dict[str, str]]]:
+    """Each request's (status, text, headers); ``chunked``: bodies sent without a Content-Length."""
     async def go() -> list[tuple[int, str, dict[str, str]]]:
         server = TestServer(gw.app())
         await server.start_server(**SERVER_OPTIONS)
         out = []
         async with TestClient(server) as client:
             for method, path, body, headers in requests:
-                r = await client.request(method, path, data=body, headers=headers)
+                r = await client.request(method, path, data=pieces(body) if chunked else body, headers=headers)
                 out.append((r.status, await r.text(), dict(r.headers)))
         return out
 
     return asyncio.run(go())
+
+
+def answered(gw: Gateway) -> dict[str, float]:
+    """rolloutbus_gateway_requests_total by its code label: the answers the gateway counted."""
+    out = {}
+    for line in generate_latest(gw.registry).decode().splitlines():
+        if line.startswith("rolloutbus_gateway_requests_total{"):
+            name, value = line.rsplit(" ", 1)
+            out[name.split('"')[1]] = float(value)
+    return out
 
 
 # (path, status, shape): each family keeps the status it gave a body over the limit before the front door was one.
@@ -57,6 +77,71 @@ def test_a_body_over_the_limit_is_refused_in_its_routes_shape(path: str, status:
     [(got, text, _headers)] = call(gw, [("POST", path, b"x" * 1001, AUTH)])
     assert got == status, text
     assert (json.loads(text) == {"detail": reason}) if shape == "detail" else (text == reason), text
+
+
+# Sent without its length (chunked), a body over the limit is found while it is read. Each family answers as it
+# did before the front door: OTLP and the events route 413 (counted), 1.x's /api 400 in its shape, 0.3's /v1/agl
+# aiohttp's own 413 (plain text; its routes let aiohttp's refusal through). "counted": in requests_total. The
+# body is well over the limit: aiohttp's own limit, the gateway's + 1, lets one byte more through.
+CHUNKED = [
+    ("/v1/traces", 413, "text", "body is over the limit of 1000 bytes", True),
+    (EVENT, 413, "text", "body is over the limit of 1000 bytes", True),
+    ("/api/rollouts", 400, "detail", "body is over the limit of 1000 bytes", False),
+    ("/v1/agl/spans", 413, "aiohttp", "Maximum request body size 1001 exceeded.", False),
+    ("/v1/agl/rollouts", 413, "aiohttp", "Maximum request body size 1001 exceeded.", False),
+    ("/v1/agl/queues/rollouts/enqueue", 413, "aiohttp", "Maximum request body size 1001 exceeded.", False),
+]
+
+
+@pytest.mark.parametrize("path,status,shape,reason,counted", CHUNKED, ids=[p for p, *_ in CHUNKED])
+def test_a_chunked_body_over_the_limit_is_refused_as_before(path: str, status: int, shape: str, reason: str,
+                                                            counted: bool) -> None:
+    gw = Gateway(MemoryTransport(), token="tok", max_body_bytes=1000)  # type: ignore[arg-type]
+    gw.agl1_api.queue = gw.agl_store.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    [(got, text, headers)] = call(gw, [("POST", path, b"x" * 2000, AUTH)], chunked=True)
+    assert got == status, text
+    if shape == "detail":
+        assert json.loads(text) == {"detail": reason}
+    elif shape == "text":
+        assert text == reason
+    else:  # aiohttp's, at its own limit (the gateway's + 1)
+        assert text == reason and headers["Content-Type"].startswith("text/plain"), text
+    assert answered(gw) == ({str(status): 1} if counted else {})
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # beyond Python's recursion limit
+TOO_DEEP = "body is nested too deeply: JSON arrays and objects may nest a few hundred levels at most"
+
+
+@pytest.mark.parametrize("path", ["/v1/agl/rollouts", "/v1/agl/spans", "/v1/agl/queues/rollouts/enqueue",
+                                  "/v1/agl/rollouts/ro-1/attempts/at-1", "/v1/agl/workers/w-1"])
+def test_json_nested_too_deeply_is_400_on_every_0_3_route_and_counted(path: str) -> None:
+    gw = Gateway(MemoryTransport(), token="tok")  # type: ignore[arg-type]
+    gw.agl_store.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    [(status, text, _headers)] = call(gw, [("POST", path, DEEP, AUTH)])
+    assert (status, json.loads(text)) == (400, {"detail": TOO_DEEP}), text
+    assert answered(gw) == {"400": 1}
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/api/rollouts"), ("PATCH", "/api/rollouts/ro-1")])
+def test_json_nested_too_deeply_is_400_in_1_x_words(method: str, path: str) -> None:
+    gw = Gateway(MemoryTransport(), token="tok")  # type: ignore[arg-type]
+    gw.agl1_api.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    [(status, text, _headers)] = call(gw, [(method, path, DEEP, AUTH)])
+    assert (status, json.loads(text)) == (400, {"detail": "body is JSON nested too deep"}), text
+    assert answered(gw) == {}
+
+
+@pytest.mark.parametrize("path,shape", [("/v1/traces", "text"), ("/v1/agl/spans", "detail")])
+def test_a_compressed_body_over_the_limit_as_sent_is_413(path: str, shape: str) -> None:
+    """The front door reads a compressed body before any route, as sent: over the limit, aiohttp's limit
+    answers it, with the gateway's limit in the reason (not its Content-Length)."""
+    gw = Gateway(MemoryTransport(), token="tok", max_body_bytes=1000)  # type: ignore[arg-type]
+    [(status, text, _headers)] = call(gw, [("POST", path, b"x" * 3000, {**AUTH, "Content-Encoding": "gzip"})])
+    reason = "body is over the limit of 1000 bytes"
+    assert status == 413, text
+    assert (json.loads(text) == {"detail": reason}) if shape == "detail" else (text == reason), text
+    assert answered(gw) == {"413": 1}
 
 
 @pytest.mark.parametrize("path,shape", [("/v1/traces", "text"), (EVENT, "text"), ("/v1/agl/spans", "detail")])
