@@ -8,7 +8,8 @@ an OpenTelemetry span); the agent library never imports it.
   ``/v1/traces`` (decoding: :mod:`~producers.ingest.otlp`), beside Agent Lightning's APIs
   (:mod:`producers.ingest.agl`), ``/healthz`` and ``/metrics``;
 * :mod:`~producers.ingest.front_door`: what every gateway route does first (token, body limit, body read,
-  error shape), with the credential check :mod:`~producers.ingest.auth`;
+  error shape), with the credential check :mod:`~producers.ingest.auth` and the refusals' exceptions
+  :mod:`~producers.ingest.errors` (no HTTP server: what decodes a body raises them too);
 * :mod:`~producers.ingest.resources`: the newest versions on rb.resources, one follower per gateway;
 * :mod:`~producers.ingest.llm_proxy` (``rolloutbus proxy``, :mod:`~producers.ingest.llm_proxy_cli`): the
   OpenAI-compatible LLM proxy that records token ids (agents reach it with :mod:`producers.proxy`);

@@ -12,6 +12,9 @@
   do, the OTLP route plain text (:meth:`FrontDoor.refuse`);
 * **503 with Retry-After** when the span transport cannot keep what a route hands it (:meth:`FrontDoor.deliver`).
 
+The refusals' exceptions and words are :mod:`producers.ingest.errors`' (re-exported here), so what decodes a
+body raises them without importing the HTTP server.
+
 The gateway (:mod:`producers.ingest.gateway`) and Agent Lightning's routes (:mod:`producers.ingest.agl`)
 each hold one :class:`FrontDoor`. The LLM proxy keeps its own (:mod:`producers.ingest.llm_proxy`): it
 takes Bearer only, answers in OpenAI's error shape and refuses a compressed body rather than inflating it.
@@ -29,10 +32,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from producers.ingest.auth import CHALLENGE, REFUSED, authorized
+from producers.ingest.errors import TOO_DEEP, BadRequest, BodyTooLarge, TooDeep, UnsupportedEncoding, one_line
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SpanTransport
 
-TOO_DEEP = "body is nested too deeply: JSON arrays and objects may nest a few hundred levels at most"
 SPOOL_FULL = "Kafka is unreachable and the local spool is full; retry later"
 QUEUE_FULL = "the local queue is full; retry later"
 # Agent Lightning's routes: their refusals are FastAPI's {"detail": ...}.
@@ -43,36 +46,6 @@ DETAIL_PATHS = ("/v1/agl/", "/api/")
 # the middleware with these options (``web.run_app(app, **SERVER_OPTIONS)``).
 SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 ENCODINGS = ("gzip", "x-gzip", "deflate")
-
-
-class BadRequest(ValueError):
-    """A body the routes cannot use (400); its message is the one line the client gets."""
-
-    status = 400
-
-
-class BodyTooLarge(BadRequest):
-    """The body, as sent or decompressed, is over the limit."""
-
-    status = 413
-
-
-class UnsupportedEncoding(BadRequest):
-    """A Content-Encoding the front door does not decode."""
-
-    status = 415
-
-
-class TooDeep(BadRequest):
-    """JSON nested beyond Python's recursion limit: 400 :data:`TOO_DEEP` from whichever route meets it."""
-
-    def __init__(self) -> None:
-        super().__init__(TOO_DEEP)
-
-
-def one_line(exc: BaseException, limit: int = 500) -> str:
-    """An exception's message on one line, at most ``limit`` characters."""
-    return " ".join(str(exc).split())[:limit]
 
 
 def inflate(body: bytes, encoding: str, limit: int) -> bytes:

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from foundation.errors import EncodeError
-from producers.ingest.front_door import TOO_DEEP, BadRequest, one_line
+from producers.ingest.errors import TOO_DEEP, BadRequest, one_line
 from producers.mapping import Attribution, MappingError, otel_to_span
 from producers.transport import SPAN
 from schemas.codec import encode_raw
