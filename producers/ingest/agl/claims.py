@@ -1,6 +1,7 @@
 """Agent Lightning's rollout queue on rb.tasks, both APIs': the claim bookkeeping of one gateway replica.
 Pure (the consumer and its commits are :mod:`producers.ingest.agl.queue`; the records of 0.3's queue calls
-:mod:`producers.ingest.agl.v0_3_queue`, of 1.x's :mod:`producers.ingest.agl.v1_api`).
+:mod:`producers.ingest.agl.v0_3_queue_records`, of 1.x's :mod:`producers.ingest.agl.v1_api`). It imports
+neither version: the task metadata keys both write, and the claims read back, are here.
 
 The replicas are one consumer group on rb.tasks, so each task partition has one owner. The owner hands
 its partitions' tasks out (a *claim*: one attempt of one rollout, with a deadline), and commits a
@@ -17,13 +18,25 @@ ClickHouse for an update that reached another one). One that reaches its deadlin
 from __future__ import annotations
 
 import json
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.ingest.agl.v0_3_queue import CONFIG, ROLLOUT_ID, new_attempt_id
-from producers.ingest.agl.v1_api import AGL1_ROLLOUT
 from schemas.models import Task
+
+# Task metadata keys of a rollout enqueued through either API (0.3's store, 1.x's server): its id and its
+# config (max_attempts, timeout_seconds, retry_condition), which the claims read back.
+ROLLOUT_ID = "agl.rollout_id"
+CONFIG = "agl.config"
+# Task metadata of a rollout created through 1.x's API (its Rollout's JSON): its controllers run it, not 0.3's
+# dequeue (:attr:`Slot.agl1`). Its id and config go under the keys above.
+AGL1_ROLLOUT = "agl1.rollout"
+
+
+def new_attempt_id() -> str:
+    """An attempt id as Agent Lightning's store makes them (``at-`` + 8 characters)."""
+    return "at-" + uuid.uuid4().hex[:8]
 
 
 def rollout_count(task: Task) -> int:
@@ -275,4 +288,4 @@ class ClaimBook:
 
 
 __all__ = ["ClaimBook", "Claim", "Slot", "Limits", "limits_of", "rollout_count", "rollout_id_of", "claim_mark", "read_mark",
-           "RETRIED"]
+           "RETRIED", "ROLLOUT_ID", "CONFIG", "AGL1_ROLLOUT", "new_attempt_id"]

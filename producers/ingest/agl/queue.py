@@ -19,7 +19,7 @@ from typing import Any
 from foundation.config import Topics
 from foundation.errors import DecodeError, KafkaUnavailable, ServiceError, ValidationError
 from producers.ingest.agl.claims import Claim, ClaimBook, Slot, claim_mark, read_mark
-from producers.ingest.agl.v0_3_queue import attempted_rollout, new_rollout_id, rollout_reply, task_from_request
+from producers.ingest.agl.v0_3_queue_records import attempted_rollout, new_rollout_id, rollout_reply, task_from_request
 from producers.ingest.resources import Resources
 from producers.transport import SpanTransport
 from schemas.codec import decode, encode

@@ -3,7 +3,7 @@
 The attempt-level calls its runner makes — health, spans, sequence ids, attempt updates, resources,
 worker heartbeats — mapped by :mod:`producers.ingest.agl.v0_3_store`. Its OTLP endpoint (``/v1/traces``) is the
 gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``) is rb.tasks, claimed through
-:mod:`producers.ingest.agl.queue` (its records :mod:`producers.ingest.agl.v0_3_queue`'s); ``start_rollout``
+:mod:`producers.ingest.agl.queue` (its records :mod:`producers.ingest.agl.v0_3_queue_records`'); ``start_rollout``
 starts an attempt the caller runs at once (no task); ``add_resources`` / ``update_resources`` publish
 versions on rb.resources (:mod:`producers.ingest.resources`); the reads and ``wait_for_rollouts`` answer from
 ClickHouse. The other calls answer 501 naming the call. Token, body and error shape are the front door's
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from foundation.errors import EncodeError, KafkaUnavailable
-from producers.ingest.agl.v0_3_queue import (
+from producers.ingest.agl.claims import new_attempt_id
+from producers.ingest.agl.v0_3_queue_records import (
     EnqueueError,
     attempted_rollout,
     enqueue_requests,
-    new_attempt_id,
     new_rollout_id,
     task_from_request,
 )

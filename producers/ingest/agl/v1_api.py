@@ -33,14 +33,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from producers.ingest.agl.v0_3_queue import CONFIG, ROLLOUT_ID
+from producers.ingest.agl.claims import AGL1_ROLLOUT, CONFIG, ROLLOUT_ID
 from producers.mapping import MappingError, attr_str
 from schemas.models import SPANS_UNKNOWN, ResourceVersion, RolloutEvent, Task
 
 PREFIX = "/api"
-# Task metadata of a rollout created through this API (its Rollout's JSON): its controllers run it, not 0.3's
-# dequeue (:attr:`producers.ingest.agl.claims.Slot.agl1`). Its id and config go under 0.3's keys.
-AGL1_ROLLOUT = "agl1.rollout"
 DEFAULT_ATTEMPT_ID = "0"  # what its controllers hand every agent (agentlightning.schemas.DEFAULT_ATTEMPT_ID)
 STATES = ("queuing", "running", "succeeded", "failed")
 TERMINAL = ("succeeded", "failed")
@@ -312,7 +309,7 @@ def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rol
     return f"{endpoint}/rollout/{rollout_id}/attempt/{attempt_id}/v1/{path}"
 
 
-__all__ = ["PREFIX", "AGL1_ROLLOUT", "DEFAULT_ATTEMPT_ID", "STATES", "TERMINAL", "MAX_DEPTH", "check_depth", "check_rollout_creates",
+__all__ = ["PREFIX", "DEFAULT_ATTEMPT_ID", "STATES", "TERMINAL", "MAX_DEPTH", "check_depth", "check_rollout_creates",
            "new_rollout", "task_id_of", "check_rollout_patch", "finished_from_patch",
            "patched_rollout", "models_reply", "policy_version", "LIST_LIMIT", "LLM_PATHS", "task_from_create", "rollout_of_task",
            "check_list_query", "listing", "llm_upstream", "ENDED_COLUMNS", "ended_rollout"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from producers.ingest.agl.claims import ClaimBook, claim_mark, read_mark
-from producers.ingest.agl.v0_3_queue import EnqueueError, attempted_rollout, enqueue_requests, rollout_reply, task_from_request
+from producers.ingest.agl.v0_3_queue_records import EnqueueError, attempted_rollout, enqueue_requests, rollout_reply, task_from_request
 from schemas.models import Task
 
 
@@ -177,7 +177,7 @@ def test_what_a_request_leaves_out_of_its_config_is_the_gateway_s_and_said_so() 
 @pytest.mark.parametrize("config", [{"max_attempts": 0}, {"max_attempts": True}, {"max_attempts": "3"},
                                     {"timeout_seconds": -1}, {"timeout_seconds": "1"}, {"retry_condition": "failed"}])
 def test_a_config_value_that_cannot_be_used_is_the_gateway_s(config: dict) -> None:
-    from producers.ingest.agl.v0_3_queue import CONFIG
+    from producers.ingest.agl.claims import CONFIG
 
     b = book(timeout=10, max_attempts=2)
     t = task("x")

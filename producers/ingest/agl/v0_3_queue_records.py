@@ -3,8 +3,8 @@
 its store answers. Pure (the routes are :mod:`producers.ingest.agl.v0_3_store_http`, the queue
 :mod:`producers.ingest.agl.queue`).
 
-Its metadata keys on a task (the rollout's id, config) are read back by the queue's claims
-(:mod:`producers.ingest.agl.claims`) and written by 1.x's rollouts too (:mod:`producers.ingest.agl.v1_api`).
+The metadata keys on a task that 1.x's rollouts write too (the rollout's id, its config), and the attempt ids,
+are the queue's claims' (:mod:`producers.ingest.agl.claims`), which read them back.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from producers.ingest.agl.claims import CONFIG, ROLLOUT_ID
 from schemas.models import Task
 
-# Task metadata keys of a rollout enqueued through the store API: what its dequeue gives back.
-ROLLOUT_ID = "agl.rollout_id"
+# Task metadata keys of a rollout enqueued through the store API, besides the claims' (its id, its config):
+# what its dequeue gives back.
 RESOURCES_ID = "agl.resources_id"
-CONFIG = "agl.config"
 METADATA = "agl.metadata"
 DEFAULT_CONFIG = {"timeout_seconds": None, "unresponsive_seconds": None, "max_attempts": 1, "retry_condition": []}
 MODES = ("train", "val", "test")
@@ -33,10 +33,6 @@ class EnqueueError(ValueError):
 def new_rollout_id() -> str:
     """A rollout id as Agent Lightning's store makes them (``ro-`` + 12 characters)."""
     return "ro-" + uuid.uuid4().hex[:12]
-
-
-def new_attempt_id() -> str:
-    return "at-" + uuid.uuid4().hex[:8]
 
 
 def enqueue_requests(body: Any) -> list[Mapping[str, Any]]:
@@ -103,4 +99,4 @@ def attempted_rollout(task: Task, rollout_id: str, *, attempt_id: str, attempt: 
 
 
 __all__ = ["EnqueueError", "enqueue_requests", "task_from_request", "rollout_reply", "attempted_rollout", "new_rollout_id",
-           "new_attempt_id", "DEFAULT_CONFIG", "MODES", "ROLLOUT_ID", "RESOURCES_ID", "CONFIG", "METADATA"]
+           "DEFAULT_CONFIG", "MODES", "RESOURCES_ID", "METADATA"]
