@@ -13,7 +13,7 @@ The workload (``--spans`` rounded to whole rollouts of 16 spans, a quarter of th
   (``schemas.codec.encode_raw``). The transport's spool and librdkafka are not in this figure
   (``bench_producers.py`` measures the whole producer into a real broker).
 - **gateway** — OTLP/HTTP protobuf bodies of 512 spans (the workload's spans as an OpenTelemetry
-  exporter sends them: ids and token ids as attributes) → ``producers.ingest.otlp.map_body`` (the
+  exporter sends them: ids and token ids as attributes) → ``producers.ingest.otlp_decoding.map_body`` (the
   compiled mapping of native/ where installed), what ``Gateway.traces`` does per request before it
   hands the bytes to the transport (``bench_gateway.py`` measures the whole gateway process over HTTP
   into Kafka).
@@ -160,7 +160,7 @@ def otlp_bodies(rollouts: list[list[SynthSpan]]) -> tuple[list[bytes], int]:
 def gateway(bodies: list[bytes]) -> int:
     """The gateway's work on each body: ``map_body`` (the compiled mapping of native/ where installed,
     the reference for the spans it declines), to the records the transport takes."""
-    from producers.ingest.otlp import map_body
+    from producers.ingest.otlp_decoding import map_body
 
     n = 0
     for body in bodies:

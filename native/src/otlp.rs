@@ -2,7 +2,7 @@
 //! `rolloutbus.Span` record (single-object Avro) per span, in one pass over the bytes, without a
 //! Python object per attribute or per token id.
 //!
-//! The reference is `producers.ingest.otlp.request_to_spans` (upb's parse, `producers.mapping.otel_to_span`,
+//! The reference is `producers.ingest.otlp_decoding.request_to_spans` (upb's parse, `producers.mapping.otel_to_span`,
 //! `schemas.codec.encode_raw`). This path takes the common shapes only — plain spans, LLM calls with
 //! token ids and logprobs, tool calls, `agentlightning.reward.{i}` rewards, ids on the span or on its
 //! resource — and declines the rest: a span it declines is `None` in the answer, and the gateway maps

@@ -5,7 +5,7 @@ extra: aiohttp, prometheus-client). It may import the agent library (the span tr
 an OpenTelemetry span); the agent library never imports it.
 
 * :mod:`~producers.ingest.gateway` (``rolloutbus gateway``, :mod:`~producers.ingest.gateway_cli`): OTLP/HTTP
-  ``/v1/traces`` (decoding: :mod:`~producers.ingest.otlp`), beside Agent Lightning's APIs
+  ``/v1/traces`` (decoding: :mod:`~producers.ingest.otlp_decoding`), beside Agent Lightning's APIs
   (:mod:`producers.ingest.agl`), ``/healthz`` and ``/metrics``;
 * :mod:`~producers.ingest.front_door`: what every gateway route does first (token, body limit, body read,
   error shape), with the credential check :mod:`~producers.ingest.auth` and the refusals' exceptions

@@ -1,7 +1,7 @@
 """What the ingest service refuses a body for: the exceptions its routes answer with a status, and their words.
 
 No HTTP server here (aiohttp is :mod:`producers.ingest.front_door`'s, which re-exports these), so what decodes
-a body (:mod:`producers.ingest.otlp`) raises them without importing the server.
+a body (:mod:`producers.ingest.otlp_decoding`) raises them without importing the server.
 """
 
 from __future__ import annotations

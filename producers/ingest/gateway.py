@@ -7,7 +7,7 @@ Answers as the OTLP spec asks: 200 with ``partial_success.rejected_spans`` for s
 ours, 400 with a reason for undecodable bodies, 413 over the size limit, 503 + ``Retry-After`` when
 Kafka is down and the spool is full, 401 without the configured bearer token (every route's checks are
 :mod:`producers.ingest.front_door`'s). ``/healthz`` and Prometheus ``/metrics`` too. Decoding and
-mapping are :mod:`producers.ingest.otlp`'s.
+mapping are :mod:`producers.ingest.otlp_decoding`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
 from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from producers.ingest.auth import authorized
 from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, FrontDoor
-from producers.ingest.otlp import _OTLP_COMPILED, JSON, PROTOBUF, map_body
+from producers.ingest.otlp_decoding import _OTLP_COMPILED, JSON, PROTOBUF, map_body
 from producers.ingest.resources import Resources
 from producers.spool import FRAME_OVERHEAD
 from producers.transport import SpanTransport

@@ -466,7 +466,7 @@ def _gateway_ctype(headers: dict[str, str]) -> str:
 def account_otlp(status: int, headers: dict[str, str], answer: bytes, sent_body: bytes) -> None:
     """An OTLP request answered 200: every span in it was accepted or counted as rejected."""
     from producers.ingest.front_door import inflate
-    from producers.ingest.otlp import decode_request
+    from producers.ingest.otlp_decoding import decode_request
 
     if status != 200:
         return

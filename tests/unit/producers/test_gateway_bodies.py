@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from producers.ingest.gateway import SERVER_OPTIONS, Gateway
-from producers.ingest.otlp import BadRequest, decode_request, request_to_spans
+from producers.ingest.otlp_decoding import BadRequest, decode_request, request_to_spans
 from tests.unit.producers.memory_transport import MemoryTransport
 
 

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from producers import mapping
-from producers.ingest.otlp import request_to_spans
+from producers.ingest.otlp_decoding import request_to_spans
 from schemas.models import UNNUMBERED
 from tests.unit.producers import mapping_reference as ref
 
@@ -121,7 +121,7 @@ def test_request_to_spans_as_before(resources: list) -> None:
 def reference_request_to_spans(req: ExportTraceServiceRequest) -> tuple[list, list]:
     """The gateway's loop as it was, over the reference mapping."""
     from producers.ingest.front_door import one_line as _one_line
-    from producers.ingest.otlp import _attrs
+    from producers.ingest.otlp_decoding import _attrs
 
     spans: list = []
     errors: list = []

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from producers import mapping
-from producers.ingest import otlp
+from producers.ingest import otlp_decoding as otlp
 from tests.unit.schemas.test_span_avro import hostile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))

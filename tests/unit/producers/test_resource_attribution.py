@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from google.protobuf import json_format
 
-from producers.ingest.otlp import decode_request, request_to_spans
+from producers.ingest.otlp_decoding import decode_request, request_to_spans
 from producers.mapping import MappingError, otel_to_span, span_ids
 from producers.otel import RolloutSpanExporter, readable_to_avro
 from test_context_emit import Recorder
