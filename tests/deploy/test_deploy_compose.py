@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -56,7 +57,9 @@ def say(msg: str) -> None:
 
 
 def _free_ports(n: int, consecutive: bool = False) -> list[int]:
-    """``n`` ports free on this host now (``consecutive``: a run of n)."""
+    """``n`` ports free on this host now (``consecutive``: a run of n), below the kernel's ephemeral range: a port
+    from that range, free when chosen, can be any outgoing connection's own by the time a container publishes it
+    (seen: a gateway's host port taken between the choice and the start), as tests/conftest.py's broker ports."""
     def free(port: int) -> bool:
         with socket.socket() as s:
             try:
@@ -65,12 +68,14 @@ def _free_ports(n: int, consecutive: bool = False) -> list[int]:
                 return False
             return True
 
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
     out: list[int] = []
     for _ in range(500):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            p = s.getsockname()[1]
-        if p > 60000:
+        p = random.randrange(10000, low - n) if low - n > 10000 else random.randrange(1024, 10000)
+        if not free(p):
             continue
         if consecutive:
             if all(free(p + i) for i in range(n)):
