@@ -4,7 +4,7 @@ step times, tokens/s and peak memory at two model sizes, and verl's DataProto pa
 What it runs (``trainer.torch_backend.TorchGRPOBackend.step``, the step ``rolloutbus train`` takes; nothing
 copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon as it is done:
 
-(a) correctness: recorded GroupBatches (``recorded_groups.bin`` beside this file, the project's Avro
+(a) correctness: recorded GroupBatches (``recorded_groups.avro`` beside this file, the project's Avro
     single-object records) through one step of a model of SmolLM2-135M's architecture (seeded random
     weights: the packaged GGUF is 89 MiB, over the 64 MiB a GPU run may carry), in float32 and bfloat16,
     on the device and on the CPU from the same weights; loss, the step's metrics and every gradient
@@ -71,7 +71,7 @@ from schemas.models import GroupBatch, Transition  # noqa: E402
 from trainer.grpo import GRPOConfig, group_advantages  # noqa: E402
 from trainer.torch_backend import TorchGRPOBackend  # noqa: E402
 
-FIXTURE = Path(__file__).with_name("recorded_groups.bin")
+FIXTURE = Path(__file__).with_name("recorded_groups.avro")
 
 # The trainer's defaults (trainer/settings.py; tests/gpu/test_gpu_check.py keeps these equal to them):
 # settings are not imported because pydantic-settings is not carried to the GPU machine.
