@@ -40,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import venvs
+from foundation import venvs
 from bench.loadgen import http_json
 from bench.report import pct
 from bench.workload import WorkloadSpec, generate, size_summary, to_agentlightning

@@ -68,7 +68,7 @@ from bench.common import (
 )
 from bench.loadgen import fan_out, http_json, post, rejected_spans
 from bench.report import emit_json, log, pct
-from bench.venvs import AL03_PINS, AL03_VERSION, CACHE, ensure_venv
+from foundation.venvs import AL03_PINS, AL03_VERSION, CACHE, ensure_venv
 from bench.workload import SPANS_PER_ROLLOUT, SynthSpan, WorkloadSpec, iter_rollouts
 
 BODY_ROLLOUTS = 32  # 512 spans per OTLP request
@@ -78,7 +78,7 @@ SYSTEMS = ("rolloutbus", "al1", "al03", "rbev")  # rbev: rolloutbus fed the way 
 DEFAULT_SYSTEMS = ("rolloutbus", "al1", "al03")
 LABELS = {"rolloutbus": "rolloutbus (gateway + worker + store)", "al1": "Agent Lightning 1.0.2 server",
           "al03": "Agent Lightning 0.3.0 store", "rbev": "rolloutbus fed as 1.0.2 is (one event per span)"}
-AL03_VENV = CACHE / f"bench-agentlightning-{AL03_VERSION}"  # the pins are the tests' (bench/venvs.py)
+AL03_VENV = CACHE / f"bench-agentlightning-{AL03_VERSION}"  # the pins are the tests' (foundation/venvs.py)
 FINISH_GRACE_S = 0.5
 POLL_S = 0.2
 

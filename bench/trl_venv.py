@@ -5,7 +5,7 @@ installed once, with the same torch version as the running interpreter's (no loc
 under ``~/.cache/rolloutbus/bench-trl-1.16.0`` (override the place with ``ROLLOUTBUS_BENCH_TRL_VENV``);
 a marker file makes later runs skip it. A venv that already imports trl 1.16.0 but has no marker (one
 installed by hand) is accepted and marked. A failed install raises :class:`TRLInstallError` with pip's
-last line. The venv is made by :func:`bench.venvs.ensure_venv`, as the Agent Lightning ones are.
+last line. The venv is made by :func:`foundation.venvs.ensure_venv`, as the Agent Lightning ones are.
 
     .venv/bin/python -m bench.trl_venv    # prints the venv's python, installing it first if need be
 """
@@ -17,7 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from bench.venvs import CACHE, VenvError, ensure_venv
+from foundation.venvs import CACHE, VenvError, ensure_venv
 
 TRL_VERSION = "1.16.0"
 DEFAULT_VENV = CACHE / f"bench-trl-{TRL_VERSION}"

@@ -1,5 +1,5 @@
 """Agent Lightning 0.3.0 in its own virtualenv, for the compatibility tests; made by the benches' own maker
-(:func:`bench.venvs.ensure_venv`, which the tests may import), cached apart from the bench's venvs.
+(:func:`foundation.venvs.ensure_venv`, which the tests may import), cached apart from the bench's venvs.
 
 0.3.0 is what pip resolves on Python 3.11 and the line whose tracers export OTLP. Its OpenTelemetry
 range is open (>=1.35), but 1.45 breaks it, so the venv pins 1.44. Installed once under
@@ -9,7 +9,7 @@ fail with its message, they never skip.
 
 :func:`ensure_venv_1x` does the same for Agent Lightning 1.x (its event URL clients), which needs
 Python >= 3.12: ``ROLLOUTBUS_TEST_AL_PYTHON`` if set, else ``python3.13``/``python3.12`` on the PATH, else
-one under ``~/.pyenv/versions`` (:func:`bench.venvs.find_python`); cached under
+one under ``~/.pyenv/versions`` (:func:`foundation.venvs.find_python`); cached under
 ``~/.cache/rolloutbus/test-agentlightning-1.0.2`` (``ROLLOUTBUS_TEST_AL1_VENV``).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench import venvs
+from foundation import venvs
 
 AL_VERSION = venvs.AL03_VERSION
 PINS = venvs.AL03_PINS

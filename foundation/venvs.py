@@ -1,9 +1,8 @@
 """A pinned tool in a virtualenv of its own, installed once: the one maker of the benches' Agent Lightning and
 TRL environments and of the tests' Agent Lightning ones (``tests/integration/producers/al_venv.py``).
 
-Why it lives here: ``bench/`` is the project's top floor (it may import every package and none imports it)
-and the tests may import ``bench``, so both reach it without an import running back up; and it is no part
-of what ships (``rolloutbus/`` and below), only of what measures and tests it. Standard library only.
+Why it lives here: the applications (a policy server's engine), the benches and the tests all make such
+venvs, and foundation/ is the floor every one of them may import. Standard library only.
 
 A venv is ready once its marker file ``.installed-<first pin>`` is there (``.installed-agentlightning-0.3.0``,
 ``.installed-trl-1.16.0``): later calls skip pip. A failed or overlong install raises the caller's error
