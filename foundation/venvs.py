@@ -40,12 +40,13 @@ def marker(venv: Path, pins: Sequence[str]) -> Path:
 
 def ensure_venv(venv: Path, pins: Sequence[str], *, base: Callable[[], str] = lambda: sys.executable,
                 timeout: float = 900, error: type[Exception] = VenvError, present: Callable[[Path], bool] | None = None,
-                say: Callable[[str], None] | None = None) -> Path:
+                say: Callable[[str], None] | None = None, install: Callable[[str, float], None] | None = None) -> Path:
     """The venv's python, with ``pins`` installed on first use.
 
     ``base``: the interpreter the venv is made from, asked only when there is none yet; ``present``: whether
     a venv without the marker (installed by hand) already has the pins, then it is only marked; ``say``:
-    one line before a first install."""
+    one line before a first install; ``install(python, timeout)``: a recipe of several pip runs in place of
+    one ``pip install pins`` (vLLM's CPU wheel: see ``trainer/vllm_venv.py``)."""
     python = venv / "bin" / "python"
     done = marker(venv, pins)
     if done.exists() and python.exists():
@@ -58,8 +59,11 @@ def ensure_venv(venv: Path, pins: Sequence[str], *, base: Callable[[], str] = la
     try:
         if not python.exists():
             subprocess.run([base(), "-m", "venv", str(venv)], check=True, capture_output=True, text=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True, capture_output=True, text=True,
-                       timeout=timeout)
+        if install is not None:
+            install(str(python), timeout)
+        else:
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True, capture_output=True, text=True,
+                           timeout=timeout)
     except subprocess.CalledProcessError as exc:
         last = (exc.stderr or exc.stdout or "").strip().splitlines()
         raise error(f"installing {' '.join(pins)} into {venv} failed: {last[-1] if last else exc}") from exc
