@@ -69,6 +69,11 @@ class Topics:
         return f"{self.prefix}dlq"
 
     @property
+    def feedback(self) -> str:
+        """Late rewards (Feedback records) keyed by rollout id; the stream worker makes it."""
+        return f"{self.prefix}feedback"
+
+    @property
     def agl_dequeue_group(self) -> str:
         """The consumer group of the gateway replicas on rb.tasks (Agent Lightning's queue, /v1/agl):
         each task partition has one owner, which hands its tasks out."""

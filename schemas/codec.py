@@ -52,6 +52,7 @@ SCHEMA_FILES = {
     "rolloutbus.ResourceVersion": "resource_version.avsc",
     "rolloutbus.TrainStep": "train_step.avsc",
     "rolloutbus.DeadLetter": "dead_letter.avsc",
+    "rolloutbus.Feedback": "feedback.avsc",
 }
 # Earlier writer versions that readers must still decode: file → record name.
 HISTORY_FILES = {"span.v1.avsc": "rolloutbus.Span"}

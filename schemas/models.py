@@ -285,6 +285,24 @@ class DeadLetter(_Record):
     time_ns: int
 
 
+class Feedback(_Record):
+    """A late reward for a rollout (``feedback.avsc``)."""
+
+    schema_name: ClassVar[str] = "rolloutbus.Feedback"
+    feedback_id: str
+    rollout_id: str
+    value: float
+    time_ns: int
+    source: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        _check_finite(v, "value")
+        return v
+
+
 RECORD_TYPES: tuple[type[_Record], ...] = (
     Span,
     RolloutEvent,
@@ -294,6 +312,7 @@ RECORD_TYPES: tuple[type[_Record], ...] = (
     ResourceVersion,
     TrainStep,
     DeadLetter,
+    Feedback,
 )
 Record = _Record
 AnyRecord = Any

@@ -16,6 +16,7 @@ PINNED = {
     "289cfc8e0a559376": "rolloutbus.ResourceVersion",
     "4154bb696ccab82c": "rolloutbus.TrainStep",
     "39efaa7bb910ae54": "rolloutbus.DeadLetter",
+    "5e556460e0d8df51": "rolloutbus.Feedback",
     "ca1a77fa732fa698": "rolloutbus.Span",  # history/span.v1.avsc
 }
 
