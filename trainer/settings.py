@@ -106,6 +106,9 @@ class ServeSettings(CommonSettings):
     serve_max_batch: int = Field(default=16, ge=1)
     serve_max_tokens: int = Field(default=64, ge=1, description="Default max_tokens of a request.")
     torch_threads: int = Field(default=0, ge=0)
+    serve_engine: Literal["torch", "vllm"] = Field(default="torch", description="torch (the project's server) | vllm (vLLM's "
+                                                   "OpenAI server, in the virtualenv `make vllm` makes).")
+    serve_vllm_args: str = Field(default="", description="More vLLM server arguments (shell words), e.g. '--max-num-seqs 32'.")
 
     check_model = field_validator("serve_model")(_model_ref)
 
