@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean gpu-check gpu-wheels
+.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean gpu-check gpu-wheels vllm
 
 setup: system-deps $(STAMP) native kafka-jars dashboard-assets
 
@@ -73,6 +73,12 @@ browser-deps:
 prometheus-tools:
 	@bash deploy/prometheus/install-tools.sh
 
+# vLLM (PyPI's CPU build) in a virtualenv of its own under ~/.cache/rolloutbus (its pins conflict with faust-streaming's),
+# made once by trainer/vllm_venv.py (about 6.2 GB; a marker file makes later calls instant). `rolloutbus serve --engine
+# vllm` and the vLLM tests use it; ROLLOUTBUS_VLLM_PYTHON names another interpreter with vLLM instead (a GPU's `vllm`).
+vllm: $(STAMP)
+	@$(BIN)/python -m trainer.vllm_venv >/dev/null && echo "vLLM venv ready: $$($(BIN)/python -m trainer.vllm_venv)"
+
 demo: setup
 	$(BIN)/rolloutbus demo $(DEMO_ARGS)
 
@@ -80,7 +86,7 @@ demo: setup
 # in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB), the
 # monitoring tests against a real Prometheus, and the deploy/ topology in containers (tests/deploy:
 # podman, images built here and cached by content hash; `make test-deploy` runs it alone).
-test: setup browser-deps prometheus-tools containers-host validate-deploy
+test: setup browser-deps prometheus-tools containers-host validate-deploy vllm
 	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
 test-unit: setup
