@@ -41,6 +41,7 @@ _FLAGS: dict[str, str] = {
     "early_stop_patience": "early_stop_patience",
     "backend": "train_backend",
     "device": "train_device",
+    "precision": "train_precision",
     "metrics_port": "train_metrics_port",
     "metrics_host": "train_metrics_host",
 }
@@ -61,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clip-eps", type=float, help="PPO clip epsilon (env ROLLOUTBUS_CLIP_EPS, default 0.2)")
     p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher (env ROLLOUTBUS_CLIP_EPS_HIGH)")
     p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator (env ROLLOUTBUS_KL_BETA, default 0)")
-    p.add_argument("--micro-batch-tokens", type=int, help="padded tokens per forward/backward (env ROLLOUTBUS_MICRO_BATCH_TOKENS, default 4096)")
+    p.add_argument("--micro-batch-tokens", type=int, help="padded tokens per forward/backward (env ROLLOUTBUS_MICRO_BATCH_TOKENS, default 0: 4096 on the CPU, 16384 on a GPU)")
     p.add_argument("--max-steps", type=int, help="stop after this many total steps (env ROLLOUTBUS_MAX_STEPS, 0 = forever)")
     p.add_argument("--idle-exit", type=float, help="exit after N seconds without batches (env ROLLOUTBUS_IDLE_EXIT_S, 0 = never)")
     p.add_argument("--seed", type=int, help="seed of the tiny model and torch (env ROLLOUTBUS_TRAIN_SEED, default 0)")
@@ -79,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch: the reference backend, CPU or one GPU; verl: needs the gpu extra and GPUs (env ROLLOUTBUS_TRAIN_BACKEND, default torch)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live "
                    "(env ROLLOUTBUS_TRAIN_DEVICE, default auto: a GPU when one is visible)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16-mixed"],
+                   help="bf16-mixed: forward passes in bfloat16 under autocast, weights and optimiser state float32 "
+                   "(env ROLLOUTBUS_TRAIN_PRECISION, default auto: bf16-mixed on a GPU, fp32 on the CPU)")
     p.add_argument("--metrics-port", type=int,
                    help="port of /metrics, /healthz and /readyz (env ROLLOUTBUS_TRAIN_METRICS_PORT, default 9100; 0: off)")
     p.add_argument("--metrics-host", help="address they bind (env ROLLOUTBUS_TRAIN_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)")

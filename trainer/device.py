@@ -76,4 +76,32 @@ def check_backend(backend: str, device: str) -> Any:
                       "converts batches for an actor that a verl job builds); train on a GPU with --backend torch --device cuda")
 
 
-__all__ = ["check_backend", "resolve_device"]
+# Measured by the GPU check (bench/results/gpu-2026-11-27.md): at 4096 padded tokens per micro-batch a step of
+# the 135M model kept an H200 busy for under a third of its wall time (kernel launches of 30 narrow layers).
+CPU_MICRO_BATCH_TOKENS = 4096
+GPU_MICRO_BATCH_TOKENS = 16384
+
+
+def micro_batch_tokens(setting: int, device: Any) -> int:
+    """``--micro-batch-tokens``, where 0 is the device's default."""
+    if setting:
+        return setting
+    return GPU_MICRO_BATCH_TOKENS if device.type == "cuda" else CPU_MICRO_BATCH_TOKENS
+
+
+def resolve_precision(spec: str, device: Any) -> Any:
+    """``--precision`` → the autocast dtype of the forward passes (None: float32 throughout)."""
+    import torch
+
+    if spec == "fp32":
+        return None
+    if spec == "bf16-mixed":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"--precision bf16-mixed: {torch.cuda.get_device_name(device)} has no bfloat16; use fp32")
+        return torch.bfloat16
+    if spec != "auto":
+        raise ConfigError(f"precision {spec!r} (--precision / ROLLOUTBUS_TRAIN_PRECISION): must be auto, fp32 or bf16-mixed")
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+
+
+__all__ = ["check_backend", "micro_batch_tokens", "resolve_device", "resolve_precision"]

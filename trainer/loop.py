@@ -110,7 +110,7 @@ class Trainer:
         import torch
 
         from trainer.checkpoint import CheckpointStore
-        from trainer.device import resolve_device
+        from trainer.device import micro_batch_tokens, resolve_device, resolve_precision
         from trainer.grpo import GRPOConfig
         from trainer.health import TrainerHealth
         from trainer.model import base_model_name, build_tiny, load_policy
@@ -166,9 +166,12 @@ class Trainer:
             self.model,
             grpo=grpo,
             lr=settings.lr, weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
-            micro_batch_tokens=settings.micro_batch_tokens, ref_model=ref, temperature=settings.train_temperature,
-            pad_id=self.tok.pad_id,
+            micro_batch_tokens=micro_batch_tokens(settings.micro_batch_tokens, self.device), ref_model=ref,
+            temperature=settings.train_temperature, pad_id=self.tok.pad_id,
+            autocast=resolve_precision(settings.train_precision, self.device),
         )
+        log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
+                 "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
         if latest is not None:
             opt = self.store.load_optimizer(latest[0])
             if opt is not None:

@@ -42,7 +42,8 @@ class TrainerSettings(CommonSettings):
     loss_agg: Literal["grpo", "dapo", "dr_grpo"] = Field(default="grpo", description="grpo | dapo | dr_grpo")
     kl_beta: float = Field(default=0.0, ge=0.0, description="KL-to-reference weight (k3); > 0 keeps a frozen reference model.")
     max_response_len: int | None = Field(default=None, ge=1, description="dr_grpo's constant normaliser.")
-    micro_batch_tokens: int = Field(default=4096, ge=1, description="Padded tokens per forward/backward (bounds memory).")
+    micro_batch_tokens: int = Field(default=0, ge=0, description="Padded tokens per forward/backward (bounds memory); "
+                                    "0: 4096 on the CPU, 16384 on a GPU (where smaller ones leave it waiting on the host).")
     train_temperature: float = Field(default=1.0, gt=0, description="Sampling temperature the behaviour log-probs used.")
     keep_checkpoints: int = Field(default=3, ge=1)
     max_steps: int = Field(default=0, ge=0, description="Stop after this many total steps (0: run forever).")
@@ -59,6 +60,9 @@ class TrainerSettings(CommonSettings):
                                      "the best have not beaten it (0: never; needs validation_tasks).")
 
     train_backend: Literal["torch", "verl"] = Field(default="torch", description="torch (CPU or one GPU) | verl (the gpu extra).")
+    train_precision: Literal["auto", "fp32", "bf16-mixed"] = Field(
+        default="auto", description="fp32 | bf16-mixed (forward passes in bfloat16 under autocast; weights, gradients and "
+        "optimiser state stay float32) | auto: bf16-mixed on a GPU with bfloat16, fp32 on the CPU.")
     train_device: str = Field(default="auto", description="cpu | cuda | cuda:N | auto (a GPU when one is visible): "
                               "where the model, the reference model and the batches live.")
     train_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],

@@ -43,7 +43,7 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
     assert res["passed"] is True
     rows = res["correctness"]
     assert {(r["variant"], r["vs_exact"]["run"]) for r in rows} == {(v, f"cpu {d}") for v in gc.VARIANTS
-                                                                    for d in ("float32", "bfloat16")}
+                                                                    for d in ("float32", "bfloat16", "bf16-mixed")}
     for r in rows:
         e = r["vs_exact"]
         assert r["passed"] and e["ref"] == "cpu float64" and e["finite"] and "vs_cpu" not in r, r
@@ -52,7 +52,8 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
     assert next(r for r in rows if r["variant"] == "on_policy_kl" and r["dtype"] == "float32")["vs_exact"]["grad_rel_err"] < 1e-4
     timing = res["timing"]
     assert [(t["model"], t["dtype"], t["micro_batch_tokens"]) for t in timing] == [
-        *((m, d, 4096) for m in ("tiny", "tiny-wide") for d in ("float32", "bfloat16")),
+        ("tiny", "bf16-mixed", 16384), ("tiny-wide", "bf16-mixed", 16384),
+        *((m, d, 4096) for m in ("tiny", "tiny-wide") for d in ("float32", "bfloat16", "bf16-mixed")),
         ("tiny", "float32", 16384), ("tiny-wide", "float32", 16384)]
     for t in timing:
         assert t["tokens_per_s"] > 0 and t["step_s_median"] > 0 and t["process_peak_rss_gib"] > 0 and t["loss_finite"], t
@@ -111,9 +112,11 @@ def test_the_fixture_holds_recorded_groups_the_models_can_read() -> None:
 def test_the_check_steps_with_the_trainers_defaults() -> None:
     from trainer.settings import TrainerSettings
 
+    from trainer.device import micro_batch_tokens
+
     fields = TrainerSettings.model_fields
-    assert (gc.TRAINER_LR, gc.TRAINER_MAX_GRAD_NORM, gc.TRAINER_MICRO_BATCH_TOKENS) == (
-        fields["lr"].default, fields["max_grad_norm"].default, fields["micro_batch_tokens"].default)
+    assert (gc.TRAINER_LR, gc.TRAINER_MAX_GRAD_NORM) == (fields["lr"].default, fields["max_grad_norm"].default)
+    assert gc.TRAINER_MICRO_BATCH_TOKENS == micro_batch_tokens(fields["micro_batch_tokens"].default, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name, params", [("SMOLLM2_135M", 134_515_008), ("SMOLLM2_1B", 1_040_246_784)])

@@ -98,3 +98,23 @@ def test_micro_batches_respect_the_token_budget(tiny: tuple) -> None:
         width = max(len(s.ids) for s in mb)
         assert len(mb) == 1 or width * len(mb) <= 64
     assert sum(len(mb) for mb in micro_batches(samples, 64)) == len(samples)
+
+
+def test_bf16_mixed_keeps_float32_weights_and_state_and_steps_near_the_float32_step(tiny: tuple) -> None:
+    """--precision bf16-mixed: the forward passes under bfloat16 autocast, the weights, gradients and AdamW's
+    state in float32; its gradient is the float32 one to bfloat16's precision, not another step."""
+    base, tok, groups = tiny
+    samples = samples_from_groups(groups).samples
+    grads, dtypes = [], []
+    for autocast in (None, torch.bfloat16):
+        model = copy.deepcopy(base)
+        backend = TorchGRPOBackend(model, grpo=GRPOConfig(loss_agg="dapo"), micro_batch_tokens=512, pad_id=tok.pad_id,
+                                   autocast=autocast)
+        backend.accumulate(samples)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        backend.optimizer.step()
+        dtypes.append({p.dtype for p in model.parameters()} | {p.grad.dtype for p in model.parameters() if p.grad is not None}
+                      | {v.dtype for s in backend.optimizer.state.values() for k, v in s.items() if k != "step"})
+    assert dtypes == [{torch.float32}, {torch.float32}]
+    rel = float((grads[1] - grads[0]).norm() / grads[0].norm())
+    assert 0.0 < rel < 0.1, rel

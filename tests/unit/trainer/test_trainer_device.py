@@ -155,3 +155,33 @@ def _recording(forward: Any, seen: set[Any]) -> Any:
         return forward(*args, **kwargs)
 
     return wrapped
+
+
+def test_precision_and_micro_batch_defaults_follow_the_device() -> None:
+    """auto: bf16-mixed and 16384-token micro-batches on a GPU (measured: bench/results/gpu-2026-11-27.md),
+    float32 and 4096 on the CPU; an explicit setting wins; a bad one is a ConfigError."""
+    from trainer.device import micro_batch_tokens, resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) is None and resolve_precision("fp32", cpu) is None
+    assert resolve_precision("bf16-mixed", cpu) is torch.bfloat16
+    assert micro_batch_tokens(0, cpu) == 4096 and micro_batch_tokens(1000, cpu) == 1000
+    with pytest.raises(ConfigError, match="must be auto, fp32 or bf16-mixed"):
+        resolve_precision("fp16", cpu)
+    if not NO_CUDA:
+        gpu = torch.device("cuda")
+        assert micro_batch_tokens(0, gpu) == 16384
+        assert resolve_precision("auto", gpu) is (torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+
+
+def test_the_precision_flag_reaches_the_settings_and_refuses_others(no_io: None) -> None:
+    import argparse
+
+    from trainer.cli import add_arguments
+    from trainer.cli import settings_from_args as trainer_settings
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--precision", "fp16"])
+    assert trainer_settings(p.parse_args(["--precision", "bf16-mixed"])).train_precision == "bf16-mixed"
