@@ -80,11 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_vllm(s: Any, ssl_context: Any) -> int:
-    """vLLM's server on a loopback port, the version gate on the public one, the ``rb.resources`` follower feeding the gate."""
+    """vLLM's server on a loopback port, the version gate on the public one, the ``rb.resources`` follower feeding the
+    gate. Without ``--model`` the engine starts on the first version the follower reads."""
     import asyncio
     import os
+    import queue
     import shlex
     import signal
+    import threading
 
     from aiohttp import web
 
@@ -94,41 +97,66 @@ def run_vllm(s: Any, ssl_context: Any) -> int:
     from trainer.vllm_serve import VllmEngine, VllmGate, loopback_port, manifest_version
     from trainer.vllm_venv import vllm_python
 
-    if not s.serve_model or s.serve_model == "tiny":
-        raise ConfigError("--engine vllm needs --model DIR, a Hugging Face model directory (e.g. one `rolloutbus model import` made)")
+    if s.serve_model == "tiny":
+        raise ConfigError("--engine vllm serves a Hugging Face model directory (e.g. one `rolloutbus model import` made), not 'tiny'")
+    if not s.serve_model and not s.serve_follow:
+        raise ConfigError("--engine vllm --no-follow needs --model DIR")
     python = vllm_python()  # VllmUnavailable: one line
-    print(f"starting vLLM on {s.serve_model} (its log follows) ...", flush=True)
-    engine = VllmEngine(python, s.serve_model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args)).start()
-    follower, died = None, []
-    try:
-        gate = VllmGate(engine.url, engine.api_key, s.serve_model, manifest_version(s.serve_model),
-                        token=s.serve_token.get_secret_value() if s.serve_token else None)
+    early: queue.Queue[Any] = queue.Queue()  # versions read before the gate can take them
+    gate_ready = threading.Event()
+    box: list[VllmGate] = []
 
-        async def follow(app: web.Application) -> None:  # once the gate has its loop: the follower's callback needs it
-            nonlocal follower
-            if s.serve_follow:
-                follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,
-                                            lambda rec: gate.reload_blocking(rec.uri, rec.version)).start()
+    def on_version(rec: Any) -> None:
+        if gate_ready.is_set():
+            box[0].reload_blocking(rec.uri, rec.version)
+        else:
+            early.put(rec)
+
+    def terminate(signum: int, frame: Any) -> None:  # until run_app handles it: a stop while vLLM starts stops it too
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    follower = None
+    if s.serve_follow:
+        follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name, on_version).start()
+    engine, died = None, []
+    try:
+        model, version = s.serve_model, manifest_version(s.serve_model) if s.serve_model else 0
+        if not model:
+            print(f"waiting for the first version of {s.resource_name} on rb.resources ...", flush=True)
+            first = early.get()
+            model, version = first.uri, first.version
+        print(f"starting vLLM on {model} (its log follows) ...", flush=True)
+        engine = VllmEngine(python, model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args)).start()
+        gate = VllmGate(engine.url, engine.api_key, model, version, token=s.serve_token.get_secret_value() if s.serve_token else None)
+        box.append(gate)
+
+        async def started(app: web.Application) -> None:  # the gate has its loop now: the follower may call it
+            gate_ready.set()
             app["watch"] = asyncio.create_task(watch())
+            while not early.empty():  # what arrived while the engine started (older ones are skipped by version)
+                rec = early.get_nowait()
+                asyncio.create_task(gate.reload(rec.uri, rec.version))
 
         async def watch() -> None:  # an engine that died leaves nothing to serve: stop, as Ctrl-C would
-            while engine.proc is not None and engine.proc.poll() is None:
+            while engine is not None and engine.proc is not None and engine.proc.poll() is None:
                 await asyncio.sleep(1)
-            died.append(engine.proc.returncode if engine.proc else None)
+            died.append(engine.proc.returncode if engine and engine.proc else None)
             log.error("the vLLM engine exited with %s; stopping", died[0])
             os.kill(os.getpid(), signal.SIGTERM)
 
         app = gate.app()
-        app.on_startup.append(follow)
+        app.on_startup.append(started)
         print(f"serving {s.resource_name} with vLLM on {tls.scheme(ssl_context)}://{s.serve_host}:{s.serve_port}/v1 "
-              f"(version {gate.version}, follow {'on' if s.serve_follow else 'off'})", flush=True)
+              f"(version {gate.version}, follow {'on' if follower else 'off'})", flush=True)
         web.run_app(app, host=s.serve_host, port=s.serve_port, print=None, handle_signals=True, ssl_context=ssl_context)
     finally:
         try:
             if follower is not None:
                 follower.stop()
         finally:
-            engine.stop()
+            if engine is not None:
+                engine.stop()
     return 1 if died else 0
 
 

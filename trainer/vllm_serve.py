@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import struct
 import subprocess
 import tempfile
@@ -156,6 +157,17 @@ def engine_env(base: Mapping[str, str], ext_path: Path, cache_root: Path) -> dic
     return env
 
 
+def _die_with_parent() -> None:
+    """In the engine's child, before exec: Linux sends it SIGTERM when the server that started it dies, even by
+    SIGKILL, so no engine outlives its server (it holds a core and gigabytes)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class VllmEngine:
     """The vLLM server process on a loopback port; ``start`` returns once it answers ``/health``. Its output goes to
     ``log_path``, else to this process's own."""
@@ -176,7 +188,7 @@ class VllmEngine:
         out = open(self.log_path, "ab") if self.log_path else None
         try:
             self.proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                         start_new_session=True)
+                                         preexec_fn=_die_with_parent)
         finally:
             if out:
                 out.close()
@@ -343,6 +355,8 @@ class VllmGate:
             log.error("not loading version %d from %s: %s; still serving version %d", version, uri, problem, self.version)
             return False
         async with self._switching:
+            if version <= self.version:  # a newer one was switched to while this one waited
+                return False
             self._open.clear()  # newcomers wait from here
             try:
                 async with self._idle:
