@@ -9,6 +9,8 @@
 * ``groups``   — faust agent on ``<prefix>rollouts-done`` (keyed by group_id): :class:`streams.groups_stage.GroupStage`,
   group state in faust tables; a complete (or timed-out) group → advantages → ``GroupBatch`` on
   rb.batches + groups and transitions rows.
+* ``feedback`` — faust agent on ``<prefix>feedback`` (keyed by rollout_id): :class:`streams.feedback_stage.FeedbackStage`,
+  late rewards → the rollout's stored final reward, a one-rollout batch for a task-less rollout, or a dead letter.
 * ``resources``/``metrics``/``dlq`` — faust agents that store ResourceVersion, TrainStep, DeadLetter
   records (through the group stage's commit point).
 
@@ -37,6 +39,7 @@ from foundation.errors import ClickHouseError, KafkaUnavailable
 from streams.checkpoint import SinkWrites
 from streams.faust_guards import REPLAY_TOPICS, STRICT_TOPICS
 from streams.faust_guards import install as install_faust_guards
+from streams.feedback_stage import FeedbackStage, feedback_topic_name
 from streams.frontier import Frontier
 from streams.grouping import GroupPolicy
 from streams.groups_stage import GroupStage
@@ -80,6 +83,10 @@ class Config:
     session_timeout_s: float = 10.0
     # Read on while ClickHouse inserts a batch (the sink's writer thread); False: wait for each insert.
     sink_pipelined: bool = True
+    # Late feedback (streams/feedback_stage.py): applied when given at most this long after its rollout finished.
+    feedback_window_s: float = 3600.0
+    feedback_baseline: str = "loo"
+    feedback_baseline_window: int = 64
 
 
 HOLD_AT_BATCHES = 4  # sink batches buffered (inserts failing) before the span stage stops fetching
@@ -129,7 +136,8 @@ class Worker:
         self.metrics_topic = self.app.topic(f"{p}metrics", **raw)
         # Each record of these must reach its table: the same guards as the done topic (rb.resources is
         # compacted, so it is read again from its beginning on every assignment instead).
-        STRICT_TOPICS.update((f"{p}metrics", f"{p}dlq"))
+        self.feedback_topic = self.app.topic(feedback_topic_name(p), partitions=cfg.partitions, **raw)
+        STRICT_TOPICS.update((f"{p}metrics", f"{p}dlq", feedback_topic_name(p)))
         REPLAY_TOPICS.add(f"{p}resources")
         tbl = {"partitions": cfg.partitions, "default": None, "key_type": bytes, "value_type": bytes}
         self.group_state = self.app.Table("group-state", **tbl)
@@ -141,6 +149,12 @@ class Worker:
             group_state=self.group_state, group_members=self.group_members,
             flush=self.writes.flush, submit=self.writes.submit, pipelined=cfg.sink_pipelined,
         )
+        self.feedback_applied = self.app.Table("feedback-applied", **tbl)
+        self.feedback = FeedbackStage(
+            self.app, sink=sink, health=self.health, batches_topic=self.batches_topic, dlq_topic=self.dlq_topic,
+            table=self.feedback_applied, flush=self.writes.flush, submit=self.writes.submit, window_s=cfg.feedback_window_s,
+            baseline=cfg.feedback_baseline, baseline_window=cfg.feedback_baseline_window, pipelined=cfg.sink_pipelined,
+        )
         self.frontier = Frontier(self.app, cfg.gap_accept_s)
         self.stage: SpanStage | None = None
         self._stopping = False
@@ -149,11 +163,11 @@ class Worker:
     @property
     def stats(self) -> dict[str, int]:
         """The faust side's counts (the span stage keeps its own)."""
-        return {**self.groups.stats, **self.frontier.stats}
+        return {**self.groups.stats, **self.feedback.stats, **self.frontier.stats}
 
     def table_changelogs(self) -> list[str]:
         """The changelog topics of the group tables, as faust names them."""
-        return [t.changelog_topic.get_topic_name() for t in (self.group_state, self.group_members)]
+        return [t.changelog_topic.get_topic_name() for t in (self.group_state, self.group_members, self.feedback_applied)]
 
     # ------------------------------------------------------------------ spans stage
 
@@ -229,7 +243,7 @@ class Worker:
     def _register(self) -> None:
         app, groups = self.app, self.groups
 
-        def make_agent(topic: Any, handler: Any, name: str) -> None:
+        def make_agent(topic: Any, handler: Any, name: str, stage: Any = groups) -> None:
             async def agent(stream: Any) -> None:
                 manual = stream.noack()
                 async for event in manual.events():
@@ -238,16 +252,16 @@ class Worker:
                         if verdict == "drop":
                             continue
                         if verdict == "duplicate":  # processed earlier in this assignment: only ack it
-                            groups.ack_later(manual, event)
+                            stage.ack_later(manual, event)
                             continue
                     try:
                         await handler(event)
                     except Exception:  # noqa: BLE001 - one bad record must not stop the stream
                         log.exception("processing %s[%s]@%s failed", event.message.topic, event.message.partition, event.message.offset)
-                        await groups.dead_letter(event, "processing_error", "see worker log")
-                    groups.ack_later(manual, event)
+                        await stage.dead_letter(event, "processing_error", "see worker log")
+                    stage.ack_later(manual, event)
                     self._lag(event)
-                    await groups.maybe_commit()
+                    await stage.maybe_commit()
 
             agent.__name__ = agent.__qualname__ = name
             app.agent(topic, name=f"{self.cfg.app_id}.{name}")(agent)
@@ -256,6 +270,7 @@ class Worker:
         make_agent(self.resources_topic, groups.on_store_record, "resources")
         make_agent(self.metrics_topic, groups.on_store_record, "metrics")
         make_agent(self.dlq_topic, groups.on_store_record, "dlq")
+        make_agent(self.feedback_topic, self.feedback.on_feedback, "feedback", self.feedback)
 
         @app.task
         async def spans() -> None:
@@ -265,11 +280,13 @@ class Worker:
         async def tick() -> None:
             await groups.expire_groups()
             await groups.try_commit()
+            await self.feedback.try_commit()
             await self.frontier.reread_missing_tails()
 
         @app.on_partitions_revoked.connect
         async def on_revoked(app: Any, revoked: Any, **_: Any) -> None:
             await groups.try_commit()  # what it could not ack, the next owner reads again
+            await self.feedback.try_commit()
             for tp in revoked:
                 self.frontier.forget(tp)
 
@@ -340,6 +357,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
             async def flush() -> None:
                 worker.stop_stage()
                 await worker.groups.commit_point()
+                await worker.feedback.checkpoint.commit(final=True)
                 await worker.app.commit(None)
 
             self._rb_hard_stop.arm()  # armed at the signal already, unless it came some other way

@@ -37,6 +37,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
                         "help": "address they bind (env ROLLOUTBUS_STREAMS_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)"}),
     ("--shutdown-timeout", {"type": float, "dest": "shutdown_timeout_s", "help": "seconds SIGTERM may take, broker gone or not (default 60)"}),
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
+    ("--feedback-window", {"type": float, "dest": "feedback_window_s",
+                           "help": "seconds after a rollout finished that its late feedback is applied (default 3600)"}),
+    ("--feedback-baseline", {"choices": ["none", "loo"], "dest": "feedback_baseline",
+                             "help": "advantage of a task-less rollout trained on its feedback: loo (default) or none"}),
 ]
 
 
@@ -71,11 +75,14 @@ def worker_topics(prefix: str, app_id: str, partitions: int) -> list[TopicSpec]:
     records as large as rb.spans does) and the span stage's changelog of completed attempts."""
     from foundation.kafka_admin import MAX_RECORD_BYTES, TopicSpec
     from streams.app import done_topic_name
+    from streams.feedback_stage import feedback_topic_name
     from streams.spans_stage import state_topic_name
 
     return [
         TopicSpec(done_topic_name(prefix), partitions, {"max.message.bytes": MAX_RECORD_BYTES}),
         TopicSpec(state_topic_name(app_id), partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+        # Late feedback, keyed by rollout id: co-partitioned with the feedback stage's table.
+        TopicSpec(feedback_topic_name(prefix), partitions),
     ]
 
 
@@ -129,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         app_id=s.application_id, broker=f"kafka://{s.bootstrap}", topic_prefix=topics.prefix, partitions=partitions,
         core=core, groups=policy, rollout_timeout_s=s.rollout_timeout_s, completed_retention_s=s.completed_retention_s,
         finish_grace_s=s.finish_grace_s, shutdown_timeout_s=s.shutdown_timeout_s, sink_pipelined=s.sink_pipelined,
+        feedback_window_s=s.feedback_window_s, feedback_baseline=s.feedback_baseline,
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
     worker = Worker(cfg, sink, health)

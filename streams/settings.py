@@ -42,6 +42,10 @@ class StreamSettings(CommonSettings):
                                       "0.0.0.0 (or ::) opens them to a probe or a scraper from outside the host.")
     streams_stall_s: float = Field(default=120.0, gt=0, description="/readyz turns 503 when records wait and nothing was "
                                    "processed for this long.")
+    feedback_window_s: float = Field(default=3600.0, gt=0, description="Late feedback is applied when given at most this "
+                                     "long after its rollout finished; later, it is dead-lettered (feedback.after_window).")
+    feedback_baseline: Literal["none", "loo"] = Field(default="loo", description="Advantage of a task-less rollout trained on "
+                                                      "its feedback: loo (reward minus the agent's running leave-one-out mean) or none.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
     shutdown_timeout_s: float = Field(
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."

@@ -1,0 +1,249 @@
+"""The feedback stage: late rewards on ``<prefix>feedback`` (keyed by rollout id) → the rollout's stored
+final reward, and a one-rollout batch on rb.batches for a task-less train rollout. The rules are
+:mod:`streams.feedback`'s; the baseline :mod:`streams.baselines`'.
+
+A faust agent of the worker. Each Feedback is decided against the rollout's row in ClickHouse (its latest
+attempt) and the stage's table ``feedback-applied`` (rollout id → the feedback applied, and the advantage it
+trained with; per partition, the running baseline's windows). Unknown rollout, a second feedback, or one
+past ``window_s``: dead-lettered on rb.dlq with the reason, and counted.
+
+Delivery: the stage's own commit point (:class:`streams.checkpoint.Checkpoint`, the steps done here on
+faust's aiokafka producer, as the group stage does): the rows written, then the batches and dead letters
+delivered, then the table entries, then the events acked. A crash replays what was not acked: a feedback
+whose entry was restored is only counted again; one whose rows were written but whose entry was lost is
+done again with the same rows and the same batch id, which the trainer drops (it dedupes by group id).
+So each feedback reaches the store and training once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter
+
+from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
+from schemas import codec
+from schemas.models import DeadLetter, Feedback
+from streams.baselines import LeaveOneOutBaseline
+from streams.checkpoint import Checkpoint
+from streams.feedback import AGAIN, APPLY, StoredRollout, agent_of, apply, verdict
+from streams.groups_stage import _refused_for_good
+from streams.health import StreamHealth
+from streams.spans_stage import DLQ_OUT, dead_letter_reason
+
+log = logging.getLogger("rolloutbus.streams")
+
+FEEDBACK = Counter("rolloutbus_streams_feedback_total", "Feedback records by outcome "
+                   "(applied, redelivered, feedback.unknown_rollout, feedback.duplicate, feedback.after_window, decode.*)",
+                   ["outcome"])
+
+ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "task_id", "mode", "attempt", "resource_version", "status", "final_reward",
+                   "started_ns", "finished_ns", "span_count", "spans_seen", "missing_sequence_ids", "transition_count",
+                   "group_id", "error", "metadata", "updated_ns")
+TRANSITION_COLUMNS = ("rollout_id", "attempt_id", "turn", "task_id", "span_id", "agent_name", "resource_version",
+                      "prompt_token_ids", "response_token_ids", "response_logprobs", "response_mask", "reward", "return_",
+                      "advantage", "trained", "group_id", "credit", "updated_ns")
+
+
+def feedback_topic_name(prefix: str) -> str:
+    return f"{prefix}feedback"
+
+
+@dataclass
+class _Point:
+    acks: list[tuple[Any, Any]] = field(default_factory=list)
+    changes: list[tuple[bytes, int, bytes | None]] = field(default_factory=list)  # (key, partition, value)
+
+
+class FeedbackStage:
+    """Decides and applies feedback; its commit point is :class:`Checkpoint`'s (:class:`Committing` here).
+
+    ``baseline``: ``none`` (advantage = the reward) or ``loo`` (the reward minus the agent's running
+    leave-one-out mean over the last ``baseline_window`` feedback rewards of its partition)."""
+
+    def __init__(self, app: Any, *, sink: Any, health: StreamHealth, batches_topic: Any, dlq_topic: Any, table: Any,
+                 flush: Callable[[], None], submit: Callable[[], int], window_s: float, baseline: str = "loo",
+                 baseline_window: int = 64, pipelined: bool = True) -> None:
+        if baseline not in ("none", "loo"):
+            raise ValueError(f"feedback baseline must be none or loo, got {baseline!r}")
+        self.app, self.sink, self.health = app, sink, health
+        self.batches_topic, self.dlq_topic, self.table = batches_topic, dlq_topic, table
+        self.window_s, self.baseline, self.baseline_window = window_s, baseline, baseline_window
+        self._pending: list[tuple[Any, Any]] = []
+        self._out: list[tuple[Any, bytes | None, bytes, Any]] = []
+        self._dirty: dict[bytes, int] = {}  # table key → partition, changed since the last commit point
+        self.stats = {"feedback_applied": 0, "feedback_redelivered": 0, "feedback_dead": 0}
+        self.checkpoint = Checkpoint(self, sink, flush, submit if pipelined else None, wait=True)
+
+    # ------------------------------------------------------------------ the agent
+
+    async def on_feedback(self, event: Any) -> None:
+        """One Feedback record: decided, applied or dead-lettered."""
+        msg = event.message
+        try:
+            fb = codec.decode(msg.value, "rolloutbus.Feedback")
+        except (DecodeError, ValidationError) as exc:
+            await self.dead_letter(event, dead_letter_reason(exc), str(exc))
+            return
+        assert isinstance(fb, Feedback)
+        entry = self._entry(fb.rollout_id)
+        rollout = await self._stored(fb.rollout_id)
+        what = verdict(fb, rollout, entry.get("feedback_id"), self.window_s)
+        if what == AGAIN and entry:
+            # Its entry is here: applied in this worker's life (its rows and batch go with an earlier commit
+            # point) or restored from the changelog (which lands only after them). Nothing to redo.
+            self._count("redelivered")
+            return
+        if what not in (APPLY, AGAIN):
+            self._count(what)
+            await self.dead_letter(event, what, self._detail(what, fb, rollout, entry))
+            return
+        assert rollout is not None
+        steps = await self._steps(rollout) if rollout.trains else []
+        advantage = self._advantage(msg.partition, agent_of(steps), fb.value) if what == APPLY and steps else 0.0
+        done = apply(fb, rollout, steps, advantage)
+        source = (msg.topic, msg.partition, msg.offset)
+        self.sink.add("rollouts", done.rollout_row, source)
+        self.sink.add_many("transitions", done.transition_rows, source)
+        if done.batch is not None:
+            self._produce(self.batches_topic, done.batch.group_id.encode(), codec.encode(done.batch))
+        self._put(fb.rollout_id.encode(), msg.partition, json.dumps({"feedback_id": fb.feedback_id}).encode())
+        self._count("applied" if what == APPLY else "redelivered")
+
+    def _entry(self, rollout_id: str) -> dict[str, Any]:
+        raw = self.table.data.get(rollout_id.encode())
+        return json.loads(raw) if raw else {}
+
+    def _advantage(self, partition: int, agent: str, reward: float) -> float:
+        if self.baseline == "none":
+            return reward
+        key = f"\x1fbaseline\x1f{partition}".encode()  # not a rollout id: ids are printable
+        raw = self.table.data.get(key)
+        loo = LeaveOneOutBaseline.from_state(json.loads(raw) if raw else {}, self.baseline_window)
+        adv = loo.advantage(agent, reward)
+        self._put(key, partition, json.dumps(loo.state()).encode())
+        return adv
+
+    def _detail(self, what: str, fb: Feedback, rollout: StoredRollout | None, entry: dict[str, Any]) -> str:
+        if rollout is None:
+            return f"no rollout {fb.rollout_id!r} is stored (feedback {fb.feedback_id})"
+        if what == "feedback.after_window":
+            late = (fb.time_ns - rollout.finished_ns) / 1e9
+            return f"feedback {fb.feedback_id} came {late:.1f}s after rollout {fb.rollout_id} finished; the window is {self.window_s:g}s"
+        return f"rollout {fb.rollout_id} already has feedback {entry.get('feedback_id') or rollout.applied}; {fb.feedback_id} not applied"
+
+    def _count(self, outcome: str) -> None:
+        FEEDBACK.labels(outcome).inc()
+        name = {"applied": "feedback_applied", "redelivered": "feedback_redelivered"}.get(outcome, "feedback_dead")
+        self.stats[name] += 1
+
+    # ------------------------------------------------------------------ ClickHouse reads
+
+    async def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Rows of ``sql``, read on the loop while no sink batch is being written (one client, one request at a time)."""
+        while self.sink.busy:
+            await asyncio.sleep(0.005)
+        return list(self.sink.client.query(sql, parameters=params).named_results())
+
+    async def _stored(self, rollout_id: str) -> StoredRollout | None:
+        rows = await self._query(
+            f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts FINAL WHERE rollout_id = {{rid:String}} "
+            "ORDER BY attempt DESC, finished_ns DESC LIMIT 1", {"rid": rollout_id})
+        return StoredRollout(rows[0]) if rows else None
+
+    async def _steps(self, rollout: StoredRollout) -> list[dict[str, Any]]:
+        return await self._query(
+            f"SELECT {', '.join(TRANSITION_COLUMNS)} FROM transitions FINAL WHERE rollout_id = {{rid:String}} "
+            "AND attempt_id = {aid:String} ORDER BY turn", {"rid": rollout.rollout_id, "aid": rollout.row["attempt_id"]})
+
+    # ------------------------------------------------------------------ dead letters and outputs
+
+    async def dead_letter(self, event: Any, reason: str, detail: str) -> None:
+        msg = event.message
+        dl = DeadLetter(source_topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+                        value=msg.value if isinstance(msg.value, (bytes, type(None))) else None,
+                        reason=reason, detail=detail[:4000], stage="streams.feedback", time_ns=time.time_ns())
+        self._produce(self.dlq_topic, msg.key, codec.encode(dl))
+        DLQ_OUT.labels(msg.topic).inc()
+        log.warning("dead letter %s[%s]@%s: %s: %s", msg.topic, msg.partition, msg.offset, reason, detail)
+
+    def _produce(self, topic: Any, key: bytes | None, value: bytes) -> None:
+        self._out.append((topic, key, value, topic.send_soon(key=key, value=value)))
+
+    def _put(self, key: bytes, partition: int, value: bytes) -> None:
+        self.table.data[key] = value
+        self._dirty[key] = partition
+
+    # ------------------------------------------------------------------ commit point (streams.checkpoint.Committing)
+
+    def ack_later(self, stream: Any, event: Any) -> None:
+        self._pending.append((stream, event))
+
+    async def maybe_commit(self) -> None:
+        if self.sink.due() or len(self._pending) >= self.sink.batch_size:
+            await self.try_commit()
+
+    async def try_commit(self) -> None:
+        """A commit point; a failure is logged and tried again at the next one (as the group stage's)."""
+        from foundation.errors import ClickHouseError
+
+        try:
+            await self.checkpoint.commit()
+        except (ClickHouseError, KafkaUnavailable) as exc:
+            log.error("feedback stage commit point failed (retrying; nothing is acked past what was written): %s", exc)
+            self.health.problem("feedback", "the feedback stage's commit point is failing (see the worker log)")
+        else:
+            self.health.clear("feedback")
+
+    def take(self, final: bool) -> _Point:
+        pending, self._pending = self._pending, []
+        dirty, self._dirty = self._dirty, {}
+        return _Point(pending, [(k, p, self.table.data.get(k)) for k, p in dirty.items()])
+
+    async def deliver(self) -> None:
+        await self.app.producer.flush()
+        out = list(self._out)
+        results = await asyncio.gather(*(fut for *_, fut in out), return_exceptions=True)
+        del self._out[:len(out)]
+        again = []
+        for (topic, key, value, _), res in zip(out, results):
+            if isinstance(res, BaseException) and not _refused_for_good(res, topic.get_topic_name()):
+                self._produce(topic, key, value)
+                again.append(f"{topic.get_topic_name()}: {res!r}")
+        if again:
+            raise KafkaUnavailable(f"{len(again)} records not delivered ({again[0]}); sent again at the next commit point")
+
+    async def send_changelog(self, points: list[_Point], by: float | None) -> None:
+        changes = [(point, c) for point in points for c in point.changes]
+        sent = [self.table.send_changelog(partition, key, value) for _, (key, partition, value) in changes]
+        await self.app.producer.flush()
+        results = await asyncio.gather(*sent, return_exceptions=True)
+        failed = [(p, c) for (p, c), r in zip(changes, results)
+                  if isinstance(r, BaseException) and not _refused_for_good(r, "the changelog of table feedback-applied")]
+        for point in points:
+            point.changes = [c for p, c in failed if p is point]
+        if failed:
+            raise KafkaUnavailable(f"{len(failed)} feedback table entries not delivered; sent again at the next commit point")
+
+    async def commit(self, points: list[_Point], final: bool) -> None:
+        for point in points:
+            for stream, event in point.acks:
+                await stream.ack(event)
+
+    def put_back(self, points: list[_Point], sent: bool) -> bool:
+        for point in reversed(points):
+            self._pending[:0] = point.acks
+        for point in points:
+            for key, partition, _ in point.changes:
+                self._dirty.setdefault(key, partition)
+            point.acks, point.changes = [], []
+        return True
+
+
+__all__ = ["FEEDBACK", "FeedbackStage", "feedback_topic_name"]

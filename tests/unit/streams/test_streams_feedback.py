@@ -1,0 +1,73 @@
+"""Late feedback's rules (streams/feedback.py) on plain rows."""
+
+from __future__ import annotations
+
+from schemas.models import Feedback
+from streams.feedback import (
+    ADVANTAGE,
+    AFTER_WINDOW,
+    AGAIN,
+    APPLY,
+    DUPLICATE,
+    FEEDBACK_ID,
+    UNKNOWN,
+    StoredRollout,
+    agent_of,
+    apply,
+    verdict,
+)
+
+T0 = 1_000_000_000_000
+
+
+def _rollout(group: str = "", mode: str = "train", **meta: str) -> StoredRollout:
+    return StoredRollout({"rollout_id": "r1", "attempt_id": "r1-a1", "task_id": "", "mode": mode, "final_reward": 0.25,
+                          "finished_ns": T0, "group_id": group, "metadata": dict(meta), "updated_ns": T0 + 5, "resource_version": 3})
+
+
+def _steps() -> list[dict]:
+    return [{"rollout_id": "r1", "attempt_id": "r1-a1", "turn": t, "task_id": "", "span_id": f"s{t}", "agent_name": "solver",
+             "resource_version": 3, "prompt_token_ids": [1, 2], "response_token_ids": [3], "response_logprobs": [-0.5],
+             "response_mask": [1], "reward": 0.0, "return_": 0.25, "advantage": 0.0, "trained": True, "group_id": "",
+             "credit": "identical", "updated_ns": T0 + 5} for t in range(2)]
+
+
+def _fb(fid: str = "f1", after_s: float = 10, value: float = 1.0) -> Feedback:
+    return Feedback(feedback_id=fid, rollout_id="r1", value=value, time_ns=T0 + int(after_s * 1e9))
+
+
+def test_verdicts() -> None:
+    assert verdict(_fb(), None, None, 60) == UNKNOWN
+    assert verdict(_fb(), _rollout(), None, 60) == APPLY
+    assert verdict(_fb(after_s=60.5), _rollout(), None, 60) == AFTER_WINDOW
+    assert verdict(_fb(after_s=60), _rollout(), None, 60) == APPLY  # the window's end is in it
+    assert verdict(_fb(), _rollout(), "f1", 60) == AGAIN
+    assert verdict(_fb(), _rollout(**{FEEDBACK_ID: "f1"}), None, 60) == AGAIN  # the row says so (the entry was lost)
+    assert verdict(_fb("f2"), _rollout(), "f1", 60) == DUPLICATE
+    assert verdict(_fb("f2", after_s=999), _rollout(**{FEEDBACK_ID: "f1"}), None, 60) == DUPLICATE
+
+
+def test_apply_to_a_taskless_rollout_trains_it_once() -> None:
+    done = apply(_fb(value=1.0), _rollout(), _steps(), advantage=0.75)
+    row = done.rollout_row
+    assert (row["final_reward"], row["group_id"], row["updated_ns"]) == (1.0, "feedback:r1", T0 + 10 * 10**9)
+    assert row["metadata"][FEEDBACK_ID] == "f1" and row["metadata"][ADVANTAGE] == "0.75"
+    assert [(r["return_"], r["advantage"], r["group_id"]) for r in done.transition_rows] == [(1.0, 0.75, "feedback:r1")] * 2
+    b = done.batch
+    assert b is not None and (b.group_id, b.rewards, b.advantages, b.group_size) == ("feedback:r1", [1.0], [0.75], 1)
+    assert [t.return_ for t in b.transitions] == [1.0, 1.0] and b.resource_version == 3
+    # done again from the row it wrote (a replay): the same rows, the same batch, whatever advantage is offered now
+    redo = apply(_fb(value=1.0), StoredRollout(row), done.transition_rows, advantage=-9.0)
+    assert redo.rollout_row == row and redo.transition_rows == done.transition_rows and redo.batch == b
+
+
+def test_apply_to_a_grouped_or_test_rollout_only_stores_the_reward() -> None:
+    for rollout in (_rollout(group="t@3"), _rollout(mode="test")):
+        done = apply(_fb(value=-1.0), rollout, _steps(), advantage=1.0)
+        assert done.rollout_row["final_reward"] == -1.0 and done.rollout_row["group_id"] == rollout.row["group_id"]
+        assert done.transition_rows == [] and done.batch is None
+
+
+def test_agent_of() -> None:
+    assert agent_of(_steps()) == "solver"
+    assert agent_of([]) == ""
