@@ -5,7 +5,7 @@ vLLM-compatible extras the LLM proxy relies on:
 
 * ``"return_token_ids": true`` → ``prompt_token_ids`` (top level for chat, per choice for completions)
   and ``choices[i].token_ids``;
-* ``"logprobs": true`` → chat ``choices[i].logprobs.content = [{"token", "logprob"}]``, completions
+* ``"logprobs": true`` → chat ``choices[i].logprobs.content = [{"token", "logprob", "bytes", "top_logprobs": []}]``, completions
   ``choices[i].logprobs = {"tokens", "token_logprobs"}`` — the behaviour log-probs GRPO needs;
 * every response carries the header ``x-rolloutbus-resource-version`` and ``"resource_version"``.
 
@@ -279,7 +279,7 @@ class PolicyServer:
             }
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": [
-                    {"token": pol.tok.token_str(t), "logprob": lp} for t, lp in zip(g.token_ids, g.logprobs)
+                    chat_logprob(pol.tok.token_str(t), lp) for t, lp in zip(g.token_ids, g.logprobs)
                 ]}
             if body.get("return_token_ids"):
                 choice["token_ids"] = g.token_ids
@@ -362,7 +362,7 @@ class PolicyServer:
                 if chat:
                     choice["delta"] = {"content": text}
                     if want_lp:
-                        choice["logprobs"] = {"content": [{"token": pol.tok.token_str(token), "logprob": g.logprobs[k]}]}
+                        choice["logprobs"] = {"content": [chat_logprob(pol.tok.token_str(token), g.logprobs[k])]}
                 else:
                     choice["text"] = text
                     if want_lp:
@@ -396,6 +396,12 @@ def _deltas(tok: Tokenizer, ids: list[int]) -> list[str]:
     if out and sent != full:  # whatever decoding settled on at the end
         out[-1] += full[len(sent):] if full.startswith(sent) else full
     return out
+
+
+def chat_logprob(token: str, logprob: float) -> dict[str, Any]:
+    """One entry of a chat choice's ``logprobs.content`` in OpenAI's shape (vLLM's too): ``bytes`` and
+    ``top_logprobs`` are required fields there, and clients iterate them (the OpenAI Agents SDK does)."""
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
