@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
+import uuid
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from foundation.errors import ServiceError
 from schemas.codec import pack_floats, pack_tokens
 
 from producers.context import require_rollout
 from producers.spans import base_span, exception_span, to_attr
+from producers.transport import SpanTransport
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +207,93 @@ def emit_span(kind: str, name: str, attributes: Mapping[str, Any] | None = None,
         ctx.send_span(span)
 
 
+# --------------------------------------------------------------------------- late feedback
+
+# The OTLP convention (``POST /v1/feedback/traces`` on the gateway): a span carrying these attributes is a
+# Feedback record; the span itself is not stored.
+FEEDBACK_ROLLOUT_ID = "rolloutbus.feedback.rollout_id"
+FEEDBACK_VALUE = "rolloutbus.feedback.value"
+FEEDBACK_ID = "rolloutbus.feedback.id"  # optional: a stable id makes a resend count once (default: the span id)
+
+_feedback: SpanTransport | None = None
+_feedback_lock = threading.Lock()
+
+
+def feedback_record(rollout_id: str, value: float, *, feedback_id: str | None = None, time_ns: int | None = None,
+                    source: str = "sdk", metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The Avro ``Feedback`` dict; ValueError for an empty rollout id or a value that is not a finite number."""
+    if not rollout_id:
+        raise ValueError("feedback needs the rollout_id of the rollout it rewards")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"feedback value must be a finite number, got {value!r}")
+    return {
+        "feedback_id": feedback_id or uuid.uuid4().hex,
+        "rollout_id": str(rollout_id),
+        "value": v,
+        "time_ns": time.time_ns() if time_ns is None else int(time_ns),
+        "source": source,
+        "metadata": {str(k): _attr(x) for k, x in (metadata or {}).items()},
+    }
+
+
+def set_feedback_transport(transport: SpanTransport | None) -> SpanTransport | None:
+    """Install the transport :func:`emit_feedback` uses (returns the previous one)."""
+    global _feedback
+    with _feedback_lock:
+        prev, _feedback = _feedback, transport
+    return prev
+
+
+def feedback_transport() -> SpanTransport:
+    """The process's feedback transport (topic ``<prefix>feedback``, spool ``feedback``); built on first use
+    from ``ROLLOUTBUS_*`` settings, closed at exit."""
+    global _feedback
+    with _feedback_lock:
+        if _feedback is None:
+            import atexit
+
+            from producers.settings import AgentSettings
+
+            s = AgentSettings()
+            _feedback = SpanTransport(s.kafka_conf(), s.topics.feedback, s.data_dir / "spool", spool_name="feedback",
+                                      spool_max_bytes=s.spool_max_bytes, on_full=s.spool_full_policy,
+                                      fsync_interval_s=s.spool_fsync_interval_s)
+            atexit.register(_feedback.close)
+        return _feedback
+
+
+def emit_feedback(rollout_id: str, value: float, *, feedback_id: str | None = None, time_ns: int | None = None,
+                  metadata: Mapping[str, Any] | None = None, transport: SpanTransport | None = None) -> str | None:
+    """Send a reward for a rollout that ended earlier (a user's thumbs-up, a ticket closed): its final reward
+    becomes ``value`` if the stream worker's window (``--feedback-window``) has not passed, and a task-less
+    rollout trains on it once. Works outside any rollout. → the feedback id (pass the same ``feedback_id``
+    when sending one feedback again: it counts once), or None when it was not sent (logged, never raised)."""
+    try:
+        record = feedback_record(rollout_id, value, feedback_id=feedback_id, time_ns=time_ns, metadata=metadata)
+    except ValueError as exc:
+        log.error("emit_feedback: %s; not sent", exc)
+        return None
+    try:
+        t = transport or feedback_transport()
+        taken = t.emit(record["rollout_id"], "rolloutbus.Feedback", record)
+    except ServiceError as exc:  # the transport stopped for good (an ACL refusal, ...): said, not raised
+        log.error("emit_feedback: %s; feedback %s for rollout %s not sent", exc, record["feedback_id"], rollout_id)
+        return None
+    if not taken:
+        log.error("emit_feedback: the local queue is full; feedback %s for rollout %s not sent", record["feedback_id"], rollout_id)
+        return None
+    return str(record["feedback_id"])
+
+
 __all__ = [
+    "FEEDBACK_ID",
+    "FEEDBACK_ROLLOUT_ID",
+    "FEEDBACK_VALUE",
+    "emit_feedback",
+    "feedback_record",
+    "feedback_transport",
+    "set_feedback_transport",
     "emit_state",
     "emit_action",
     "emit_message",

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
 from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from producers.ingest.auth import authorized
+from producers.ingest.feedback_http import FeedbackRoutes
 from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, FrontDoor
 from producers.ingest.otlp_decoding import _OTLP_COMPILED, JSON, PROTOBUF, map_body
 from producers.ingest.resources import Resources
@@ -43,9 +44,11 @@ class Gateway:
         retry_after_s: int = 5,
         resources: Resources | None = None,
         metrics_token: str | None = None,
+        feedback_transport: SpanTransport | None = None,
     ) -> None:
         """``metrics_token``: the bearer token ``/metrics`` needs (the command passes the gateway's token when it
-        listens beyond loopback; on loopback only this machine's processes can reach it)."""
+        listens beyond loopback; on loopback only this machine's processes can reach it). ``feedback_transport``:
+        the producer of ``<prefix>feedback``, for the feedback routes (:mod:`producers.ingest.feedback_http`)."""
         self.transport = transport
         if _OTLP_COMPILED is None:
             log.warning("gateway: the compiled OTLP mapping is not installed; spans take the Python path, about ten "
@@ -70,6 +73,7 @@ class Gateway:
                                               max_body_bytes=max_body_bytes)
         self.agl1_api = AgentLightning1Routes(transport, resources, token=token, retry_after_s=retry_after_s,
                                               max_body_bytes=max_body_bytes, counts=counts)
+        self.feedback = FeedbackRoutes(feedback_transport, self.door) if feedback_transport is not None else None
 
     def app(self) -> web.Application:
         # The body limit is checked by hand (after gzip too); aiohttp's own limit sits just above it.
@@ -80,6 +84,8 @@ class Gateway:
         app.router.add_get("/metrics", self.metrics)
         self.agl_store.add_to(app)
         self.agl1_api.add_to(app)
+        if self.feedback is not None:
+            self.feedback.add_to(app)
         return app
 
     async def traces(self, request: web.Request) -> web.Response:

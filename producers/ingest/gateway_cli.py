@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from producers.ingest.agl.control_log import ControlLog, control_topic
     from producers.ingest.agl.queue import ClickHouseReader, TaskQueue, clickhouse_ended
     from producers.ingest.gateway import SERVER_OPTIONS, Gateway
     from producers.ingest.resources import FollowedResources
@@ -51,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     check_listen(s.gateway_host, s.gateway_token is not None, s.insecure, "ROLLOUTBUS_GATEWAY_TOKEN", "rolloutbus gateway")
     ssl_context = tls.from_args(args)  # before anything starts: a bad certificate is one line, not a half-started gateway
     transport = SpanTransport.from_settings(s, spool_name="gateway")
+    feedback = SpanTransport(s.kafka_conf(), s.topics.feedback, s.data_dir / "spool", spool_name="gateway-feedback",
+                             spool_max_bytes=s.spool_max_bytes, on_full=s.spool_full_policy,
+                             fsync_interval_s=s.spool_fsync_interval_s)
     resources = FollowedResources(s.kafka_conf(), s.topics.resources)
     gw = Gateway(
         transport,
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         resources=resources,
         # Beyond loopback /metrics needs the token too (Prometheus: authorization: {credentials: <token>}).
         metrics_token=None if is_loopback(s.gateway_host) or s.gateway_token is None else s.gateway_token.get_secret_value(),
+        feedback_transport=feedback,
     )
     # Agent Lightning's queue on rb.tasks: joins the replicas' consumer group on the first dequeue; reads
     # ClickHouse read-only (connected on first use) to learn of attempts that ended through another replica.
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     gw.agl_store.queue = queue
     gw.agl1_api.queue = queue  # Agent Lightning 1.x's controllers poll the same queue (its own rollouts only)
     gw.agl1_api.clickhouse = clickhouse  # its ended rollouts (GET /api/rollouts/{id})
+    gw.agl1_api.control = ControlLog(s.kafka_conf(), control_topic(s.topics.prefix))  # its store's read-your-writes records
     gw.agl1_api.llm_token = s.llm_proxy_token.get_secret_value() if s.llm_proxy_token else None
     gw.agl_store.clickhouse = clickhouse  # the reads (query_rollouts, get_rollout_by_id, ...) answer from ClickHouse
     gw.agl_store.publish = resources.publish  # add_resources / update_resources: versions on rb.resources
@@ -90,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
                     ssl_context=ssl_context, **SERVER_OPTIONS)
     finally:
         queue.close()
+        gw.agl1_api.control.close()
         resources.close()
         transport.close(30)
+        feedback.close(30)
     return 0
 
 
