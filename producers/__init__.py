@@ -10,6 +10,7 @@ from producers.context import RolloutContext, arollout, current_rollout, rollout
 from producers.emit import (
     emit_action,
     emit_exception,
+    emit_feedback,
     emit_llm_call,
     emit_message,
     emit_object,
@@ -27,6 +28,7 @@ __all__ = [
     "current_rollout",
     "emit_action",
     "emit_exception",
+    "emit_feedback",
     "emit_llm_call",
     "emit_message",
     "emit_object",
