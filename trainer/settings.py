@@ -117,6 +117,18 @@ class ServeSettings(CommonSettings):
     check_model = field_validator("serve_model")(_model_ref)
 
 
+class SFTSettings(TrainerSettings):
+    """``rolloutbus train --algorithm sft`` (trainer/sft_cli.py): the trainer's settings and SFT's filter (``ROLLOUTBUS_SFT_*``)."""
+
+    sft_top_k: int | None = Field(default=None, ge=1, description="Keep the k best rollouts by final reward per key; unset: all.")
+    sft_min_reward: float | None = Field(default=None, ge=-1e9, le=1e9, description="Keep rollouts whose final reward is at least this.")
+    sft_where: str | None = Field(default=None, description="An SQL condition over the rollouts columns (alias r).")
+    sft_key: Literal["task", "prompt"] = Field(default="task", description="What top-k ranks within: the task, or the first prompt.")
+    sft_epochs: int = Field(default=1, ge=1, description="Epochs over the pairs; one version is published after each.")
+    sft_batch_size: int = Field(default=16, ge=1, description="Pairs per optimiser step.")
+    sft_lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate of SFT.")
+
+
 class ApoSettings(CommonSettings):
     """What ``rolloutbus optimize-prompt`` reads (``ROLLOUTBUS_APO_*``)."""
 
