@@ -6,3 +6,15 @@ the error tree, settings, the Kafka and ClickHouse plumbing, and the ``rolloutbu
 """
 
 __version__ = "0.1.0"
+
+_API = ("Trainer", "LitAgent", "LLM", "GRPO", "NamedResources", "Rollout", "agent_scope")
+
+
+def __getattr__(name: str) -> object:
+    """The write-ups' API (``from rolloutbus import Trainer, LitAgent, LLM``), imported on first use so
+    ``import rolloutbus`` stays light for the command."""
+    if name in _API:
+        from rolloutbus import trainer_api
+
+        return getattr(trainer_api, name)
+    raise AttributeError(f"module 'rolloutbus' has no attribute {name!r}")

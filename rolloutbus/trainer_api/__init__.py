@@ -1,0 +1,8 @@
+"""The write-ups' Python API: ``Trainer``, ``LitAgent``, ``LLM``, ``GRPO`` (also exported by ``rolloutbus``)."""
+
+from rolloutbus.trainer_api.agent import LitAgent
+from rolloutbus.trainer_api.resources import LLM, NamedResources, Rollout
+from rolloutbus.trainer_api.tracing import agent_scope
+from rolloutbus.trainer_api.trainer import GRPO, Trainer
+
+__all__ = ["GRPO", "LLM", "LitAgent", "NamedResources", "Rollout", "Trainer", "agent_scope"]

@@ -1,0 +1,87 @@
+"""The agent class of the write-ups: subclass :class:`LitAgent` and write ``rollout(task, resources, rollout)``
+returning the reward; ``resources["main_llm"]`` is an :class:`~rolloutbus.trainer_api.resources.LLM`,
+``rollout`` a :class:`~rolloutbus.trainer_api.resources.Rollout`, ``self.tracer`` the tracer.
+
+The runners and the dry run do not call it directly: :class:`Adapted` wraps it in a
+:class:`producers.litagent.LitAgent` (the one that runs attempts: context, spans, retries, timeouts) and
+turns the runner's resources and rollout context into the write-ups' names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Generic, TypeVar
+
+from foundation.errors import ConfigError
+from producers.context import RolloutContext
+from producers.litagent import LitAgent as AttemptRunner
+from rolloutbus.trainer_api.resources import LLM, Rollout
+from rolloutbus.trainer_api.tracing import Tracer
+
+T = TypeVar("T")
+
+
+class LitAgent(Generic[T]):
+    """Base class of a write-ups-style agent: implement ``rollout(task, resources, rollout) -> float | None``."""
+
+    name: str | None = None
+
+    def __init__(self) -> None:  # the write-ups call super().__init__()
+        pass
+
+    @property
+    def tracer(self) -> Tracer:
+        return Tracer()
+
+    def rollout(self, task: T, resources: Mapping[str, Any], rollout: Rollout) -> float | None:
+        raise NotImplementedError("implement rollout(task, resources, rollout) -> float | None")
+
+
+def check_agent(agent: Any) -> None:
+    """One clear line for an object that cannot be an agent."""
+    if isinstance(agent, type):
+        raise ConfigError(f"pass an instance of {agent.__name__}, not the class: {agent.__name__}(...)")
+    if not callable(getattr(agent, "rollout", None)):
+        raise ConfigError(f"{type(agent).__name__} has no rollout(task, resources, rollout) method: subclass "
+                          "rolloutbus.LitAgent and implement it")
+    if isinstance(agent, LitAgent) and type(agent).rollout is LitAgent.rollout:
+        raise ConfigError(f"{type(agent).__name__} does not implement rollout(task, resources, rollout)")
+
+
+class Adapted(AttemptRunner):
+    """A write-ups-style agent as the runners run agents. ``resources``: the Trainer's initial resources;
+    ``proxy``: the LLM proxy's base URL (``fit``), so ``main_llm`` points there; None (``dev``): as given."""
+
+    def __init__(self, agent: Any, resources: Mapping[str, Any], proxy: str | None = None) -> None:
+        check_agent(agent)
+        self.agent = agent
+        self.resources = dict(resources)
+        self.proxy = proxy
+        self.name = getattr(agent, "name", None) or type(agent).__name__
+
+    def named_resources(self, runner_resources: Mapping[str, Any]) -> dict[str, Any]:
+        """The Trainer's resources, each LLM pointed at the proxy under ``fit``; then the runner's (bus) resources."""
+        named: dict[str, Any] = {}
+        for key, value in self.resources.items():
+            if isinstance(value, LLM) and self.proxy:
+                value = replace(value, endpoint=self.proxy, proxied=True)
+            named[key] = value
+        for key, value in runner_resources.items():
+            named.setdefault(key, value)
+        return named
+
+    def rollout(self, task: Any, resources: Mapping[str, Any], rollout: RolloutContext) -> float | None:
+        out = self.agent.rollout(task, self.named_resources(resources), Rollout.of(rollout))
+        if inspect.isawaitable(out):
+            out = asyncio.run(_await(out))  # this attempt's own thread (the runner's worker, or the dry run's)
+        return out  # type: ignore[no-any-return]
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+__all__ = ["LitAgent", "Adapted", "check_agent"]

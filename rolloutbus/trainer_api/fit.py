@@ -1,0 +1,198 @@
+"""``Trainer.fit``: the demo's loop for the user's agent. The same commands the demo starts
+(:mod:`rolloutbus.demo.driver`) on the same local stack (:func:`rolloutbus.demo.stack.local_stack`): the
+stream worker with the Trainer's ``agent_match`` / ``llm_call_match``, the policy server, the LLM proxy,
+the trainer (GRPO, validation on ``val_dataset``), and ``n_runners`` rollouts at once running the agent,
+shipped to them pickled (:mod:`rolloutbus.trainer_api.shipped`). Tasks are published a few steps ahead of
+the trainer; the live table is the demo's. On return, an error or Ctrl-C, everything started stops.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from foundation.config import CommonSettings, load_settings
+from foundation.errors import ConfigError, RolloutbusError
+from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _wait_http, follow, reset_local_state
+from rolloutbus.demo.stack import local_stack, process_env
+from rolloutbus.localproc import free_port
+from rolloutbus.trainer_api.agent import Adapted
+from rolloutbus.trainer_api.resources import LLM
+from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
+
+if TYPE_CHECKING:
+    from rolloutbus.trainer_api.trainer import Trainer
+
+AGENT_SPEC = "rolloutbus.trainer_api.shipped:agent"
+
+
+@dataclass
+class Row:
+    """A dataset row as the demo's task feeder takes a problem."""
+
+    json: str
+
+    def to_json(self) -> str:
+        return self.json
+
+    @property
+    def text(self) -> str:
+        return self.json[:200]
+
+
+@dataclass
+class FitResult:
+    steps: list[dict[str, Any]]
+    versions: dict[int, dict[str, Any]]
+    rewards_by_version: dict[int, list[float]]
+    rollouts: int
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def _model(llm: Any, settings: CommonSettings) -> str:
+    """The policy to train: a local directory as it is, ``tiny``, else a packaged model imported (no hub)."""
+    name = getattr(llm, "model", None) or "tiny"
+    if name == "tiny" or Path(name).is_dir():
+        return name
+    from trainer.model_import import import_model
+
+    return str(import_model(name, settings.data_dir / "models"))
+
+
+def _no_trained_transitions(settings: CommonSettings) -> tuple[int, int]:
+    """(finished training rollouts, trained transitions) in the store."""
+    from foundation.clickhouse import connect
+
+    client = connect(settings.dsn, database=settings.clickhouse_database, create_database=False)
+    try:
+        rollouts = int(client.query("SELECT count() FROM rollouts FINAL WHERE mode = 'train' AND status != ''").result_rows[0][0])
+        trained = int(client.query("SELECT countIf(trained) FROM transitions FINAL").result_rows[0][0])
+    finally:
+        client.close()
+    return rollouts, trained
+
+
+def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> FitResult:
+    from rolloutbus.trainer_api.trainer import GRPO
+
+    algo = trainer.algorithm or GRPO()
+    if not isinstance(algo, GRPO):
+        raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...)")
+    say = trainer.say
+    settings = load_settings(CommonSettings, {})
+    if not settings.uses_local_broker:
+        raise ConfigError("fit resets its topics and database, so it runs on the local stack: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    out = trainer.out
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    with local_stack(settings, out / "logs") as stack:
+        say(f"kafka      {'started' if stack.started_broker else 'reused'} on {stack.broker.bootstrap}")
+        reset_local_state(settings, say)
+        serve_port, proxy_port = free_port(), free_port()
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        ship(Adapted(agent, trainer.resources, proxy=proxy), out / "agent.pickle")
+        model = _model(trainer.resources.get("main_llm"), settings)
+        script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
+        env = dict(process_env(settings), ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
+                   ROLLOUTBUS_TRAIN_TEMPERATURE=str(algo.temperature),
+                   PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        sup = stack.procs
+        sup.env = env
+        match = (["--agent-match", trainer.agent_match] if trainer.agent_match else []) + \
+                (["--llm-call-match", trainer.llm_call_match] if trainer.llm_call_match else [])
+        validate: list[str] = []
+        if val:
+            (out / "validation.jsonl").write_text("".join(v + "\n" for v in val))
+            validate = ["--validation-tasks", str(out / "validation.jsonl")]
+        train_args = [*(["--train-layers", str(algo.train_layers)] if algo.train_layers else []),
+                      *(["--skip-zero-variance"] if algo.skip_zero_variance else []),
+                      *(["--max-steps", str(algo.max_steps)] if algo.max_steps else []), *algo.train_args]
+        live, stop_follow = Live(), threading.Event()
+        follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
+        try:
+            sup.start("process", ["process", "--group-size", str(algo.group_size), "--group-min-rollouts", "2",
+                                  "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5",
+                                  "--group-timeout", str(algo.group_timeout_s), *match])
+            sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
+            sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
+            sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
+                                "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
+                                *train_args, *validate])
+            follower.start()
+            _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
+            _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+            sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=proxy, **{SHIPPED_ENV: str(out / "agent.pickle")})
+            sup.start("runners", ["run-agent", AGENT_SPEC, "--concurrency", str(trainer.n_runners), "--max-attempts", "1",
+                                  "--timeout", str(algo.rollout_timeout_s)])
+            say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
+                f"{trainer.n_runners} runners (logs in {out / 'logs'})")
+            result = _loop(trainer, algo, settings, sup, live, train, t_start)
+            if trainer.keep_store and stack.store is not None:
+                stack.keep_store = True
+                say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM v_reward_by_version\" "
+                    "(rolloutbus down stops it)")
+            return result
+        finally:
+            stop_follow.set()
+
+
+def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live: Live, train: list[str], t_start: float) -> FitResult:
+    say = trainer.say
+    feeder = TaskFeeder(settings, [Row(t) for t in train],
+                        DemoConfig(group_size=algo.group_size, runners=trainer.n_runners, groups_per_step=algo.groups_per_step), live)
+    warnings: list[str] = []
+    checked_match = not trainer.agent_match
+    say(f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'reward (last 128)':>17} {'loss':>8}  {'elapsed':>7}")
+    shown, t_train = 0, time.monotonic()
+    try:
+        while time.monotonic() - t_train < algo.minutes * 60:
+            if sup.returncode("train") == 0:
+                say("training   the trainer stopped (its step limit, or validation stopped improving)")
+                break
+            sup.check()
+            feeder.top_up()
+            with live.lock:
+                new, shown = live.steps[shown:], len(live.steps)
+                total = sum(len(v) for v in live.rewards_by_version.values())
+                recent = sum(live.recent) / len(live.recent) if live.recent else 0.0
+            for s in new:
+                say(f"{int(s['step']):>5} {int(s.get('version') or 0):>7} {total:>8} {s.get('reward_mean', 0):>12.3f} "
+                    f"{recent:>17.3f} {s.get('loss', 0):>8.4f}  {time.monotonic() - t_start:>6.0f}s")
+            if not checked_match and time.monotonic() - t_train > 20:
+                rollouts, trained = _no_trained_transitions(settings)
+                if rollouts >= algo.group_size:
+                    checked_match = True
+                    if not trained:
+                        line = (f"agent_match {trainer.agent_match!r} selected none of the LLM calls of the first {rollouts} "
+                                "rollouts: nothing is trained (see the agents' names: rolloutbus query \"SELECT agent_name, "
+                                "count() FROM transitions GROUP BY agent_name\")")
+                        warnings.append(line)
+                        say(f"[warning]  {line}")
+            time.sleep(0.5)
+        else:
+            say("training   time is up")
+    finally:
+        feeder.close()
+    sup.stop("train", grace=60)
+    sup.stop("runners", grace=30)
+    time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
+    with live.lock:
+        result = FitResult(list(live.steps), dict(live.versions), {k: list(v) for k, v in live.rewards_by_version.items()},
+                           sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings)
+    if not result.versions:
+        raise RolloutbusError("no resource version was published: the trainer never started (see its log)")
+    for v, info in sorted(result.versions.items()):
+        vals = {k: m for k, m in (info.get("metrics") or {}).items() if k.startswith("val")}
+        if vals:
+            say(f"version {v}: " + ", ".join(f"{k} {m:.3f}" for k, m in sorted(vals.items())))
+    say(f"done       {len(result.steps)} steps, {result.rollouts} rollouts in groups, {result.seconds:.0f}s")
+    return result
+
+
+__all__ = ["FitResult", "run_fit"]

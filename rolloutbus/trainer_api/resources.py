@@ -1,0 +1,62 @@
+"""What a write-ups-style agent's ``rollout(task, resources, rollout)`` receives: the ``LLM`` resource and a
+view of the rollout with Agent Lightning's field names. Pure.
+
+``LLM.get_base_url(rollout_id, attempt_id)`` is the OpenAI base URL an agent points its client at: under
+``Trainer.fit`` the LLM proxy's per-attempt URL (every call recorded with its token ids), under
+``Trainer.dev`` the endpoint itself (the calls are recorded by the tracer, text only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.context import RolloutContext
+
+
+@dataclass
+class LLM:
+    """An OpenAI-compatible endpoint and the model and sampling parameters to call it with."""
+
+    endpoint: str = ""
+    model: str = "policy"
+    sampling_parameters: dict[str, Any] = field(default_factory=dict)
+    proxied: bool = False  # the endpoint is ``rolloutbus proxy``: URLs are per rollout attempt
+
+    def get_base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
+        """The base URL (``.../v1``) for one attempt's calls."""
+        base = self.endpoint.rstrip("/")
+        if not self.proxied:
+            return base
+        if not rollout_id or not attempt_id:
+            raise ValueError("the LLM proxy's URL names the rollout and the attempt: get_base_url(rollout.rollout_id, "
+                             "rollout.attempt.attempt_id)")
+        return f"{base.removesuffix('/v1')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+
+NamedResources = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt_id: str
+    sequence_id: int  # the attempt's number, from 1
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One attempt of one rollout, as Agent Lightning names its fields."""
+
+    rollout_id: str
+    attempt: Attempt
+    mode: str
+    task_id: str
+    context: RolloutContext
+
+    @classmethod
+    def of(cls, ctx: RolloutContext) -> Rollout:
+        return cls(ctx.rollout_id, Attempt(ctx.attempt_id, ctx.attempt), ctx.mode, ctx.task_id, ctx)
+
+
+__all__ = ["LLM", "NamedResources", "Rollout", "Attempt"]

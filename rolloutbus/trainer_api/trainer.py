@@ -1,0 +1,130 @@
+"""``Trainer``: the write-ups' entry point over the project's processes.
+
+``Trainer(n_runners=..., algorithm=GRPO(...), adapter={"agent_match": ..., "llm_call_match": ...},
+initial_resources={"main_llm": LLM(...)})``; ``.dev(agent, dev_dataset)`` is the dry run
+(:mod:`rolloutbus.trainer_api.dev`), ``.fit(agent, train_dataset, val_dataset)`` the training run
+(:mod:`rolloutbus.trainer_api.fit`), which starts the same ``rolloutbus`` commands the demo starts, on the
+same local stack. Datasets are lists of dicts (``DataFrame.to_dict("records")``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from foundation.errors import ConfigError
+from rolloutbus.trainer_api.agent import Adapted, check_agent
+from rolloutbus.trainer_api.resources import LLM
+from rolloutbus.trainer_api.shipped import CHILD_ENV
+
+ADAPTER_KEYS = ("agent_match", "llm_call_match")
+
+
+@dataclass
+class GRPO:
+    """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
+    name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``."""
+
+    group_size: int = 4
+    groups_per_step: int = 2
+    lr: float = 1e-4
+    kl_beta: float = 0.02
+    minutes: float = 10.0
+    max_steps: int | None = None
+    temperature: float = 0.7
+    train_layers: int | None = None
+    skip_zero_variance: bool = True
+    group_timeout_s: float = 300.0
+    rollout_timeout_s: float = 900.0
+    seed: int = 0
+    train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError("GRPO(group_size=...) must be at least 2: GRPO compares rollouts within a group")
+
+
+def row_json(row: Any, index: int) -> str:
+    """A dataset row as the task's JSON input; one clear line when it is not a dict JSON can carry."""
+    if not isinstance(row, Mapping):
+        raise ConfigError(f"dataset row {index} is a {type(row).__name__}, not a dict: give a list of dicts "
+                          "(DataFrame.to_dict('records'))")
+
+    def plain(value: Any) -> Any:  # numpy scalars and arrays from pandas
+        for attr in ("item", "tolist"):
+            if hasattr(value, attr):
+                return getattr(value, attr)()
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+    try:
+        return json.dumps(dict(row), default=plain)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"dataset row {index} cannot be sent as a task (JSON): {exc}") from exc
+
+
+class Trainer:
+    """Runs an agent: ``dev`` once per task against an endpoint, ``fit`` in a training loop."""
+
+    def __init__(self, n_runners: int | None = None, algorithm: GRPO | None = None, adapter: Mapping[str, str] | None = None,
+                 initial_resources: Mapping[str, Any] | None = None, *, n_workers: int | None = None,
+                 out: str | Path = "rolloutbus-output", keep_store: bool = False, say: Callable[[str], None] | None = None) -> None:
+        self.n_runners = n_runners or n_workers or 1
+        self.algorithm = algorithm
+        unknown = set(adapter or {}) - set(ADAPTER_KEYS)
+        if unknown:
+            raise ConfigError(f"adapter keys {sorted(unknown)} are not known: use {', '.join(ADAPTER_KEYS)}")
+        from streams.transitions import agent_matcher, llm_call_matcher
+
+        self.agent_match = (adapter or {}).get("agent_match")
+        self.llm_call_match = (adapter or {}).get("llm_call_match")
+        try:
+            agent_matcher(self.agent_match)
+            llm_call_matcher(self.llm_call_match)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self.resources = dict(initial_resources or {})
+        self.out = Path(out)
+        self.keep_store = keep_store  # fit: leave the local store up afterwards, to query the run
+        self.say = say or print
+
+    def _guard(self) -> None:
+        if os.environ.get(CHILD_ENV):
+            raise ConfigError("Trainer.fit/dev called while a runner loads the agent's script: put the call under "
+                              "`if __name__ == \"__main__\":`")
+
+    def dev(self, agent: Any, dev_dataset: Sequence[Any] | None = None, **kwargs: Any) -> list[Any]:
+        """The dry run: each task once against the ``main_llm`` endpoint, traced to memory; prints and returns
+        per task the steps, the reward and what would become transitions."""
+        from rolloutbus.trainer_api.dev import run_dev
+
+        self._guard()
+        check_agent(agent)
+        rows = list(dev_dataset if dev_dataset is not None else kwargs.get("val_dataset") or [])
+        if not rows:
+            raise ConfigError("dev needs a dev_dataset: a list of dicts, one per task")
+        tasks = [json.loads(row_json(row, i)) for i, row in enumerate(rows)]
+        llm = self.resources.get("main_llm")
+        if isinstance(llm, LLM) and not llm.endpoint:
+            raise ConfigError("dev calls the main_llm's endpoint: LLM(endpoint='http://.../v1', model=...)")
+        return run_dev(Adapted(agent, self.resources), tasks, self.agent_match, self.llm_call_match, self.say)
+
+    def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None) -> Any:
+        """Train: the local stack, the stream worker, the policy server, the proxy, the trainer and the runners
+        (``rolloutbus`` commands, logs under ``out/logs``), tasks fed from ``train_dataset``; the validation
+        tasks scored for each version. Everything started is stopped on return, an error or Ctrl-C."""
+        from rolloutbus.trainer_api.fit import run_fit
+
+        self._guard()
+        check_agent(agent)
+        train = [row_json(row, i) for i, row in enumerate(train_dataset)]
+        if not train:
+            raise ConfigError("fit needs a train_dataset: a list of dicts, one per task")
+        val = [row_json(row, i) for i, row in enumerate(val_dataset or [])]
+        return run_fit(self, agent, train, val)
+
+
+__all__ = ["GRPO", "Trainer", "row_json"]

@@ -1,0 +1,62 @@
+"""``Trainer.dev`` on the write-ups' LangGraph SQL agent against a stand-in OpenAI endpoint: every LLM call is
+traced with its LangGraph node as the agent, the reward is the execution match, and ``agent_match
+"write|rewrite"`` marks write_query's and rewrite_query's calls as transitions and check_query's as not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rolloutbus import LLM, Trainer
+from tests.unit.api.fake_openai import fake_openai
+
+pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sql_langgraph"
+sys.path.insert(0, str(EXAMPLE))
+
+from data import datasets  # noqa: E402
+from sql_agent import LitSQLAgent  # noqa: E402
+
+
+def reply(gold: dict[str, str]) -> Any:
+    """Writes a wrong query, finds it wrong once, rewrites it to the gold one, then finds it correct."""
+    def answer(messages: list[dict[str, Any]]) -> str:
+        text = " ".join(str(m.get("content")) for m in messages)
+        question = next(q for q in gold if q in text)
+        if text.startswith("You check"):
+            return "THE QUERY IS CORRECT" if gold[question] in text else "Wrong table."
+        if text.startswith("You fix"):
+            return f"```sql\n{gold[question]}\n```"
+        return "SELECT 1"
+    return answer
+
+
+def test_dev_traces_each_node_and_marks_transitions(tmp_path: Path) -> None:
+    _, val, _ = datasets(tmp_path / "dbs", validation=4)
+    rows = val[:2]
+    lines: list[str] = []
+    with fake_openai(reply({r["question"]: r["ground_truth"] for r in rows})) as (url, seen):
+        trainer = Trainer(n_workers=1, adapter={"agent_match": "write|rewrite"}, say=lines.append,
+                          initial_resources={"main_llm": LLM(endpoint=url, model="gpt-4.1-nano", sampling_parameters={"temperature": 0.7})})
+        results = trainer.dev(LitSQLAgent(max_turns=3), dev_dataset=rows)
+    assert len(seen) == 2 * 4  # write, check (wrong), rewrite, check (correct)
+    for r in results:
+        assert r.status == "succeeded" and r.reward == 1.0
+        calls = [(s.agent, s.trained) for s in r.steps if s.kind == "llm"]
+        assert calls == [("write_query", True), ("check_query", False), ("rewrite_query", True), ("check_query", False)]
+    out = "\n".join(lines)
+    assert "-> stored, not trained" in out and "-> transition" in out
+    assert "transitions: 2 of 4 LLM calls (agent_match 'write|rewrite')" in out
+    assert "dev: 2 tasks, mean reward 1.000, 2 succeeded, 4 of 8 LLM calls would be trained" in out
+
+
+def test_dev_says_when_agent_match_selects_nothing(tmp_path: Path) -> None:
+    _, val, _ = datasets(tmp_path / "dbs", validation=4)
+    lines: list[str] = []
+    with fake_openai(lambda messages: "THE QUERY IS CORRECT" if "You check" in str(messages) else "SELECT 1") as (url, _):
+        Trainer(adapter={"agent_match": "^planner$"}, say=lines.append,
+                initial_resources={"main_llm": LLM(endpoint=url)}).dev(LitSQLAgent(), dev_dataset=val[:1])
+    assert any("agent_match '^planner$' matches none of the agents that called the LLM (check_query, write_query)" in x for x in lines), lines
