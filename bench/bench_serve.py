@@ -6,7 +6,7 @@ then the agent's whole loop, greedy, on the demo's 150 held-out questions, 16 at
 evaluation of one version costs; a rewrite turn resends the previous one, which prefix caching reuses).
 Prints one table; the model is imported first if needed (``rolloutbus model import``).
 
-    .venv/bin/python -m bench.bench_serve [--model smollm2-135m-instruct] [--requests 32] [--threads 2]
+    .venv/bin/python -m bench.bench_serve [--model smollm2-135m-instruct] [--requests 32] [--threads 2] [--engine vllm]
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--agent-questions", type=int, default=150, help="held-out questions for the agent-loop run (0 skips it)")
+    ap.add_argument("--engine", choices=["torch", "vllm"], default="torch", help="rolloutbus serve's engine (vllm: `make vllm` first)")
     args = ap.parse_args()
 
     from rolloutbus.demo import sql
@@ -102,12 +103,12 @@ def main() -> int:
     port = free_port()
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=tempfile.mkdtemp(prefix="bench-serve-"), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", "serve", "--model", str(model), "--no-follow",
-                             "--port", str(port), "--threads", str(args.threads), "--max-batch", "16"],
+                             "--port", str(port), "--threads", str(args.threads), "--max-batch", "16", "--engine", args.engine],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         try:
-            wait_ready("serve", lambda: http_ok(f"{base}/models"), proc, timeout=180)
+            wait_ready("serve", lambda: http_ok(f"{base}/models"), proc, timeout=600 if args.engine == "vllm" else 180)
         except RuntimeError:
             print("serve did not start", file=sys.stderr)
             return 1
@@ -123,7 +124,7 @@ def main() -> int:
             loop = asyncio.run(_agent_loop(base, held_out[: args.agent_questions], 16, args.max_tokens))
     finally:
         stop_process(proc, 30)
-    print(f"serve {model.name}, {args.threads} torch threads, SQL-agent prompts, max_tokens {args.max_tokens}, temperature 1")
+    print(f"serve --engine {args.engine} {model.name}, {args.threads} torch threads (torch engine), SQL-agent prompts, max_tokens {args.max_tokens}, temperature 1")
     print(f"{'concurrency':>11} {'requests':>8} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'p50 s':>6} {'max s':>6}")
     for conc, n, tokens, wall, tps, p50, pmax in rows:
         print(f"{conc:>11} {n:>8} {tokens:>7} {wall:>7.1f} {tps:>9.1f} {p50:>6.1f} {pmax:>6.1f}")

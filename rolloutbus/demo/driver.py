@@ -63,6 +63,16 @@ class DemoConfig:
     validate_every: int = 1
     early_stop_patience: int = 0
     train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
+    engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
+
+    def serve_args(self) -> list[str]:
+        """The engine flag for ``rolloutbus serve``; none for torch (today's command line)."""
+        return ["--engine", "vllm"] if self.engine == "vllm" else []
+
+    @property
+    def serve_start_s(self) -> float:
+        """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores)."""
+        return 600.0 if self.engine == "vllm" else 180.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
@@ -88,6 +98,9 @@ class DemoConfig:
         if args.quick and cfg.task == "sql":
             cfg.validation = 8
         cfg.single_turn = bool(getattr(args, "single_turn", False))
+        cfg.engine = getattr(args, "engine", None) or "torch"
+        if cfg.engine == "vllm" and cfg.task != "sql":
+            raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
         for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience"):
@@ -230,10 +243,10 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
 
     serve_port, proxy_port = free_port(), free_port()
     sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port),
-                                         "--threads", str(task.eval_threads), "--max-batch", str(threads)])
+                                         "--threads", str(task.eval_threads), "--max-batch", str(threads), *task.serve_args])
     sup.start(f"eval-proxy-v{version}", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
     try:
-        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 120, sup)
+        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", task.serve_start_s, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         transport = SpanTransport.from_settings(AgentSettings(data_dir=settings.data_dir), spool_name=f"demo-eval-{name}")
         agent = task.eval_agent(f"http://127.0.0.1:{proxy_port}")
@@ -274,6 +287,8 @@ class DemoTask:
     eval_threads: int = 1
     validation: list[Any] = field(default_factory=list)  # scored for each version by the runners (mode test)
     subsets: dict[str, list[int]] = field(default_factory=dict)  # named parts of held_out (indices) reported apart
+    serve_args: list[str] = field(default_factory=list)  # the engine of the evaluation's policy server (DemoConfig.serve_args)
+    serve_start_s: float = 120.0
 
 
 def calc_task(cfg: DemoConfig, demo_dir: Path, say: Any) -> DemoTask:
@@ -314,6 +329,7 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
         process_args=["--group-timeout", "300"],
         env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp, "ROLLOUTBUS_AGENT_REWRITES": str(rewrites)},
         rollout_timeout_s=900, eval_threads=2, validation=list(split.validation),
+        serve_args=cfg.serve_args(), serve_start_s=cfg.serve_start_s if cfg.engine == "vllm" else 120.0,
         subsets={"questions never trained on, training databases": seen,
                  "databases never trained on": list(range(len(seen), len(held_out)))},
     )
@@ -487,13 +503,13 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         serve_port, proxy_port = free_port(), free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
                               "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])
-        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
+        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args()])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                             "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
                             *task.train_args, *validate_args])
         follower.start()
-        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
+        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", cfg.serve_start_s, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
         sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners),
