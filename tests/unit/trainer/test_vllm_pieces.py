@@ -99,3 +99,36 @@ def test_ensure_venv_runs_an_install_recipe_once(tmp_path: Path) -> None:
     assert marker(venv, ["thing==1.0"]).exists()
     ensure_venv(venv, ["thing==1.0"], install=lambda py, timeout: calls.append((py, timeout)))
     assert len(calls) == 1
+
+
+def test_serve_reads_its_engine_from_flags_and_refuses_what_vllm_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from foundation.errors import ConfigError
+    from trainer import serve_cli
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_arguments(p)
+    s = serve_cli.settings_from_args(p.parse_args(["--engine", "vllm", "--vllm-args", "--max-num-seqs 8", "--model", "tiny"]))
+    assert s.serve_engine == "vllm" and s.serve_vllm_args == "--max-num-seqs 8"
+    assert serve_cli.settings_from_args(p.parse_args([])).serve_engine == "torch", "today's server stays the default"
+    with pytest.raises(ConfigError, match="not 'tiny'"):
+        serve_cli.run_vllm(s, None)
+    with pytest.raises(ConfigError, match="needs --model"):
+        serve_cli.run_vllm(serve_cli.settings_from_args(p.parse_args(["--engine", "vllm", "--no-follow"])), None)
+
+
+def test_the_demo_hands_its_engine_to_every_policy_server() -> None:
+    import argparse
+
+    from foundation.errors import ConfigError
+    from rolloutbus.demo import add_arguments
+    from rolloutbus.demo.driver import DemoConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    vllm = DemoConfig.from_args(p.parse_args(["--task", "sql", "--engine", "vllm"]))
+    assert vllm.serve_args() == ["--engine", "vllm"] and vllm.serve_start_s > 180
+    assert DemoConfig.from_args(p.parse_args(["--task", "sql"])).serve_args() == []
+    with pytest.raises(ConfigError, match="--task sql"):
+        DemoConfig.from_args(p.parse_args(["--engine", "vllm"]))
