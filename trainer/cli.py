@@ -48,6 +48,9 @@ _FLAGS: dict[str, str] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algorithm", choices=["grpo", "sft"],
+                   help="grpo: GRPO on rb.batches; sft: supervised fine-tuning on the transitions that pass the --sft-* filter, "
+                   "read from ClickHouse (env ROLLOUTBUS_TRAIN_ALGORITHM, default grpo)")
     p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model (env ROLLOUTBUS_TRAIN_MODEL, default tiny)")
     p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
     p.add_argument("--resource-name", help="name of the published resource on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
@@ -86,17 +89,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int,
                    help="port of /metrics, /healthz and /readyz (env ROLLOUTBUS_TRAIN_METRICS_PORT, default 9100; 0: off)")
     p.add_argument("--metrics-host", help="address they bind (env ROLLOUTBUS_TRAIN_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)")
+    from trainer.sft_cli import add_arguments as add_sft_arguments
+
+    add_sft_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats default."""
     from foundation.entry import settings_from_args
-    from trainer.settings import TrainerSettings
+    from trainer.settings import SFTSettings
+    from trainer.sft_cli import SFT_FLAGS
 
-    return settings_from_args(TrainerSettings, args, _FLAGS)
+    # SFT's settings are the trainer's and its own: a bad --sft-* value is refused whichever algorithm runs.
+    return settings_from_args(SFTSettings, args, {**_FLAGS, **SFT_FLAGS})
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    from foundation.errors import ConfigError
+
+    algorithm = getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo")
+    if algorithm == "sft":
+        from trainer.sft_cli import run as run_sft
+
+        return run_sft(args)
+    if algorithm != "grpo":
+        raise ConfigError(f"ROLLOUTBUS_TRAIN_ALGORITHM must be grpo or sft, got {algorithm!r}")
     from foundation.health import serve_health
     from trainer.device import check_backend
     from trainer.health import TrainerHealth

@@ -1,7 +1,7 @@
 """Supervised fine-tuning on (prompt, response) pairs — loss on the response tokens only.
 
-Used to warm the tiny policy up on synthetic demonstrations before GRPO, and a first-class algorithm
-of its own. A prompt is either raw text (encoded after ``<bos>``) or a list of chat messages (the chat
+Used to warm the tiny policy up on synthetic demonstrations before GRPO, and as an algorithm on the bus
+(``rolloutbus train --algorithm sft``, :mod:`trainer.sft_cli`: the transitions that pass a filter). A prompt is either raw text (encoded after ``<bos>``) or a list of chat messages (the chat
 template, ending with the assistant marker); the response is text, followed by ``<|end|>`` so the
 model learns to stop.
 """
@@ -58,8 +58,14 @@ def sft(
     model: Any, tok: Tokenizer, pairs: Sequence[tuple[Prompt, str]], config: SFTConfig | None = None
 ) -> list[float]:
     """Fine-tune ``model`` in place on ``pairs``; returns the loss of every optimiser step."""
+    return sft_ids(model, [encode_pair(tok, p, r) for p, r in pairs], config, tok.pad_id)
+
+
+def sft_ids(model: Any, data: Sequence[tuple[Sequence[int], Sequence[int]]], config: SFTConfig | None = None,
+            pad_id: int = 0) -> list[float]:
+    """:func:`sft` on pairs already token ids (prompt ids, response ids): the transitions SFT on the bus reads
+    (:mod:`trainer.sft_data`). Returns the loss of every optimiser step."""
     cfg = config or SFTConfig()
-    data = [encode_pair(tok, p, r) for p, r in pairs]
     if not data:
         return []
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -72,7 +78,7 @@ def sft(
             rng.shuffle(order)
             for start in range(0, len(order), cfg.batch_size):
                 batch = [data[i] for i in order[start : start + cfg.batch_size]]
-                loss = sft_loss(model, batch, tok.pad_id)
+                loss = sft_loss(model, batch, pad_id)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -83,4 +89,4 @@ def sft(
     return losses
 
 
-__all__ = ["SFTConfig", "encode_pair", "sft", "sft_loss"]
+__all__ = ["SFTConfig", "encode_pair", "sft", "sft_ids", "sft_loss"]
