@@ -22,7 +22,6 @@ sampled); ``stop`` strings are ignored.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import json
 import logging
@@ -36,10 +35,10 @@ from aiohttp import web
 
 from foundation.errors import RolloutbusError
 from trainer.model import ContextTooLong, ContinuousBatch
+from trainer.serve_http import VERSION_HEADER, bearer_auth
 from trainer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-VERSION_HEADER = "x-rolloutbus-resource-version"
 
 
 @dataclass
@@ -184,7 +183,7 @@ class PolicyServer:
     # ------------------------------------------------------------------ HTTP
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._auth])
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[bearer_auth(lambda: self.token)])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -192,15 +191,6 @@ class PolicyServer:
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         return app
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.token is not None and request.path != "/healthz":
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
-                return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
-                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="rolloutbus serve"'})
-        return await handler(request)
 
     def _version(self) -> int | None:
         return None if self.policy is None else self.policy.version

@@ -22,7 +22,6 @@ are reached only on loopback, with a random API key on the ``/v1`` routes.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -40,9 +39,9 @@ import aiohttp
 from aiohttp import web
 
 from foundation.errors import RolloutbusError
+from trainer.serve_http import VERSION_HEADER, bearer_auth
 
 log = logging.getLogger(__name__)
-VERSION_HEADER = "x-rolloutbus-resource-version"  # the same as trainer.serve's (that module imports torch)
 EXTENSION = "trainer.vllm_worker.RolloutbusWorkerExtension"
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive", "server", "date"}
 
@@ -258,7 +257,7 @@ class VllmGate:
             await self._session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._auth])
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[bearer_auth(lambda: self.token)])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.forward)
@@ -266,15 +265,6 @@ class VllmGate:
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         return app
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.token is not None and request.path != "/healthz":
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode()):
-                return web.json_response({"error": {"message": "missing or wrong bearer token", "type": "authentication_error"}},
-                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="rolloutbus serve"'})
-        return await handler(request)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.engine_key}", "Content-Type": "application/json"}
