@@ -10,5 +10,7 @@ Modules (import what you need; this package imports nothing heavy by itself):
 * ``trainer.checkpoint``    — atomic checkpoints with offsets and versions
 * ``trainer.loop``          — the Kafka training loop (``rolloutbus train``), crash-safe
 * ``trainer.serve``         — the OpenAI-compatible server with hot reload (``rolloutbus serve``)
+* ``trainer.vllm_serve``    — ``rolloutbus serve --engine vllm``: vLLM's server behind a version gate
+  (its venv: ``trainer.vllm_venv``; its worker extension: ``trainer.vllm_worker``)
 * ``trainer.verl_backend``  — GPU: verl DataProto conversion, actor update, vLLM weight path
 """
