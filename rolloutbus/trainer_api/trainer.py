@@ -55,7 +55,7 @@ def row_json(row: Any, index: int) -> str:
                           "(DataFrame.to_dict('records'))")
 
     def plain(value: Any) -> Any:  # numpy scalars and arrays from pandas
-        for attr in ("item", "tolist"):
+        for attr in ("tolist", "item"):  # an array's tolist, a scalar's (tolist too, on numpy's)
             if hasattr(value, attr):
                 return getattr(value, attr)()
         raise TypeError(f"{type(value).__name__} is not JSON")

@@ -1,0 +1,50 @@
+"""Train the write-ups' LangGraph SQL agent with GRPO: only write_query's and rewrite_query's LLM calls become
+transitions (``agent_match="write|rewrite"``); check_query's are recorded and stored, never trained on.
+
+    python examples/sql_langgraph/train_sql_agent.py                 # smollm2-135m-instruct, 10 minutes
+    python examples/sql_langgraph/train_sql_agent.py --model tiny --minutes 1.5 --train 16   # a smoke run
+
+The policy is a packaged model (``rolloutbus model import``: nothing comes from a model hub) or ``tiny``;
+everything runs on the local stack, logs under ``--out``/logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import rolloutbus as agl
+from data import datasets
+from sql_agent import LitSQLAgent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--runners", type=int, default=10)
+    p.add_argument("--train", type=int, default=0, help="use only the first N training tasks (0: all)")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--truncate-length", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--out", default="sql-langgraph-output")
+    p.add_argument("--keep-store", action="store_true", help="leave the local store up to query the run")
+    args = p.parse_args()
+
+    agent = LitSQLAgent(max_turns=args.max_turns, truncate_length=args.truncate_length)
+    algorithm = agl.GRPO(group_size=4, groups_per_step=2, lr=1e-4, kl_beta=0.02, minutes=args.minutes)
+    trainer = agl.Trainer(
+        n_runners=args.runners,
+        algorithm=algorithm,
+        adapter={"agent_match": "write|rewrite"},  # optimize both query stages
+        initial_resources={"main_llm": agl.LLM(model=args.model, sampling_parameters={"temperature": 0.7, "max_tokens": args.max_tokens})},
+        out=args.out,
+        keep_store=args.keep_store,
+    )
+    train_data, val_data, _ = datasets()
+    if args.train:
+        train_data = train_data[: args.train]
+    trainer.fit(agent, train_dataset=train_data, val_dataset=val_data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The Trainer API's shell: one clear line for bad input, the LLM resource's URLs, the agent shipped to a
+runner process (also one defined in the user's script)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from foundation.errors import ConfigError
+from rolloutbus import GRPO, LLM, LitAgent, Trainer
+from rolloutbus.trainer_api.agent import Adapted
+from rolloutbus.trainer_api.trainer import row_json
+
+
+class Echo(LitAgent[dict]):
+    def rollout(self, task: dict, resources: Any, rollout: Any) -> float:
+        return float(task["x"])
+
+
+class NoRollout(LitAgent[dict]):
+    pass
+
+
+def test_bad_agents_are_one_line() -> None:
+    with pytest.raises(ConfigError, match="does not implement rollout"):
+        Trainer().dev(NoRollout(), [{"x": 1}])
+    with pytest.raises(ConfigError, match="has no rollout"):
+        Trainer().dev(object(), [{"x": 1}])
+    with pytest.raises(ConfigError, match="pass an instance of Echo"):
+        Trainer().dev(Echo, [{"x": 1}])
+
+
+def test_bad_rows_and_settings_are_one_line() -> None:
+    with pytest.raises(ConfigError, match="dataset row 0 is a str, not a dict"):
+        row_json("question?", 0)
+    with pytest.raises(ConfigError, match="dataset row 3 cannot be sent as a task"):
+        row_json({"x": object()}, 3)
+    with pytest.raises(ConfigError, match="agent_match '\\(' is not a valid regular expression"):
+        Trainer(adapter={"agent_match": "("})
+    with pytest.raises(ConfigError, match="adapter keys \\['agent_mtch'\\] are not known"):
+        Trainer(adapter={"agent_mtch": "x"})
+    with pytest.raises(ConfigError, match="group_size"):
+        GRPO(group_size=1)
+    with pytest.raises(ConfigError, match="fit needs a train_dataset"):
+        Trainer().fit(Echo(), [])
+
+
+def test_numpy_values_from_pandas_rows_are_plain_json() -> None:
+    np = pytest.importorskip("numpy")
+    assert row_json({"a": np.int64(3), "b": np.array([1.5, 2.0])}, 0) == '{"a": 3, "b": [1.5, 2.0]}'
+
+
+def test_llm_urls() -> None:
+    assert LLM(endpoint="http://h:1/v1").get_base_url("ro-1", "at-1") == "http://h:1/v1"
+    proxied = LLM(endpoint="http://h:2", proxied=True)
+    assert proxied.get_base_url("ro-1", "at-1") == "http://h:2/rollout/ro-1/attempt/at-1/v1"
+    with pytest.raises(ValueError, match="names the rollout and the attempt"):
+        proxied.get_base_url()
+
+
+def test_fit_resources_point_llms_at_the_proxy() -> None:
+    adapted = Adapted(Echo(), {"main_llm": LLM(model="m", sampling_parameters={"temperature": 0.3}), "k": 1}, proxy="http://p:9")
+    named = adapted.named_resources({"policy": "rv", "k": 2})
+    assert named["main_llm"] == LLM(endpoint="http://p:9", model="m", sampling_parameters={"temperature": 0.3}, proxied=True)
+    assert named["k"] == 1 and named["policy"] == "rv"
+    assert adapted.name == "Echo"
+
+
+SCRIPT = '''
+import sys
+import rolloutbus as agl
+from rolloutbus.trainer_api.agent import Adapted
+from rolloutbus.trainer_api.shipped import ship
+
+class Scripted(agl.LitAgent[dict]):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+    def rollout(self, task, resources, rollout):
+        return self.k * task["x"]
+
+if __name__ == "__main__":
+    ship(Adapted(Scripted(2.5), {}), __import__("pathlib").Path(sys.argv[1]))
+else:
+    agl.Trainer().fit(Scripted(1), [{"x": 1}]) if sys.argv[-1] == "unguarded" else None
+'''
+
+LOAD = '''
+import sys
+from producers.runner import load_agent
+from producers.transport import set_transport
+sys.path.insert(0, sys.argv[2])
+from memory import Mem
+set_transport(Mem())
+agent = load_agent("rolloutbus.trainer_api.shipped:agent")
+print(agent.run({"x": 2}).reward)
+'''
+
+
+def test_an_agent_defined_in_the_users_script_reaches_the_runner(tmp_path: Path) -> None:
+    script = tmp_path / "my_training.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "memory.py").write_text("class Mem:\n    def emit(self, *a):\n        return True\n")
+    subprocess.run([sys.executable, str(script), str(tmp_path / "agent.pickle")], check=True, cwd=tmp_path, timeout=120)
+    env = {**__import__("os").environ, "ROLLOUTBUS_SHIPPED_AGENT": str(tmp_path / "agent.pickle")}
+    out = subprocess.run([sys.executable, "-c", LOAD, "x", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "5.0"
+    # A script that calls fit outside `if __name__ == "__main__":` is refused in the runner, in one line.
+    bad = subprocess.run([sys.executable, "-c", LOAD, "x", str(tmp_path), "unguarded"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and 'put the call under `if __name__ == "__main__":`' in bad.stderr, bad.stderr
