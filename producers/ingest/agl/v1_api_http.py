@@ -53,6 +53,7 @@ from producers.ingest.agl.v1_api import (
     task_from_create,
 )
 from producers.ingest.agl.v1_events import EVENT_PATH, event_to_span
+from producers.ingest.agl.v1_store_http import AgentLightning1Store
 from producers.ingest.front_door import BadRequest, Counts, FrontDoor, TooDeep, not_a_json_constant, parse_json
 from producers.ingest.resources import Resources
 from producers.mapping import MappingError
@@ -61,6 +62,8 @@ from schemas.codec import encode, encode_raw
 from schemas.models import UNNUMBERED
 
 if TYPE_CHECKING:
+    from producers.ingest.agl.control import LocalControl
+    from producers.ingest.agl.control_log import ControlLog
     from producers.ingest.agl.queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
@@ -99,15 +102,22 @@ class AgentLightning1Routes:
         self.llm_token = llm_token
         self.llm_timeout_s = llm_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        # The control records (None: the queue-only routes, as before them): its store's calls with its semantics.
+        self.control: ControlLog | LocalControl | None = None
+        self.store = AgentLightning1Store(self)
+        self.inflight = 0  # LLM calls being forwarded (its /proxy/state's count)
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
-        for (method, path), what in NOT_ON_THE_BUS.items():  # first: /rollouts/terminal is no {rollout_id}
-            r.add_route(method, PREFIX + path, self._not_on_the_bus(what))
-        r.add_post(f"{PREFIX}/rollouts", self.create_rollouts)
-        r.add_get(f"{PREFIX}/rollouts", self.list_rollouts)
-        r.add_patch(f"{PREFIX}/rollouts/{{rollout_id}}", self.patch_rollout)
-        r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}", self.get_rollout)
+        if self.control is not None:
+            self.store.add_to(app)
+        else:
+            for (method, path), what in NOT_ON_THE_BUS.items():  # first: /rollouts/terminal is no {rollout_id}
+                r.add_route(method, PREFIX + path, self._not_on_the_bus(what))
+            r.add_post(f"{PREFIX}/rollouts", self.create_rollouts)
+            r.add_get(f"{PREFIX}/rollouts", self.list_rollouts)
+            r.add_patch(f"{PREFIX}/rollouts/{{rollout_id}}", self.patch_rollout)
+            r.add_get(f"{PREFIX}/rollouts/{{rollout_id}}", self.get_rollout)
         r.add_get(f"{PREFIX}/models", self.list_models)
         r.add_post(EVENT_PATH, self.add_event)
         r.add_post(LLM_ROUTE, self.llm_call)
@@ -297,8 +307,11 @@ class AgentLightning1Routes:
             return busy
         counts.accepted(1)
         counts.answered(200)
-        return web.json_response({"event_type": event["event_type"], "rollout_id": rollout_id, "attempt_id": attempt_id,
-                                  "timestamp": now / 1e9, "data": event.get("data") or {}})
+        stored = {"event_type": event["event_type"], "rollout_id": rollout_id, "attempt_id": attempt_id,
+                  "timestamp": now / 1e9, "data": event.get("data") or {}}
+        if self.control is not None:
+            await self.store.record_event(stored)
+        return web.json_response(stored)
 
     async def llm_call(self, request: web.Request) -> web.StreamResponse:
         """Its server's LLM proxy route, as its controllers hand it to every agent
@@ -311,6 +324,13 @@ class AgentLightning1Routes:
             return self.door.refuse(404, f"Unsupported proxy mode: {m['mode']}")
         if m["path"] not in LLM_PATHS:
             return self.door.refuse(404, f"Unsupported upstream path: {m['path']}")
+        if self.control is not None:
+            try:
+                early = await self.door.body(request)
+            except BadRequest as exc:
+                return self.door.refuse(400, str(exc))
+            if (refused := await self.store.llm_check(request, m["rollout_id"], early)) is not None:
+                return refused
         url = llm_upstream(self.resources(), self.policy, m["rollout_id"], m["attempt_id"], m["path"])
         if url is None:
             return self.door.refuse(503, "no LLM endpoint is published on rb.resources: run rolloutbus train with "
@@ -324,6 +344,7 @@ class AgentLightning1Routes:
             headers["Authorization"] = f"Bearer {self.llm_token}"
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.llm_timeout_s))
+        self.inflight += 1
         try:
             async with self._session.post(url, data=body, headers=headers) as upstream:
                 out = await upstream.read()
@@ -333,6 +354,8 @@ class AgentLightning1Routes:
             log.warning("LLM call of %s/%s not forwarded to %s: %s", m["rollout_id"], m["attempt_id"], url.split("/rollout/")[0],
                         type(exc).__name__)
             return self.door.refuse(502, f"the LLM proxy at {url.split('/rollout/')[0]} did not answer: {type(exc).__name__}")
+        finally:
+            self.inflight -= 1
 
     async def _close(self, _app: web.Application) -> None:
         if self._session is not None:

@@ -101,7 +101,11 @@ def _model_request(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, s
                     finish = ch.get("finish_reason") or finish
     elif resp is not None:
         raise MappingError("model_request data.response must be the OpenAI response object (or its SSE chunks)")
-    prompt_ids = _ids(prompt, "prompt_token_ids")
+    try:
+        prompt_ids = _ids(prompt, "prompt_token_ids")
+    except MappingError:
+        # Its server keeps such a request (it only skips deduplicating it): the span has no prompt ids to train on.
+        prompt_ids = []
     if len(logprobs) != len(response):
         logprobs = []
     server = data.get("server") if isinstance(data.get("server"), Mapping) else {}

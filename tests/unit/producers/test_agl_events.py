@@ -62,11 +62,19 @@ def test_reward_and_user_defined_events() -> None:
     ({"event_type": "x", "data": [1]}, "must be a JSON object"),
     ({"event_type": "reward", "data": {"value": "high"}}, "finite number"),
     ({"event_type": "reward", "data": {}}, "finite number"),
-    ({"event_type": "model_request", "data": {"response": {"prompt_token_ids": [-1]}}}, "token ids"),
+    ({"event_type": "model_request", "data": {"response": {"choices": [{"token_ids": [-1]}]}}}, "token ids"),
 ])
 def test_bad_events_say_why(event: Any, reason: str) -> None:
     with pytest.raises(MappingError, match=reason):
         _span(event)
+
+
+@pytest.mark.parametrize("prompt", [None, [], [[1]], ["1"], [True], [1.0], "bad-ids", {"token": 1}, [-1]])
+def test_a_model_request_with_unusable_prompt_ids_is_kept_without_them(prompt: Any) -> None:
+    # Agent Lightning 1.0.2's server keeps such a request (it only skips deduplicating it by prompt).
+    span = _span({"event_type": "model_request", "data": {"response": {"prompt_token_ids": prompt,
+                                                                        "choices": [{"token_ids": [7]}]}}})
+    assert unpack_tokens(span["llm"]["prompt_token_ids"]) == [] and unpack_tokens(span["llm"]["response_token_ids"]) == [7]
 
 
 @pytest.mark.parametrize("data", [

@@ -1,0 +1,181 @@
+"""Agent Lightning's control-plane records (rollouts, their events, the terminal log, registered models, the proxy's
+pause, span sequence counters) as one state machine every gateway replica replays in the same order. Pure.
+
+Why a replayed log: its store answers its own writes at once (read-your-writes) and decides conditional writes
+(a re-enqueue with a known id returns the first rollout; ``running`` never goes back to ``queuing``; two callers
+of the next sequence id get two ids). The gateway's replicas share no memory, so each write is a record on one
+Kafka partition (:mod:`producers.ingest.agl.control_log`) and every replica applies the records in the
+partition's order with :meth:`ControlState.apply`: the same records give every replica the same state and the
+writer the same answer, and a replica that starts (or restarts after a crash) rebuilds it by replaying the
+partition. Deterministic: every time in a record is the writer's (``now``), never the applier's clock.
+
+Each record is a JSON object with an ``op``; :meth:`ControlState.apply` answers ``(status, body)`` as Agent
+Lightning 1.0.2's server answers the call (201/200/204, 404 for an unknown rollout, 409 for a transition its
+``VALID_TRANSITIONS`` forbid). :class:`LocalControl` applies records at once, in this process (one replica,
+no Kafka: the unit tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TRANSITIONS = {"queuing": ("running", "failed"), "running": ("succeeded", "failed"), "succeeded": (), "failed": ()}
+TERMINAL = ("succeeded", "failed")
+DEFAULT_ATTEMPT_ID = "0"
+
+Result = tuple[int, Any]  # (HTTP status, JSON body)
+
+
+def _data_id(rollout: Mapping[str, Any]) -> str:
+    inp = rollout.get("input")
+    if isinstance(inp, Mapping):
+        return str(inp.get("data_id") or inp.get("instance_id") or "")
+    return ""
+
+
+@dataclass
+class ControlState:
+    """The records applied so far (see the module's docstring for the ops)."""
+
+    rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # rollout → attempt → events
+    terminal: list[str] = field(default_factory=list)  # rollout ids in the order they ended
+    models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # model → endpoint → Model
+    sequence: dict[str, int] = field(default_factory=dict)  # "rollout/attempt" → last id handed out
+    proxy: dict[str, Any] = field(default_factory=lambda: {"paused": False, "retry_after_seconds": 5, "reason": None})
+
+    def apply(self, record: Mapping[str, Any]) -> Result:
+        """Apply one record; its answer. A record of an unknown op (a newer gateway's) changes nothing: 400."""
+        op = getattr(self, "_op_" + str(record.get("op")), None)
+        if op is None:
+            return 400, {"detail": f"unknown control op {record.get('op')!r}"}
+        return op(record)
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _op_create(self, rec: Mapping[str, Any]) -> Result:
+        """``rollouts``: new rollouts (:func:`producers.ingest.agl.v1_api.new_rollout`); one whose id is known
+        already is answered as stored (its events intact): a create is idempotent by id."""
+        out, created = [], []
+        for rollout in rec["rollouts"]:
+            rid = rollout["rollout_id"]
+            if rid in self.rollouts:
+                out.append(self.rollouts[rid])
+                created.append(False)
+                continue
+            self.rollouts[rid] = copy.deepcopy(rollout)
+            self.events[rid] = {}
+            out.append(self.rollouts[rid])
+            created.append(True)
+        return 201, {"rollouts": copy.deepcopy(out), "created": created}
+
+    def _op_patch(self, rec: Mapping[str, Any]) -> Result:
+        """``rollout_id``, ``status`` (the fields set), ``now``: its state moves only as its transitions allow."""
+        rid, updates = rec["rollout_id"], dict(rec["status"])
+        rollout = self.rollouts.get(rid)
+        if rollout is None:
+            return 404, {"detail": f"Rollout not found: {rid}"}
+        if not updates:
+            return 200, copy.deepcopy(rollout)
+        status = rollout["status"]
+        if "state" in updates and updates["state"] not in TRANSITIONS.get(status["state"], ()):
+            return 409, {"detail": f"Rollout {rid}: cannot transition {status['state']} -> {updates['state']}"}
+        status.update(updates, version=status["version"] + 1, updated_at=rec["now"])
+        if "state" in updates and status["state"] in TERMINAL:
+            self.terminal.append(rid)  # one-way (guarded above): once per rollout
+        return 200, copy.deepcopy(rollout)
+
+    def _op_delete(self, rec: Mapping[str, Any]) -> Result:
+        """A rollout and its events go; idempotent. It stays in the terminal log's count (as its server's)."""
+        self.rollouts.pop(rec["rollout_id"], None)
+        self.events.pop(rec["rollout_id"], None)
+        return 204, None
+
+    # ------------------------------------------------------------------ events
+
+    def _op_event(self, rec: Mapping[str, Any]) -> Result:
+        """``event``: the stored event of a known rollout (its events query reads them back); 404 otherwise."""
+        event = rec["event"]
+        rid = event["rollout_id"]
+        if rid not in self.rollouts:
+            return 404, {"detail": f"Rollout not found: {rid}"}
+        self.events.setdefault(rid, {}).setdefault(event["attempt_id"], []).append(copy.deepcopy(event))
+        return 200, event
+
+    # ------------------------------------------------------------------ models, the proxy's pause
+
+    def _op_models(self, rec: Mapping[str, Any]) -> Result:
+        """``models``: registered (upserted by model and endpoint), as its ``POST /api/models``."""
+        for m in rec["models"]:
+            self.models.setdefault(m["model"], {})[m["endpoint"]] = dict(m)
+        return 201, [dict(m) for m in rec["models"]]
+
+    def _op_models_clear(self, rec: Mapping[str, Any]) -> Result:
+        self.models.clear()
+        return 200, {"status": "ok"}
+
+    def _op_pause(self, rec: Mapping[str, Any]) -> Result:
+        self.proxy = {"paused": True, "retry_after_seconds": rec["retry_after_seconds"], "reason": rec.get("reason")}
+        return 200, dict(self.proxy)
+
+    def _op_resume(self, rec: Mapping[str, Any]) -> Result:
+        self.proxy = {**self.proxy, "paused": False, "reason": None}
+        return 200, dict(self.proxy)
+
+    # ------------------------------------------------------------------ sequence ids
+
+    def _op_sequence(self, rec: Mapping[str, Any]) -> Result:
+        """``key`` (rollout/attempt): the next span sequence id of that attempt, 1 up, each once."""
+        n = self.sequence.get(rec["key"], 0) + 1
+        self.sequence[rec["key"]] = n
+        return 200, n
+
+    # ------------------------------------------------------------------ reads
+
+    def attempts(self, rollout_id: str) -> list[str]:
+        """The attempts that posted events, in the order of their first one (as its server lists them)."""
+        return list(self.events.get(rollout_id, {}))
+
+    def rollout_events(self, rollout_id: str, event_type: str | None = None) -> list[dict[str, Any]]:
+        """The events of the rollout's last attempt (its ``last_attempt_id``, else ``"0"``), as its server reads them."""
+        rollout = self.rollouts[rollout_id]
+        aid = rollout["status"].get("last_attempt_id") or DEFAULT_ATTEMPT_ID
+        events = self.events.get(rollout_id, {}).get(aid, [])
+        return [copy.deepcopy(e) for e in events if event_type is None or e["event_type"] == event_type]
+
+    def listed(self, states: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+        return copy.deepcopy([r for r in self.rollouts.values() if r["status"]["state"] in states][:limit])
+
+    def terminal_page(self, after: int, limit: int) -> dict[str, Any]:
+        after, limit = max(after, 0), max(limit, 1)
+        ids = self.terminal[after:after + limit]
+        items = [{"rollout_id": rid, "state": self.rollouts[rid]["status"]["state"], "data_id": _data_id(self.rollouts[rid]),
+                  "is_train": self.rollouts[rid]["is_train"]} for rid in ids if rid in self.rollouts]
+        return {"items": items, "next_after": after + len(ids), "total_terminal": len(self.terminal)}
+
+
+class LocalControl:
+    """The control records applied at once in this process: one replica and no Kafka (the unit tests; a gateway
+    built without the control topic). Same calls as :class:`producers.ingest.agl.control_log.ControlLog`."""
+
+    def __init__(self) -> None:
+        self.state = ControlState()
+        self._lock = threading.Lock()
+
+    def write(self, record: Mapping[str, Any]) -> Result:
+        with self._lock:
+            return self.state.apply(copy.deepcopy(dict(record)))
+
+    def read(self, fn: Callable[[ControlState], Any]) -> Any:
+        with self._lock:
+            return fn(self.state)
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["ControlState", "LocalControl", "Result", "TRANSITIONS", "TERMINAL"]
