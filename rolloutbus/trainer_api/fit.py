@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
-from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _wait_http, follow, reset_local_state
+from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _say_stack, _wait_http, follow, reset_local_state
 from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
@@ -92,7 +92,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     with local_stack(settings, out / "logs") as stack:
-        say(f"kafka      {'started' if stack.started_broker else 'reused'} on {stack.broker.bootstrap}")
+        _say_stack(stack, say)
         reset_local_state(settings, say)
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
