@@ -253,6 +253,12 @@ class ClaimBook:
         """The rollouts offered now (not claimed, not done), of one API, in the order they are handed out."""
         return [s for s in self._offers if s.agl1 == agl1 and not s.done and (s.partition, s.offset) in self._slots]
 
+    def settle(self, rollout_ids: set[str]) -> None:
+        """Offered rollouts that were run (or ended) through another replica: done here, no longer offered."""
+        for slot in [s for s in self._offers if s.rollout_id in rollout_ids]:
+            self._offers.remove(slot)
+            slot.done = True
+
     def expired(self, now: float) -> list[Claim]:
         return [c for c in self.claims() if c.deadline <= now]
 

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # rollout ids → {attempt id: status} of ended attempts (ClickHouse's rollouts); raises when it cannot tell.
 Ended = Callable[[Sequence[str]], "dict[str, dict[str, str]]"]
+# rollout ids of 1.x's API offered here → those that left queuing elsewhere (the control records): no longer offered.
+Settled = Callable[[Sequence[str]], "set[str]"]
 SUCCESS = ("succeeded", "finished")  # "finished": a FINISHED event that named no status
 
 
@@ -42,6 +44,7 @@ class TaskQueue:
         self.book = ClaimBook(claim_timeout_s, max_attempts)
         self.check_s = check_s
         self.ended = ended
+        self.settled: Settled | None = None
         self.resources = resources
         self.session_timeout_ms = session_timeout_ms
         self._lock = threading.RLock()
@@ -165,7 +168,9 @@ class TaskQueue:
 
     def sweep(self) -> None:
         """End claims whose attempts ended through another replica (ClickHouse); time out expired ones
-        (a FINISHED ``timeout`` for the attempt, then offered again while attempts are left); commit."""
+        (a FINISHED ``timeout`` for the attempt, then offered again while attempts are left); drop offered 1.x
+        rollouts that left queuing through another replica (:attr:`settled`); commit."""
+        self._settle()
         with self._lock:
             claims = self.book.claims()
         if not claims:
@@ -195,6 +200,21 @@ class TaskQueue:
                 log.info("claim of %s (attempt %d) timed out%s", c.slot.rollout_id, c.attempt,
                          ": offered again" if again else ": no attempts left")
             self._commit(self.book.partitions())
+
+    def _settle(self) -> None:
+        if self.settled is None:
+            return
+        with self._lock:
+            offered = [s.rollout_id for s in self.book.offered_slots(agl1=True)]
+        if not offered:
+            return
+        try:
+            gone = self.settled(offered)
+        except Exception as exc:  # noqa: BLE001 — they stay offered (nobody lists them) until the next sweep
+            log.warning("cannot read which offered rollouts left queuing: %s", exc)
+            return
+        with self._lock:
+            self.book.settle(gone)
 
     # ------------------------------------------------------------------ the routes' calls
 

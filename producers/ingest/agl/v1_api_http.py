@@ -111,6 +111,8 @@ class AgentLightning1Routes:
         r = app.router
         if self.control is not None:
             self.store.add_to(app)
+            if self.queue is not None:
+                self.queue.settled = self.store.settled
         else:
             for (method, path), what in NOT_ON_THE_BUS.items():  # first: /rollouts/terminal is no {rollout_id}
                 r.add_route(method, PREFIX + path, self._not_on_the_bus(what))

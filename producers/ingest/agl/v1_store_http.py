@@ -265,6 +265,11 @@ class AgentLightning1Store:
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
 
+    def settled(self, rollout_ids: list[str]) -> set[str]:
+        """Of rollouts the queue offers, those the control records have past queuing (run through another replica)."""
+        return self.api.control.read(lambda s: {r for r in rollout_ids
+                                                if r in s.rollouts and s.rollouts[r]["status"]["state"] != "queuing"})
+
     async def record_event(self, event: dict[str, Any]) -> None:
         """An event its agent posted (already a span on rb.spans), recorded for its events query; one of a rollout
         the control records do not know (created before them, or by another API) is only the span."""

@@ -165,14 +165,19 @@ def test_agent_lightning_1x_rollouts_created_patched_and_finished_on_the_bus(
     assert started["ro-api-1"]["task_id"] == started["ro-api-2"]["task_id"], "one sample, one task"
     assert started["ro-api-1"]["resource_version"] == 1 and started[got["val"]]["mode"] == "val"
 
-    # Its calls with no meaning on the bus say so, naming the call; bad bodies are one-line 400s, never 500.
+    # Its store's reads answer at once (the control records): the rollout ended, its events, its terminal log.
     auth = {"Authorization": f"Bearer {TOKEN}"}
     resp = requests.get(f"{base}/api/rollouts/ro-api-1", headers=auth, timeout=5)
-    assert resp.status_code == 501 and "GET /api/rollouts/ro-api-1" in resp.json()["detail"]
+    assert resp.status_code == 200 and resp.json()["rollout"]["status"]["state"] == "succeeded", resp.text
+    assert resp.json()["rollout"]["input"] == {"question": "2+2?", "answer": "4"}
     resp = requests.get(f"{base}/api/rollouts/ro-api-1/events", params={"format": "triplet"}, headers=auth, timeout=5)
-    assert resp.status_code == 501 and "GET /api/rollouts/ro-api-1/events" in resp.json()["detail"]
+    assert resp.status_code == 200 and [e["event_type"] for e in resp.json()] == ["model_request", "reward", "reward"]
+    assert resp.json()[0]["data"]["prompt_token_ids"] == [11, 12, 13] and resp.json()[2]["data"] == {"value": 1.0}
+    terminal = requests.get(f"{base}/api/rollouts/terminal", headers=auth, timeout=5).json()
+    assert {it["rollout_id"] for it in terminal["items"]} == {*rewards, got["val"]}
     resp = requests.post(f"{base}/api/models", json=[{"model": "m", "endpoint": "http://x/v1"}], headers=auth, timeout=5)
-    assert resp.status_code == 501 and "POST /api/models" in resp.json()["detail"]
+    assert resp.status_code == 201 and resp.json() == [{"model": "m", "endpoint": "http://x/v1", "version": 0}]
+    # Calls it has not: 501 naming the call; bad bodies are one-line 400s, never 500.
     resp = requests.post(f"{base}/api/anything/else", headers=auth, timeout=5)
     assert resp.status_code == 501 and "POST /api/anything/else" in resp.json()["detail"]
     for body in (b"{not json", b"[" * 100_000 + b"]" * 100_000, b"[" * 70 + b"]" * 70):

@@ -1,0 +1,158 @@
+"""Agent Lightning's control records (producers/ingest/agl/control.py) and 1.x's store routes on them
+(producers/ingest/agl/v1_store_http.py): the state machine every replica replays, and the routes served by aiohttp's
+test server on a :class:`LocalControl`, the queue a real claim book, rb.spans in memory."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from producers.ingest.agl.control import ControlState, LocalControl
+from producers.ingest.agl.v1_api_http import AgentLightning1Routes
+from producers.ingest.agl.v1_triplets import events_reply
+from schemas.codec import decode
+from schemas.models import RolloutEvent
+from tests.unit.producers.memory_transport import MemoryTransport
+from tests.unit.producers.test_agl_api_routes import AUTH, CREATE, POLL, TOKEN, BookQueue, answer, policy, serve
+
+
+def _rollout(rid: str, state: str = "queuing") -> dict[str, Any]:
+    return {"rollout_id": rid, "input": {"data_id": rid}, "is_train": True,
+            "status": {"state": state, "version": 1, "created_at": 1.0, "updated_at": 1.0, "last_attempt_id": None}}
+
+
+def test_replaying_the_same_records_gives_every_replica_the_same_state_and_answers() -> None:
+    records = [{"op": "create", "rollouts": [_rollout("a"), _rollout("b")]},
+               {"op": "create", "rollouts": [{**_rollout("a"), "input": "DIFFERENT"}]},
+               {"op": "patch", "rollout_id": "a", "status": {"state": "running"}, "now": 2.0},
+               {"op": "patch", "rollout_id": "a", "status": {"state": "queuing"}, "now": 3.0},
+               {"op": "patch", "rollout_id": "a", "status": {"state": "succeeded"}, "now": 4.0},
+               {"op": "sequence", "key": "a/0"}, {"op": "sequence", "key": "a/0"}, {"op": "sequence", "key": "b/0"},
+               {"op": "delete", "rollout_id": "b"}, {"op": "nonsense"}]
+    one, two = ControlState(), ControlState()
+    answers = [one.apply(json.loads(json.dumps(r))) for r in records]
+    assert answers == [two.apply(json.loads(json.dumps(r))) for r in records]
+    assert one == two
+    assert answers[1][1]["rollouts"][0]["input"] == {"data_id": "a"} and answers[1][1]["created"] == [False]
+    assert answers[3][0] == 409, "running never goes back to queuing"
+    assert [a[1] for a in answers[5:8]] == [1, 2, 1], "sequence ids: per attempt, 1 up"
+    assert one.terminal == ["a"] and "b" not in one.rollouts and answers[9][0] == 400
+    assert one.rollouts["a"]["status"]["version"] == 3 and one.rollouts["a"]["status"]["updated_at"] == 4.0
+
+
+def test_concurrent_callers_of_the_sequence_counter_get_unique_increasing_ids() -> None:
+    control, got = LocalControl(), []
+    lock = threading.Lock()
+
+    def call() -> None:
+        for _ in range(50):
+            n = control.write({"op": "sequence", "key": "ro/at"})[1]
+            with lock:
+                got.append(n)
+
+    threads = [threading.Thread(target=call) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(1, 1001))
+
+
+def test_triplets_trim_and_keep_the_last_request_of_each_valid_prompt() -> None:
+    def req(prompt: Any, out: int) -> dict[str, Any]:
+        return {"event_type": "model_request", "data": {"response": {"prompt_token_ids": prompt, "choices": [{"token_ids": [out]}]}}}
+
+    events = [req([1, 2], 10), {"event_type": "reward", "data": {"value": 0.5, "extra": 1}}, req([1, 2], 30), req([True], 40),
+              req([True], 50)]
+    got = events_reply(events, triplet=True)
+    assert [e["data"].get("response_token_ids") for e in got] == [None, [30], [40], [50]]
+    assert got[0]["data"] == {"value": 0.5}
+    assert events_reply(events, triplet=False) == events
+
+
+def _routes() -> tuple[AgentLightning1Routes, MemoryTransport]:
+    transport = MemoryTransport()
+    routes = AgentLightning1Routes(transport, lambda: policy("http://proxy:8788/v1"), token=TOKEN, queue=BookQueue())  # type: ignore[arg-type]
+    routes.control = LocalControl()
+    return routes, transport
+
+
+def test_a_created_rollout_reads_back_at_once_and_a_re_create_with_its_id_answers_the_first() -> None:
+    routes, transport = _routes()
+
+    async def go(c: TestClient) -> dict[str, Any]:
+        seen = {"created": await answer(await c.post("/api/rollouts", json=CREATE, headers=AUTH))}
+        seen["detail"] = await answer(await c.get("/api/rollouts/ro-1", headers=AUTH))
+        seen["running"] = await answer(await c.patch("/api/rollouts/ro-1", json={"status": {"state": "running"}}, headers=AUTH))
+        again = [{**CREATE[0], "input": {"data_id": "s-1", "q": "DIFFERENT"}}]
+        seen["again"] = await answer(await c.post("/api/rollouts", json=again, headers=AUTH))
+        seen["back"] = await answer(await c.patch("/api/rollouts/ro-1", json={"status": {"state": "queuing"}}, headers=AUTH))
+        seen["listed"] = await answer(await c.get("/api/rollouts", params=POLL, headers=AUTH))
+        seen["event"] = await answer(await c.post("/api/rollouts/ro-1/attempt/0/events",
+                                                  json={"event_type": "reward", "data": {"value": 1.0}}, headers=AUTH))
+        seen["events"] = await answer(await c.get("/api/rollouts/ro-1/events", params={"format": "triplet"}, headers=AUTH))
+        seen["done"] = await answer(await c.patch("/api/rollouts/ro-1", json={"status": {"state": "succeeded"}}, headers=AUTH))
+        seen["terminal"] = await answer(await c.get("/api/rollouts/terminal", headers=AUTH))
+        seen["deleted"] = (await c.delete("/api/rollouts/ro-2", headers=AUTH)).status
+        seen["gone"] = (await c.get("/api/rollouts/ro-2", headers=AUTH)).status
+        seen["deleted_again"] = (await c.delete("/api/rollouts/ro-2", headers=AUTH)).status
+        return seen
+
+    seen = serve(routes, go)
+    assert seen["created"][0] == 201 and [r["status"]["state"] for r in seen["created"][1]] == ["queuing", "queuing"]
+    assert seen["detail"] == (200, {"rollout": seen["created"][1][0], "attempts": []})
+    assert seen["running"][0] == 200 and seen["running"][1]["status"]["state"] == "running"
+    assert seen["again"][0] == 201 and seen["again"][1][0]["input"]["q"] == "2+2?"
+    assert seen["again"][1][0]["status"]["state"] == "running", "a re-create leaves a running rollout running"
+    assert seen["back"][0] == 409
+    assert {(r["rollout_id"], r["status"]["state"]) for r in seen["listed"][1]} == {("ro-1", "running"), ("ro-2", "queuing")}
+    assert seen["events"] == (200, [{**seen["event"][1], "data": {"value": 1.0}}])
+    assert seen["terminal"][1]["items"] == [{"rollout_id": "ro-1", "state": "succeeded", "data_id": "s-1", "is_train": True}]
+    assert (seen["deleted"], seen["gone"], seen["deleted_again"]) == (204, 404, 204)
+    events = [decode(v) for _k, v in transport.records]
+    lifecycle = [(e.rollout_id, e.event, e.status) for e in events if isinstance(e, RolloutEvent)]
+    # its STARTED is the queue's, which claimed it (the stand-in records claims, not events); its FINISHED once
+    assert lifecycle == [("ro-1", "FINISHED", "succeeded")]
+    assert not routes.queue.book.claims(), "claimed on running, its claim ended with the rollout"  # type: ignore[union-attr]
+
+
+def test_the_proxy_refuses_a_body_that_is_no_object_and_answers_503_while_paused() -> None:
+    routes, _transport = _routes()
+    url = "/proxy/rollout/ro-1/attempt/0/mode/train/openai/v1/chat/completions"
+
+    async def go(c: TestClient) -> dict[str, Any]:
+        await c.post("/api/rollouts", json=CREATE, headers=AUTH)
+        seen = {"list": await answer(await c.post(url, data="[]", headers={**AUTH, "Content-Type": "application/json"}))}
+        seen["unknown"] = (await c.post(url.replace("ro-1", "ro-9"), json={}, headers=AUTH)).status
+        seen["pause"] = await answer(await c.post("/proxy/pause", json={"retry_after_seconds": 9, "reason": "drain"}, headers=AUTH))
+        paused = await c.post(url, json={"messages": []}, headers=AUTH)
+        seen["paused"] = (paused.status, paused.headers.get("Retry-After"))
+        seen["state"] = await answer(await c.get("/proxy/state", headers=AUTH))
+        seen["resume"] = await answer(await c.post("/proxy/resume", headers=AUTH))
+        return seen
+
+    seen = serve(routes, go)
+    assert seen["list"] == (400, {"detail": "Request body must be a JSON object"})
+    assert seen["unknown"] == 404
+    assert seen["pause"] == (200, {"paused": True, "retry_after_seconds": 9, "reason": "drain", "inflight": 0})
+    assert seen["paused"] == (503, "9") and seen["state"][1]["reason"] == "drain"
+    assert seen["resume"][1]["paused"] is False
+
+
+def test_the_queue_drops_offered_rollouts_that_ran_through_another_replica() -> None:
+    routes, _transport = _routes()
+    queue = routes.queue
+
+    async def go(c: TestClient) -> None:
+        await c.post("/api/rollouts", json=CREATE, headers=AUTH)
+
+    serve(routes, go)
+    assert [s.rollout_id for s in queue.book.offered_slots(agl1=True)] == ["ro-1", "ro-2"]  # type: ignore[union-attr]
+    routes.control.write({"op": "patch", "rollout_id": "ro-1", "status": {"state": "running"}, "now": 1.0})  # type: ignore[union-attr]
+    assert routes.store.settled(["ro-1", "ro-2", "ro-old"]) == {"ro-1"}, "unknown ones (older than the records) stay"
+    queue.book.settle(routes.store.settled(["ro-1", "ro-2"]))  # type: ignore[union-attr]
+    assert [s.rollout_id for s in queue.book.offered_slots(agl1=True)] == ["ro-2"]  # type: ignore[union-attr]
+    assert queue.book.committable(0) == 1, "its task is done here: the partition's commit moves past it"  # type: ignore[union-attr]
