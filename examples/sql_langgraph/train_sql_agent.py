@@ -23,6 +23,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--runners", type=int, default=10)
     p.add_argument("--train", type=int, default=0, help="use only the first N training tasks (0: all)")
+    p.add_argument("--validation", type=int, default=30, help="validation tasks scored for each version")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--truncate-length", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -40,7 +41,7 @@ def main() -> None:
         out=args.out,
         keep_store=args.keep_store,
     )
-    train_data, val_data, _ = datasets()
+    train_data, val_data, _ = datasets(validation=args.validation)
     if args.train:
         train_data = train_data[: args.train]
     trainer.fit(agent, train_dataset=train_data, val_dataset=val_data)

@@ -53,6 +53,7 @@ class FitResult:
     rollouts: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    validation: dict[int, float] = field(default_factory=dict)  # version -> mean validation reward (fully validated)
 
 
 def _model(llm: Any, settings: CommonSettings) -> str:
@@ -132,7 +133,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
                                   "--timeout", str(algo.rollout_timeout_s)])
             say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
                 f"{trainer.n_runners} runners (logs in {out / 'logs'})")
-            result = _loop(trainer, algo, settings, sup, live, train, t_start)
+            result = _loop(trainer, algo, settings, sup, live, train, val, t_start)
             if trainer.keep_store and stack.store is not None:
                 stack.keep_store = True
                 say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM v_reward_by_version\" "
@@ -142,7 +143,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
             stop_follow.set()
 
 
-def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live: Live, train: list[str], t_start: float) -> FitResult:
+def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live: Live, train: list[str], val: list[str],
+          t_start: float) -> FitResult:
     say = trainer.say
     feeder = TaskFeeder(settings, [Row(t) for t in train],
                         DemoConfig(group_size=algo.group_size, runners=trainer.n_runners, groups_per_step=algo.groups_per_step), live)
@@ -180,19 +182,47 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
     finally:
         feeder.close()
     sup.stop("train", grace=60)
+    with live.lock:
+        versions = dict(live.versions)
+    if not versions:
+        raise RolloutbusError("no resource version was published: the trainer never started (see its log)")
+    validation = _validation(settings, sup, versions, val, say) if val else {}
     sup.stop("runners", grace=30)
     time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
     with live.lock:
-        result = FitResult(list(live.steps), dict(live.versions), {k: list(v) for k, v in live.rewards_by_version.items()},
-                           sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings)
-    if not result.versions:
-        raise RolloutbusError("no resource version was published: the trainer never started (see its log)")
-    for v, info in sorted(result.versions.items()):
-        vals = {k: m for k, m in (info.get("metrics") or {}).items() if k.startswith("val")}
-        if vals:
-            say(f"version {v}: " + ", ".join(f"{k} {m:.3f}" for k, m in sorted(vals.items())))
+        result = FitResult(list(live.steps), versions, {k: list(v) for k, v in live.rewards_by_version.items()},
+                           sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings,
+                           validation)
     say(f"done       {len(result.steps)} steps, {result.rollouts} rollouts in groups, {result.seconds:.0f}s")
     return result
+
+
+def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str, Any]], val: list[str],
+                say: Any, wait_s: float = 90.0) -> dict[int, float]:
+    """Each fully validated version's mean validation reward, the last version's waited for as the demo waits
+    (its tasks published again once the trainer has stopped: :func:`rolloutbus.demo.driver._final_validator`)."""
+    from types import SimpleNamespace
+
+    from rolloutbus.demo.driver import _final_validator
+    from trainer.validation import best, complete
+
+    final = max(versions)
+    validator = _final_validator(settings, SimpleNamespace(validation=[Row(v) for v in val]),
+                                 versions[final]["config"].get("run_id", ""), final)
+    try:
+        deadline = time.monotonic() + wait_s
+        scores = validator.poll(force=True)
+        while time.monotonic() < deadline and (scores.get(final) is None or scores[final].answered < len(val)):
+            sup.check()
+            time.sleep(2.0)
+            scores = validator.poll(force=True)
+    finally:
+        validator.close()
+    done = {s.version: s.mean for s in complete(scores, len(val))}
+    winner = best(scores, len(val))
+    say("validate   " + (", ".join(f"v{v} {m:.1%}" for v, m in sorted(done.items())) or "no version fully validated")
+        + (f" — version {winner.version} is the best ({versions.get(winner.version, {}).get('uri', '')})" if winner else ""))
+    return done
 
 
 __all__ = ["FitResult", "run_fit"]

@@ -29,7 +29,7 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
                ROLLOUTBUS_STORE_PORT=str(free_port()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "1.5", "--runners", "4", "--train", "8",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "1.5", "--runners", "4", "--train", "8", "--validation", "4",
                            "--max-turns", "2", "--truncate-length", "80", "--max-tokens", "8", "--out", str(out), "--keep-store"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((out / "logs").glob("*.log"))) \
@@ -37,6 +37,7 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
     try:
         assert proc.returncode == 0, f"fit failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\n{logs}"
         assert "started    stream processor" in proc.stdout and "done " in proc.stdout, proc.stdout
+        assert "validate   v0 " in proc.stdout, proc.stdout  # the first version scored on the validation tasks
 
         def query(sql: str) -> list[list[str]]:
             q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "--format", "TabSeparated", sql], env=env,
