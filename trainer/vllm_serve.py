@@ -276,8 +276,8 @@ class VllmGate:
                 ok = r.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             ok = False
-        return web.json_response({"status": "ok" if ok else "engine down", "resource_version": self.version, "engine": "vllm"},
-                                 status=200 if ok else 503)
+        return web.json_response({"status": "ok" if ok else "engine down", "resource_version": self.version, "engine": "vllm",
+                                  "in_flight": self._inflight}, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
         assert self._session is not None

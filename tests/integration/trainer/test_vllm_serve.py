@@ -185,11 +185,16 @@ def test_versions_hot_reload_without_restart(served: dict[str, Any]) -> None:
     assert _greedy(url) == (2, base)
 
     # A long request in flight while version 3 arrives finishes on version 2, every token of it.
+    v3 = _perturbed(model, tmp / "v3", 0.5, seed=3)
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(r=_greedy(url, 96, ignore_eos=True)))
     thread.start()
-    time.sleep(0.5)
-    _publish(served, 3, _perturbed(model, tmp / "v3", 0.5, seed=3))
+    health = url.removesuffix("/v1") + "/healthz"
+    deadline = time.monotonic() + 60
+    while requests.get(health, timeout=5).json()["in_flight"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _publish(served, 3, v3)
+    assert requests.get(health, timeout=5).json()["in_flight"] >= 1, "version 3 arrived while the request was in flight"
     thread.join(300)
     assert result["r"] == (2, long_v0), "the request in flight during the reload was answered by version 2 alone"
     _wait_version(url, 3)
