@@ -82,6 +82,7 @@ class Gateway:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/livez", self.livez)
         app.router.add_get("/metrics", self.metrics)
+        self.agl_store.control = self.agl1_api.control  # both APIs' control records: one partition
         self.agl_store.add_to(app)
         self.agl1_api.add_to(app)
         if self.feedback is not None:

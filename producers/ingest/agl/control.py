@@ -47,6 +47,9 @@ class ControlState:
     models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # model → endpoint → Model
     sequence: dict[str, int] = field(default_factory=dict)  # "rollout/attempt" → last id handed out
     proxy: dict[str, Any] = field(default_factory=lambda: {"paused": False, "retry_after_seconds": 5, "reason": None})
+    # Agent Lightning 0.3's store (its own Rollout shape): rollouts enqueued or started, their status; its workers.
+    rollouts_v03: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, record: Mapping[str, Any]) -> Result:
         """Apply one record; its answer. A record of an unknown op (a newer gateway's) changes nothing: 400."""
@@ -133,6 +136,30 @@ class ControlState:
         n = self.sequence.get(rec["key"], 0) + 1
         self.sequence[rec["key"]] = n
         return 200, n
+
+    # ------------------------------------------------------------------ Agent Lightning 0.3's store
+
+    def _op_v03_rollouts(self, rec: Mapping[str, Any]) -> Result:
+        """``rollouts``: 0.3 ``Rollout``s, each new one kept, a known one's fields updated (its status moves on)."""
+        for r in rec["rollouts"]:
+            kept = self.rollouts_v03.setdefault(r["rollout_id"], {})
+            kept.update(copy.deepcopy(r))
+        return 200, None
+
+    def _op_v03_status(self, rec: Mapping[str, Any]) -> Result:
+        """``rollout_id``, ``status``, ``end_time``: an attempt of a known rollout ended (``update_attempt``)."""
+        kept = self.rollouts_v03.get(rec["rollout_id"])
+        if kept is not None:
+            kept.update(status=rec["status"], end_time=rec.get("end_time"))
+        return 200, None
+
+    def _op_worker(self, rec: Mapping[str, Any]) -> Result:
+        """``worker``: a heartbeat (``update_worker``): its stats (kept when it sends none) and time."""
+        w = dict(rec["worker"])
+        if w.get("heartbeat_stats") is None and w["worker_id"] in self.workers:
+            w["heartbeat_stats"] = self.workers[w["worker_id"]].get("heartbeat_stats")
+        self.workers[w["worker_id"]] = w
+        return 200, copy.deepcopy(w)
 
     # ------------------------------------------------------------------ reads
 

@@ -13,6 +13,7 @@ ClickHouse. The other calls answer 501 naming the call. Token, body and error sh
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +59,8 @@ from schemas.codec import encode, encode_raw
 from schemas.models import UNNUMBERED, RolloutEvent
 
 if TYPE_CHECKING:
+    from producers.ingest.agl.control import LocalControl
+    from producers.ingest.agl.control_log import ControlLog
     from producers.ingest.agl.queue import ClickHouseReader, TaskQueue
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,8 @@ class LightningStoreRoutes:
         self.clickhouse: ClickHouseReader | None = None  # None: the reads answer 501
         self.publish: Publish | None = None  # None: add_resources / update_resources answer 501
         self.wait_poll_s = 0.5  # how often wait_for_rollouts reads ClickHouse
+        # The control records every replica replays (None: as before them): rollouts readable once enqueued, workers.
+        self.control: ControlLog | LocalControl | None = None
         self.door = FrontDoor(token=token, max_body_bytes=max_body_bytes, retry_after_s=retry_after_s, detail=True)
 
     def add_to(self, app: web.Application) -> None:
@@ -105,6 +110,9 @@ class LightningStoreRoutes:
         r.add_post(f"{PREFIX}/resources/{{resources_id}}", self.add_resources)  # update_resources: the same on the bus
         r.add_post(f"{PREFIX}/waits/rollouts", self.wait_for_rollouts)
         r.add_post(f"{PREFIX}/workers/{{worker_id}}", self.update_worker)
+        r.add_get(f"{PREFIX}/workers/{{worker_id}}", self.get_worker)
+        r.add_get(f"{PREFIX}/workers", self.query_workers)
+        r.add_post(f"{PREFIX}/workers/search", self.query_workers)
         r.add_route("*", f"{PREFIX}/{{call:.*}}", self.not_on_the_bus)  # registered last: the others win
 
     # ------------------------------------------------------------------ helpers
@@ -168,7 +176,23 @@ class LightningStoreRoutes:
             log.debug("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
             if self.queue is not None:
                 self.queue.finished(attempt_id, event.status or "succeeded")
+            await self._record({"op": "v03_status", "rollout_id": rollout_id, "status": event.status or "succeeded",
+                                "end_time": time.time()})
         return web.json_response(attempt_reply(rollout_id, attempt_id, body, now=time.time()))
+
+    async def _record(self, record: dict[str, Any]) -> None:
+        """A control record of what was just answered; not recorded (Kafka down), it is read back later from
+        ClickHouse only, as before the control records."""
+        if self.control is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.control.write, record)
+        except KafkaUnavailable as exc:
+            log.warning("a /v1/agl control record was not written: %s", exc)
+
+    async def _controlled(self, fn: Callable[[Any], Any]) -> Any:
+        assert self.control is not None
+        return await asyncio.get_running_loop().run_in_executor(None, self.control.read, fn)
 
     def _resources_id(self) -> str | None:
         current = self.resources()
@@ -191,6 +215,7 @@ class LightningStoreRoutes:
             replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
+        await self._record({"op": "v03_rollouts", "rollouts": replies})
         return web.json_response(replies, status=201)
 
     async def dequeue(self, request: web.Request) -> web.Response:
@@ -215,6 +240,8 @@ class LightningStoreRoutes:
             got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
+        if got:
+            await self._record({"op": "v03_rollouts", "rollouts": [{k: v for k, v in r.items() if k != "attempt"} for r in got]})
         return web.json_response(got)
 
     async def start_rollout(self, request: web.Request) -> web.Response:
@@ -237,7 +264,9 @@ class LightningStoreRoutes:
                                mode=task.mode, metadata={"agentlightning.worker_id": worker} if worker else {})
         if (busy := self._send(rid, encode(started))) is not None:
             return busy
-        return web.json_response(attempted_rollout(task, rid, attempt_id=aid, attempt=1, worker_id=worker, now=now), status=201)
+        reply = attempted_rollout(task, rid, attempt_id=aid, attempt=1, worker_id=worker, now=now)
+        await self._record({"op": "v03_rollouts", "rollouts": [{k: v for k, v in reply.items() if k != "attempt"}]})
+        return web.json_response(reply, status=201)
 
     # ------------------------------------------------------------------ reads (ClickHouse)
 
@@ -270,13 +299,16 @@ class LightningStoreRoutes:
         return [dict(zip(columns, row)) for row in rows]
 
     async def _rollouts(self, where: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.clickhouse is None:
+            return []  # a gateway without ClickHouse: the control records answer alone
         return await self._rows(f"FROM rollouts FINAL WHERE {where} ORDER BY rollout_id, attempt", ROLLOUT_COLUMNS, params)
 
-    async def _read(self, request: web.Request, answer: Callable[[dict[str, Any]], Any]) -> web.Response:
+    async def _read(self, request: web.Request, answer: Callable[[dict[str, Any]], Any], *,
+                    controlled: bool = False) -> web.Response:
         """Run one read: 501 without ClickHouse, 422 for a bad query, 503 when ClickHouse cannot answer."""
         if (refused := self.door.refused(request)) is not None:
             return refused
-        if self.clickhouse is None:
+        if self.clickhouse is None and (self.control is None or not controlled):
             return self.door.refuse(501, f"{request.method} {request.path} reads ClickHouse: this gateway has no ClickHouse "
                                          "server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...; an embedded chdb:// store is "
                                          "the stream worker's own)")
@@ -288,6 +320,8 @@ class LightningStoreRoutes:
         except _Unavailable as exc:
             log.warning("a /v1/agl read failed: %s", exc)
             return self.door.busy(f"ClickHouse cannot answer now: {exc}")
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
 
     @staticmethod
     def _paging(query: dict[str, Any], default_sort: str | None) -> dict[str, Any]:
@@ -307,20 +341,35 @@ class LightningStoreRoutes:
                     where, params["ids"] = [*where, "rollout_id IN {ids:Array(String)}"], list(ids)
                 if contains is not None:
                     where, params["c"] = [*where, "position(rollout_id, {c:String}) > 0"], str(contains)
-            items = rollouts_from_rows(await self._rollouts(" AND ".join(where), params))
+            items = await self._with_controlled(rollouts_from_rows(await self._rollouts(" AND ".join(where), params)))
             items = filter_rollouts(items, status_in=q.get("status_in"), rollout_id_in=ids, rollout_id_contains=contains,
                                     filter_logic=q.get("filter_logic", "and"))
             return page(items, **self._paging(q, None))
 
-        return await self._read(request, answer)
+        return await self._read(request, answer, controlled=True)
 
     async def get_rollout(self, request: web.Request) -> web.Response:
-        """``get_rollout_by_id``: null until an attempt of it ended (ClickHouse keeps ended attempts)."""
-        async def answer(_q: dict[str, Any]) -> Any:
-            items = rollouts_from_rows(await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]}))
-            return items[0] if items else None
+        """``get_rollout_by_id``: an ended one from ClickHouse (its attempts' rows), else as the control records have it
+        (from its enqueue on: through any replica); null when neither has it."""
+        rid = request.match_info["rollout_id"]
 
-        return await self._read(request, answer)
+        async def answer(_q: dict[str, Any]) -> Any:
+            items = rollouts_from_rows(await self._rollouts("rollout_id = {rid:String}", {"rid": rid}))
+            if items:
+                return items[0]
+            if self.control is None:
+                return None
+            return await self._controlled(lambda s: copy.deepcopy(s.rollouts_v03.get(rid)))
+
+        return await self._read(request, answer, controlled=True)
+
+    async def _with_controlled(self, ended: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rollouts ClickHouse has (ended), and those only the control records have yet (queuing, running)."""
+        if self.control is None:
+            return ended
+        known = {r["rollout_id"] for r in ended}
+        more = await self._controlled(lambda s: [copy.deepcopy(r) for rid, r in s.rollouts_v03.items() if rid not in known])
+        return ended + more
 
     async def query_attempts(self, request: web.Request) -> web.Response:
         async def answer(q: dict[str, Any]) -> Any:
@@ -422,7 +471,49 @@ class LightningStoreRoutes:
             reply = worker_reply(request.match_info["worker_id"], body, now=time.time())
         except MappingError as exc:
             return self.door.refuse(400, f"not a worker update: {exc}")
+        if self.control is not None:
+            try:
+                reply = (await asyncio.get_running_loop().run_in_executor(None, self.control.write,
+                                                                          {"op": "worker", "worker": reply}))[1]
+            except KafkaUnavailable as exc:
+                return self.door.busy(f"{exc}; retry later")
         return web.json_response(reply)
+
+    async def get_worker(self, request: web.Request) -> web.Response:
+        """``get_worker_by_id``: its last heartbeat, through any replica; null for one never heard."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        if self.control is None:
+            return await self.not_on_the_bus(request)
+        wid = request.match_info["worker_id"]
+        try:
+            return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.workers.get(wid))))
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
+
+    async def query_workers(self, request: web.Request) -> web.Response:
+        """``query_workers`` (``status_in``, ``worker_id_contains``, ``filter_logic``, sorting, paging)."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        if self.control is None:
+            return await self.not_on_the_bus(request)
+        try:
+            q = (await self._json(request) or {}) if request.method == "POST" else dict(request.query)
+            if not isinstance(q, dict):
+                raise MappingError("the query is a JSON object")
+            workers = await self._controlled(lambda s: [copy.deepcopy(w) for w in s.workers.values()])
+            status_in, contains = q.get("status_in"), q.get("worker_id_contains")
+            tests = [(lambda w: w["status"] in status_in) if status_in is not None else None,
+                     (lambda w: str(contains) in w["worker_id"]) if contains is not None else None]
+            tests = [t for t in tests if t is not None]
+            pick = any if q.get("filter_logic", "and") == "or" else all
+            items = [w for w in workers if not tests or pick(t(w) for t in tests)]
+            q = {k: int(v) if k in ("limit", "offset") and isinstance(v, str) else v for k, v in q.items()}
+            return web.json_response(page(items, **self._paging(q, "worker_id")))
+        except (MappingError, ValueError) as exc:
+            return self.door.refuse(422, f"not a worker query: {exc}")
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
 
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
         call = f"{request.method} {request.path}"

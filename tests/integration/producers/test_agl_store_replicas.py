@@ -1,0 +1,77 @@
+"""Agent Lightning 0.3's store semantics through two gateway replicas (``/v1/agl``, the calls its
+``LightningStoreClient`` sends, 0.3.0): what one replica answers, the other reads back at once — a rollout enqueued
+(before any attempt of it ended), started, dequeued and ended; a worker's heartbeat — through the control records
+every replica replays (producers/ingest/agl/control_log.py). ClickHouse is the embedded engine, which the gateway does
+not read: every read here is the control records'. A restarted replica replays them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from producers_testkit import start_gateway
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def replicas(test_env: dict[str, str], tmp_path: Path) -> Iterator[list[Any]]:
+    started = [list(start_gateway(test_env, tmp_path / f"gw-{n}", TOKEN)) for n in ("a", "b")]
+    yield started
+    for _, proc in started:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _call(base: str, method: str, path: str, **kw: Any) -> Any:
+    resp = requests.request(method, f"{base}/v1/agl{path}", headers=AUTH, timeout=30, **kw)
+    assert resp.status_code in (200, 201), (method, path, resp.status_code, resp.text[:500])
+    return resp.json()
+
+
+def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[Any], test_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    (a, _), (b, _) = replicas
+    [queued] = _call(a, "POST", "/queues/rollouts/enqueue", json={"rollouts": [{"input": {"q": "2+2?"}, "mode": "train"}]})
+    rid = queued["rollout_id"]
+    assert _call(b, "GET", f"/rollouts/{rid}")["status"] == "queuing", "enqueued on a, read on b at once"
+    listed = _call(b, "POST", "/rollouts/search", json={"status_in": ["queuing"]})
+    assert [r["rollout_id"] for r in listed["items"]] == [rid] and listed["total"] == 1
+
+    # A rollout its caller runs now (start_rollout), readable at once on the other replica.
+    started = _call(b, "POST", "/rollouts", json={"input": {"q": "3+3?"}, "mode": "val"})
+    assert _call(a, "GET", f"/rollouts/{started['rollout_id']}")["status"] == "preparing"
+
+    # Dequeued on whichever replica owns its task's partition; read as preparing on both at once.
+    deadline, got = time.monotonic() + 60, []
+    while not got and time.monotonic() < deadline:
+        for base in (a, b):
+            got += _call(base, "POST", "/queues/rollouts/dequeue", json={"limit": 1, "worker_id": "w-1"})
+        time.sleep(0.2)
+    assert [g["rollout_id"] for g in got] == [rid]
+    assert {_call(base, "GET", f"/rollouts/{rid}")["status"] for base in (a, b)} == {"preparing"}
+    _call(a, "POST", f"/rollouts/{rid}/attempts/{got[0]['attempt']['attempt_id']}", json={"status": "succeeded"})
+    assert _call(b, "GET", f"/rollouts/{rid}")["status"] == "succeeded"
+
+    # A worker's heartbeat on one replica, read on the other; one with no stats keeps the last ones.
+    _call(a, "POST", "/workers/w-1", json={"heartbeat_stats": {"cpu": 0.5}})
+    _call(b, "POST", "/workers/w-1", json=None)
+    worker = _call(a, "GET", "/workers/w-1")
+    assert worker["worker_id"] == "w-1" and worker["heartbeat_stats"] == {"cpu": 0.5}
+    assert [w["worker_id"] for w in _call(b, "POST", "/workers/search", json={"worker_id_contains": "w-"})["items"]] == ["w-1"]
+    assert requests.get(f"{a}/v1/agl/workers/nobody", headers=AUTH, timeout=10).json() is None
+
+    # A replica that restarts replays the records: it still reads them.
+    replicas[0][1].terminate()
+    replicas[0][1].wait(30)
+    replicas[0][:] = start_gateway(test_env, tmp_path / "gw-a2", TOKEN)
+    a2 = replicas[0][0]
+    assert _call(a2, "GET", f"/rollouts/{rid}")["status"] == "succeeded"
+    assert _call(a2, "GET", "/workers/w-1")["heartbeat_stats"] == {"cpu": 0.5}
