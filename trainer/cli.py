@@ -110,18 +110,18 @@ def run(args: argparse.Namespace) -> int:
     from foundation.errors import ConfigError
 
     algorithm = getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo")
-    if algorithm == "sft":
-        from trainer.sft_cli import run as run_sft
-
-        return run_sft(args)
-    if algorithm != "grpo":
+    if algorithm not in ("grpo", "sft"):
         raise ConfigError(f"ROLLOUTBUS_TRAIN_ALGORITHM must be grpo or sft, got {algorithm!r}")
+    settings = settings_from_args(args)
+    if algorithm == "sft":
+        from trainer.sft_cli import train_sft
+
+        return train_sft(settings)
     from foundation.health import serve_health
     from trainer.device import check_backend
     from trainer.health import TrainerHealth
     from trainer.loop import Trainer
 
-    settings = settings_from_args(args)
     device = check_backend(settings.train_backend, settings.train_device)  # before anything is loaded or bound
     # Probes answer while the model loads: /healthz at once, /readyz 503 until the batches topic is assigned.
     health = TrainerHealth(settings.train_stall_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sft-lr", type=float, help="SFT: learning rate (env ROLLOUTBUS_SFT_LR, default 3e-4)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """The SFT run (settings read as ``rolloutbus train`` reads them)."""
+def train_sft(s: Any) -> int:
+    """The SFT run: ``s`` is :class:`trainer.settings.SFTSettings`, read by ``rolloutbus train``."""
     from foundation.clickhouse import connect
     from foundation.errors import ConfigError
     from trainer.checkpoint import Manifest
@@ -50,9 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from trainer.sft import SFTConfig, sft_ids
     from trainer.sft_data import SFTFilter, read_pairs
 
-    from trainer.cli import settings_from_args
-
-    s = settings_from_args(args)
     try:
         filt = SFTFilter(top_k=s.sft_top_k, min_reward=s.sft_min_reward, where=s.sft_where, key=s.sft_key)
     except ValueError as exc:
@@ -93,4 +91,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["SFT_FLAGS", "add_arguments", "run"]
+__all__ = ["SFT_FLAGS", "add_arguments", "train_sft"]

@@ -71,3 +71,22 @@ def test_apply_to_a_grouped_or_test_rollout_only_stores_the_reward() -> None:
 def test_agent_of() -> None:
     assert agent_of(_steps()) == "solver"
     assert agent_of([]) == ""
+
+
+def test_the_stage_keeps_a_running_baseline_per_partition_and_agent_in_its_table() -> None:
+    from types import SimpleNamespace
+
+    from streams.feedback_stage import FeedbackStage
+
+    table = SimpleNamespace(data={})
+    sink = SimpleNamespace(written=0, submitted=0, pending=0, buffered=0)
+    stage = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
+                          flush=lambda: None, submit=lambda: 0, window_s=60, baseline="loo", baseline_window=2)
+    got = [stage._advantage(p, agent, r) for p, agent, r in
+           [(0, "solver", 1.0), (0, "solver", 0.0), (1, "solver", 1.0), (0, "judge", 0.5), (0, "solver", 1.0), (0, "solver", 0.0)]]
+    # partition 0, solver: no baseline; 0 − 1; 1 − mean(1, 0); 0 − mean(0, 1) (window 2). Partition 1 and the judge start afresh.
+    assert got == [0.0, -1.0, 0.0, 0.0, 0.5, -0.5]
+    assert len(stage._dirty) == 2  # one table entry per partition, sent with the next commit point
+    none = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
+                         flush=lambda: None, submit=lambda: 0, window_s=60, baseline="none")
+    assert none._advantage(0, "solver", 0.25) == 0.25
