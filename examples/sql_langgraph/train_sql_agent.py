@@ -27,12 +27,15 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--truncate-length", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--train-layers", type=int, default=10, help="train the top N decoder layers (0: all)")
     p.add_argument("--out", default="sql-langgraph-output")
     p.add_argument("--keep-store", action="store_true", help="leave the local store up to query the run")
     args = p.parse_args()
 
     agent = LitSQLAgent(max_turns=args.max_turns, truncate_length=args.truncate_length)
-    algorithm = agl.GRPO(group_size=4, groups_per_step=2, lr=1e-4, kl_beta=0.02, minutes=args.minutes)
+    # The demo's SQL settings: a 135M model on a CPU, small groups, the top layers trained.
+    algorithm = agl.GRPO(group_size=4, groups_per_step=2, lr=1e-4, kl_beta=0.02, minutes=args.minutes,
+                         train_layers=args.train_layers or None, train_args=["--micro-batch-tokens", "2048"])
     trainer = agl.Trainer(
         n_runners=args.runners,
         algorithm=algorithm,
