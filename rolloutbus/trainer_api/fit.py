@@ -66,7 +66,15 @@ def _model(llm: Any, settings: CommonSettings) -> str:
     return str(import_model(name, settings.data_dir / "models"))
 
 
-def _no_trained_transitions(settings: CommonSettings) -> tuple[int, int]:
+def match_warning(agent_match: str | None, rollouts: int, trained: int, group_size: int) -> str | None:
+    """The line fit says once a group's worth of rollouts finished with no trained transition. Pure."""
+    if not agent_match or rollouts < group_size or trained:
+        return None
+    return (f"agent_match {agent_match!r} selected none of the LLM calls of the first {rollouts} rollouts: nothing is "
+            "trained (the agents' names: rolloutbus query \"SELECT agent_name, count() FROM transitions GROUP BY agent_name\")")
+
+
+def _rollouts_and_trained(settings: CommonSettings) -> tuple[int, int]:
     """(finished training rollouts, trained transitions) in the store."""
     from foundation.clickhouse import connect
 
@@ -167,15 +175,12 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
                 say(f"{int(s['step']):>5} {int(s.get('version') or 0):>7} {total:>8} {s.get('reward_mean', 0):>12.3f} "
                     f"{recent:>17.3f} {s.get('loss', 0):>8.4f}  {time.monotonic() - t_start:>6.0f}s")
             if not checked_match and time.monotonic() - t_train > 20:
-                rollouts, trained = _no_trained_transitions(settings)
-                if rollouts >= algo.group_size:
-                    checked_match = True
-                    if not trained:
-                        line = (f"agent_match {trainer.agent_match!r} selected none of the LLM calls of the first {rollouts} "
-                                "rollouts: nothing is trained (see the agents' names: rolloutbus query \"SELECT agent_name, "
-                                "count() FROM transitions GROUP BY agent_name\")")
-                        warnings.append(line)
-                        say(f"[warning]  {line}")
+                rollouts, trained = _rollouts_and_trained(settings)
+                checked_match = rollouts >= algo.group_size
+                line = match_warning(trainer.agent_match, rollouts, trained, algo.group_size)
+                if line:
+                    warnings.append(line)
+                    say(f"warning    {line}")
             time.sleep(0.5)
         else:
             say("training   time is up")
@@ -225,4 +230,4 @@ def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str
     return done
 
 
-__all__ = ["FitResult", "run_fit"]
+__all__ = ["FitResult", "match_warning", "run_fit"]

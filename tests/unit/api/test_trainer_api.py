@@ -114,3 +114,13 @@ def test_an_agent_defined_in_the_users_script_reaches_the_runner(tmp_path: Path)
     bad = subprocess.run([sys.executable, "-c", LOAD, "x", str(tmp_path), "unguarded"], env=env, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and 'put the call under `if __name__ == "__main__":`' in bad.stderr, bad.stderr
+
+
+def test_fit_says_once_when_agent_match_selects_nothing() -> None:
+    from rolloutbus.trainer_api.fit import match_warning
+
+    assert match_warning("^planner$", 3, 0, 4) is None  # not a group's worth yet
+    assert match_warning("^planner$", 4, 2, 4) is None  # something trains
+    assert match_warning(None, 40, 0, 4) is None  # no agent_match: every call trains
+    line = match_warning("^planner$", 4, 0, 4)
+    assert line is not None and line.startswith("agent_match '^planner$' selected none of the LLM calls of the first 4 rollouts")
