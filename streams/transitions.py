@@ -114,7 +114,7 @@ def extract_transitions(
     * with ``exclude_llm_call_in_reward`` (default), an LLM call inside a reward span or reward
       operation (an LLM-as-judge) is not a step;
     * the agent of a step is its own ``agent_name`` or that of the nearest enclosing span that names
-      one; ``agent_match`` (``re.search``) decides ``trained``.
+      one, else that of another view of the same call; ``agent_match`` (``re.search``) decides ``trained``.
 
     Steps come in the order of their calls' ``sequence_id`` (a call nested in another: the outer one's),
     not of their start times: sequence ids are the one order every producer and the span stage agree
@@ -165,11 +165,16 @@ def extract_transitions(
         )
         steps.append(step)
         step_of[span.span_id] = step
-    for span, _ in calls:
+    for span, ancestors in calls:
         same = step_of[owner[span.span_id].span_id]
         llm = span.llm
         assert llm is not None
-        # The same call seen again: its step keeps its own, and takes token ids it does not have.
+        # The same call seen again: its step keeps its own, and takes token ids and an agent it does not have
+        # (the instrumentation's view of a call may come first, the proxy's names the agent from its header).
+        if same.agent_name is None:
+            agent = span.agent_name or next((a.agent_name for a in ancestors if a.agent_name), None)
+            if agent is not None:
+                same.agent_name, same.trained = agent, is_trained(agent, pattern)
         if not len(same.prompt_token_ids) and len(llm.prompt_token_ids):
             same.prompt_token_ids = llm.prompt_token_ids
         if not len(same.response_token_ids) and len(llm.response_token_ids):

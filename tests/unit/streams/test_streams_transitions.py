@@ -83,3 +83,12 @@ def test_a_nested_span_with_a_response_id_of_its_own_is_its_own_call() -> None:
 def test_spans_whose_parents_form_a_cycle_end_without_recursing_forever() -> None:
     a, b = call(1, "x", None, parent_id="y"), call(2, "y", None, parent_id="x")
     assert 1 <= len(extract_transitions(assemble([a, b]), "t")) <= 2
+
+
+def test_a_call_seen_twice_takes_its_agent_from_the_view_that_names_one() -> None:
+    """The instrumentation's span of a call (no agent named) numbered before the proxy's (the agent from its
+    header): one step, the proxy's agent, trained by that agent's match."""
+    traj = assemble([call(1, "inst", rid="resp-1", agent=None), call(2, "proxy", rid="resp-1", agent="writer"),
+                     call(3, "inst2", rid="resp-2", agent=None), call(4, "proxy2", rid="resp-2", agent="critic")])
+    steps = extract_transitions(traj, "t", agent_match="^writer$")
+    assert [(s.span_id, s.agent_name, s.trained) for s in steps] == [("inst", "writer", True), ("inst2", "critic", False)]
