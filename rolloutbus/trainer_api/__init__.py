@@ -3,6 +3,7 @@
 from rolloutbus.trainer_api.agent import LitAgent
 from rolloutbus.trainer_api.resources import LLM, NamedResources, Rollout
 from rolloutbus.trainer_api.tracing import agent_scope
-from rolloutbus.trainer_api.trainer import GRPO, Trainer
+from rolloutbus.trainer_api.algorithms import GRPO
+from rolloutbus.trainer_api.trainer import Trainer
 
 __all__ = ["GRPO", "LLM", "LitAgent", "NamedResources", "Rollout", "Trainer", "agent_scope"]

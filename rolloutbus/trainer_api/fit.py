@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Mapping, Protocol
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
@@ -22,11 +22,22 @@ from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _say_stack, _wa
 from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
-from rolloutbus.trainer_api.resources import LLM
+from rolloutbus.trainer_api.algorithms import GRPO
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
-if TYPE_CHECKING:
-    from rolloutbus.trainer_api.trainer import Trainer
+
+
+class Trainer(Protocol):
+    """What a run takes from :class:`rolloutbus.trainer_api.trainer.Trainer`."""
+
+    n_runners: int
+    algorithm: Any
+    agent_match: str | None
+    llm_call_match: str | None
+    resources: Mapping[str, Any]
+    out: Path
+    keep_store: bool
+    say: Callable[[str], None]
 
 AGENT_SPEC = "rolloutbus.trainer_api.shipped:agent"
 
@@ -88,8 +99,6 @@ def _rollouts_and_trained(settings: CommonSettings) -> tuple[int, int]:
 
 
 def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> FitResult:
-    from rolloutbus.trainer_api.trainer import GRPO
-
     algo = trainer.algorithm or GRPO()
     if not isinstance(algo, GRPO):
         raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...)")

@@ -12,40 +12,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from foundation.errors import ConfigError
 from rolloutbus.trainer_api.agent import Adapted, check_agent
+from rolloutbus.trainer_api.algorithms import GRPO
 from rolloutbus.trainer_api.resources import LLM
 from rolloutbus.trainer_api.shipped import CHILD_ENV
 
 ADAPTER_KEYS = ("agent_match", "llm_call_match")
-
-
-@dataclass
-class GRPO:
-    """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
-    name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``."""
-
-    group_size: int = 4
-    groups_per_step: int = 2
-    lr: float = 1e-4
-    kl_beta: float = 0.02
-    minutes: float = 10.0
-    max_steps: int | None = None
-    temperature: float = 0.7
-    train_layers: int | None = None
-    skip_zero_variance: bool = True
-    group_timeout_s: float = 300.0
-    rollout_timeout_s: float = 900.0
-    seed: int = 0
-    train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError("GRPO(group_size=...) must be at least 2: GRPO compares rollouts within a group")
 
 
 def row_json(row: Any, index: int) -> str:
@@ -127,4 +103,4 @@ class Trainer:
         return run_fit(self, agent, train, val)
 
 
-__all__ = ["GRPO", "Trainer", "row_json"]
+__all__ = ["Trainer", "row_json"]
