@@ -14,13 +14,14 @@ What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; t
   come through other replicas), so the span stage waits its finish grace for them;
 * ``GET /resources/latest`` and ``/resources/{id}`` → the newest versions on ``rb.resources`` as a
   ``ResourcesUpdate`` (:func:`resources_update`);
-* ``POST /workers/{worker_id}`` (heartbeats) → the worker as its in-memory store answers; the bus keeps no
-  worker table;
+* ``POST /workers/{worker_id}`` (heartbeats) → the worker as its in-memory store answers, kept in the control
+  records (:mod:`producers.ingest.agl.control`) with the rollouts enqueued, so both read back at once through any
+  replica (:mod:`producers.ingest.agl.v0_3_store_http`);
 * the reads (``get_rollout_by_id``, ``query_rollouts``, ``query_attempts``, ``get_latest_attempt``,
   ``query_spans``) → ClickHouse's ``rollouts`` (one row per ended attempt) and ``spans``, shaped here
-  (:func:`rollouts_from_rows`, :func:`attempt_from_row`, :func:`span_to_agl`, :func:`page`). A rollout
+  (:func:`rollouts_from_rows`, :func:`attempt_from_row`, :func:`span_to_agl`, :func:`page`). There a rollout
   shows once an attempt of it ended; its ``input`` is not kept there (null), its final reward and task are
-  in its ``metadata``.
+  in its ``metadata``. Until then ``get_rollout_by_id`` and ``query_rollouts`` answer it from the control records.
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ to ``rolloutbus proxy``'s route for the attempt, at the endpoint the policy's ve
 events URL (``POST /api/rollouts/{rollout_id}/attempt/{attempt_id}/events`` with ``{"event_type", "data"}``)
 makes one span each (:mod:`producers.ingest.agl.v1_events`); the reply is the stored event, as its store
 answers (422 with the reason for a body that is not an event). Mapped by :mod:`producers.ingest.agl.v1_api`.
-Its calls with no meaning on the bus — terminal pages, events queries, deleting, registering model servers —
-answer 501 naming the call; rollouts and their steps are read from ClickHouse. Token, body and error shape
-are the front door's (:mod:`producers.ingest.front_door`).
+With the control records (:attr:`AgentLightning1Routes.control`, what ``rolloutbus gateway`` wires), its store's
+calls keep its server's semantics through any replica instead (:mod:`producers.ingest.agl.v1_store_http`: rollouts
+read back at once, terminal pages, events queries, deletes, model servers, the proxy's pause); without them, as
+described above, and those calls answer 501 naming the call. Token, body and error shape are the front door's
+(:mod:`producers.ingest.front_door`).
 """
 
 from __future__ import annotations
