@@ -224,7 +224,9 @@ def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:
 
     t = Topics(s.topic_prefix)
     follow = [("topic", t.resources, "Read"), ("group", FOLLOWER_GROUP, "Describe")]
-    if command in ("gateway", "proxy"):
+    if command == "gateway":  # spans, and late feedback (producers/ingest/feedback_http.py)
+        return [("topic", t.spans, "Write"), ("topic", t.feedback, "Write")]
+    if command == "proxy":
         return [("topic", t.spans, "Write")]
     if command == "run-agent":
         return [("topic", t.tasks, "Read"), ("group", s.runner_group, "Read"), ("topic", t.spans, "Write"),
@@ -239,7 +241,8 @@ def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:
                  worker.app._leader_assignor._leader_topic_name]
         needs = [("topic", name, "Describe") for name in t.all()]  # `process` checks the design's topics exist
         needs += [("topic", t.spans, "Read"), ("topic", t.batches, "Write"), ("topic", t.dlq, "Read"),
-                  ("topic", t.dlq, "Write"), ("topic", t.resources, "Read"), ("topic", t.metrics, "Read")]
+                  ("topic", t.dlq, "Write"), ("topic", t.resources, "Read"), ("topic", t.metrics, "Read"),
+                  ("topic", t.feedback, "Read"), ("topic", t.feedback, "Create")]  # made by the worker (streams/cli.py)
         needs += [("topic", name, op) for name in owned for op in ("Read", "Write", "Create")]
         # faust's group is its app id; the span stage's, and its restore reader's (streams/spans_stage.py).
         needs += [("group", g, "Read") for g in (worker.app.conf.id, span_group(app_id), f"{span_group(app_id)}-restore")]
