@@ -127,7 +127,8 @@ def run_vllm(s: Any, ssl_context: Any) -> int:
             first = early.get()
             model, version = first.uri, first.version
         print(f"starting vLLM on {model} (its log follows) ...", flush=True)
-        engine = VllmEngine(python, model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args)).start()
+        engine = VllmEngine(python, model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args))
+        engine.start()  # a stop meanwhile (SystemExit) still reaches engine.stop() below
         gate = VllmGate(engine.url, engine.api_key, model, version, token=s.serve_token.get_secret_value() if s.serve_token else None)
         box.append(gate)
 

@@ -196,6 +196,7 @@ class VllmEngine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise EngineFailed(f"vLLM exited with {self.proc.returncode} while starting{self._tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:

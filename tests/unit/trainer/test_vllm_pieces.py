@@ -132,3 +132,12 @@ def test_the_demo_hands_its_engine_to_every_policy_server() -> None:
     assert DemoConfig.from_args(p.parse_args(["--task", "sql"])).serve_args() == []
     with pytest.raises(ConfigError, match="--task sql"):
         DemoConfig.from_args(p.parse_args(["--engine", "vllm"]))
+
+
+def test_an_engine_that_exits_while_starting_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
+    from trainer.vllm_serve import EngineFailed, VllmEngine, loopback_port
+
+    engine = VllmEngine(sys.executable, str(tmp_path), loopback_port(), "policy", log_path=tmp_path / "engine.log")  # no vLLM here
+    with pytest.raises(EngineFailed, match="exited with 1 while starting.*No module named 'vllm'"):
+        engine.start(timeout=60)
+    assert not engine._ext.exists(), "the extension's link folder is removed"
