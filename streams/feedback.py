@@ -11,6 +11,9 @@ feedback stage's table entry), in this order:
   it counts once;
 * ``feedback.duplicate`` — another feedback was applied to this rollout: the first one wins;
 * ``feedback.after_window`` — given more than the operator's window after the rollout finished;
+* ``feedback.group_open`` — the rollout is in a GRPO group not emitted yet: the group stage writes the rollout's
+  row again when it emits the group, with the reward it trains on, which would undo this one (send it again
+  once the group is emitted: the dead letter keeps its bytes);
 * **apply** — the rollout's final reward becomes ``value``.
 
 Every outcome but apply/again is dead-lettered with its reason; all are counted. What was applied is kept in
@@ -35,6 +38,7 @@ AGAIN = "again"
 UNKNOWN = "feedback.unknown_rollout"
 DUPLICATE = "feedback.duplicate"
 AFTER_WINDOW = "feedback.after_window"
+GROUP_OPEN = "feedback.group_open"
 
 FEEDBACK_ID = "rolloutbus.feedback_id"
 REWARD_BEFORE = "rolloutbus.reward_before_feedback"
@@ -65,14 +69,22 @@ class StoredRollout:
         return self.metadata.get(FEEDBACK_ID)
 
     @property
+    def grpo_group(self) -> str:
+        """The GRPO group the rollout joined ("" for none, or its own feedback group)."""
+        group = str(self.row.get("group_id") or "")
+        return "" if group.startswith(GROUP_PREFIX) else group
+
+    @property
     def trains(self) -> bool:
         """A train rollout in no GRPO group (or in its own feedback group: applied before, done again)."""
         group = str(self.row.get("group_id") or "")
         return self.row.get("mode") == "train" and (not group or group == GROUP_PREFIX + self.rollout_id)
 
 
-def verdict(fb: Feedback, rollout: StoredRollout | None, applied: str | None, window_s: float) -> str:
-    """What to do with ``fb``: :data:`APPLY`, :data:`AGAIN`, or the dead-letter reason (see the module)."""
+def verdict(fb: Feedback, rollout: StoredRollout | None, applied: str | None, window_s: float,
+            group_emitted: bool = True) -> str:
+    """What to do with ``fb``: :data:`APPLY`, :data:`AGAIN`, or the dead-letter reason (see the module).
+    ``group_emitted``: the rollout's GRPO group (if it has one) is emitted."""
     if rollout is None:
         return UNKNOWN
     first = applied or rollout.applied
@@ -82,6 +94,8 @@ def verdict(fb: Feedback, rollout: StoredRollout | None, applied: str | None, wi
         return DUPLICATE
     if fb.time_ns - rollout.finished_ns > window_s * 1e9:
         return AFTER_WINDOW
+    if rollout.grpo_group and not group_emitted:
+        return GROUP_OPEN
     return APPLY
 
 
@@ -146,5 +160,5 @@ def agent_of(steps: list[dict[str, Any]]) -> str:
     return ""
 
 
-__all__ = ["ADVANTAGE", "AFTER_WINDOW", "AGAIN", "APPLY", "Applied", "DUPLICATE", "FEEDBACK_ID", "GROUP_PREFIX",
+__all__ = ["ADVANTAGE", "AFTER_WINDOW", "AGAIN", "APPLY", "Applied", "DUPLICATE", "FEEDBACK_ID", "GROUP_OPEN", "GROUP_PREFIX",
            "REWARD_BEFORE", "StoredRollout", "UNKNOWN", "agent_of", "apply", "verdict"]

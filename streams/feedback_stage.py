@@ -40,7 +40,8 @@ from streams.spans_stage import DLQ_OUT, dead_letter_reason
 log = logging.getLogger("rolloutbus.streams")
 
 FEEDBACK = Counter("rolloutbus_streams_feedback_total", "Feedback records by outcome "
-                   "(applied, redelivered, feedback.unknown_rollout, feedback.duplicate, feedback.after_window, decode.*)",
+                   "(applied, redelivered, feedback.unknown_rollout, feedback.duplicate, feedback.after_window, "
+                   "feedback.group_open, decode.*)",
                    ["outcome"])
 
 ROLLOUT_COLUMNS = ("rollout_id", "attempt_id", "task_id", "mode", "attempt", "resource_version", "status", "final_reward",
@@ -94,7 +95,8 @@ class FeedbackStage:
         assert isinstance(fb, Feedback)
         entry = self._entry(fb.rollout_id)
         rollout = await self._stored(fb.rollout_id)
-        what = verdict(fb, rollout, entry.get("feedback_id"), self.window_s)
+        emitted = rollout is None or not rollout.grpo_group or await self._group_emitted(rollout.grpo_group)
+        what = verdict(fb, rollout, entry.get("feedback_id"), self.window_s, emitted)
         if what == AGAIN and entry:
             # Its entry is here: applied in this worker's life (its rows and batch go with an earlier commit
             # point) or restored from the changelog (which lands only after them). Nothing to redo.
@@ -133,6 +135,9 @@ class FeedbackStage:
     def _detail(self, what: str, fb: Feedback, rollout: StoredRollout | None, entry: dict[str, Any]) -> str:
         if rollout is None:
             return f"no rollout {fb.rollout_id!r} is stored (feedback {fb.feedback_id})"
+        if what == "feedback.group_open":
+            return (f"rollout {fb.rollout_id} is in GRPO group {rollout.grpo_group}, not emitted yet; send feedback "
+                    f"{fb.feedback_id} again once it is (its emission rewrites the rollout's reward)")
         if what == "feedback.after_window":
             late = (fb.time_ns - rollout.finished_ns) / 1e9
             return f"feedback {fb.feedback_id} came {late:.1f}s after rollout {fb.rollout_id} finished; the window is {self.window_s:g}s"
@@ -156,6 +161,10 @@ class FeedbackStage:
             f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts FINAL WHERE rollout_id = {{rid:String}} "
             "ORDER BY attempt DESC, finished_ns DESC LIMIT 1", {"rid": rollout_id})
         return StoredRollout(rows[0]) if rows else None
+
+    async def _group_emitted(self, group_id: str) -> bool:
+        rows = await self._query("SELECT count() AS n FROM groups FINAL WHERE group_id = {gid:String}", {"gid": group_id})
+        return bool(rows and rows[0]["n"])
 
     async def _steps(self, rollout: StoredRollout) -> list[dict[str, Any]]:
         return await self._query(

@@ -48,6 +48,7 @@ def _committed(conf: dict[str, Any], group: str, topic: str, proc: WorkerProc, t
 def test_feedback_applied_once_under_restart_and_redelivery_and_dead_lettered_with_reasons(kafka_conf, topics, test_env):
     flags = ("--feedback-window", "60", "--feedback-baseline", "none")
     inputs = {rid: rollout(rid, "", reward=0.0) for rid in ("p-r1", "p-r2", "p-r3")}  # no task: production traffic
+    inputs["g-r1"] = rollout("g-r1", "g", reward=0.0)  # in a GRPO group of 4 that stays open
     produce(kafka_conf, topics.spans, [kv for spans, ev in inputs.values() for kv in encoded(spans, ev)])
     proc = start_worker(test_env, *flags)
     _committed(kafka_conf, f"{topics.prefix}streams.spans", topics.spans, proc)
@@ -61,6 +62,7 @@ def test_feedback_applied_once_under_restart_and_redelivery_and_dead_lettered_wi
         _fb("f3", "p-r2", 1.0, 3600),   # an hour late, the window is a minute
         _fb("f4", "nobody", 1.0, 1),    # no such rollout
         _fb("f5", "p-r3", 0.5, 30),
+        _fb("f6", "g-r1", 1.0, 2),      # its group's emission would write the rollout's row again
     ])
     proc = start_worker(test_env, *flags)
     got = read_topic(kafka_conf, topics.batches, 2, 60, proc, distinct=True)
@@ -92,13 +94,16 @@ def test_feedback_applied_once_under_restart_and_redelivery_and_dead_lettered_wi
         "dlq": "SELECT reason, uniqExact(partition, offset), any(detail) FROM dead_letters FINAL "
                f"WHERE source_topic = '{topics.feedback}' GROUP BY reason ORDER BY reason",
     })
-    assert rows["ro"] == [["p-r1", 1.0, "f1", "feedback:p-r1"], ["p-r2", 0.0, "", ""], ["p-r3", 0.5, "f5", "feedback:p-r3"]]
-    assert rows["tr"] == [["p-r1", 0, 1.0, "feedback:p-r1"], ["p-r1", 1, 1.0, "feedback:p-r1"],
+    assert rows["ro"] == [["g-r1", 0.0, "", "g@1"], ["p-r1", 1.0, "f1", "feedback:p-r1"], ["p-r2", 0.0, "", ""],
+                          ["p-r3", 0.5, "f5", "feedback:p-r3"]]
+    assert rows["tr"] == [["g-r1", 0, 0.0, "g@1"], ["g-r1", 1, 0.0, "g@1"],
+                          ["p-r1", 0, 1.0, "feedback:p-r1"], ["p-r1", 1, 1.0, "feedback:p-r1"],
                           ["p-r2", 0, 0.0, ""], ["p-r2", 1, 0.0, ""],
                           ["p-r3", 0, 0.5, "feedback:p-r3"], ["p-r3", 1, 0.5, "feedback:p-r3"]]
     reasons = {r[0]: (r[1], r[2]) for r in rows["dlq"]}
     assert {k: v[0] for k, v in reasons.items()} == {
-        "feedback.after_window": 1, "feedback.duplicate": 1, "feedback.unknown_rollout": 1}
+        "feedback.after_window": 1, "feedback.duplicate": 1, "feedback.group_open": 1, "feedback.unknown_rollout": 1}
+    assert "GRPO group g@1, not emitted yet" in reasons["feedback.group_open"][1]
     assert "window is 60s" in reasons["feedback.after_window"][1]
     assert "already has feedback f1" in reasons["feedback.duplicate"][1]
     assert "'nobody'" in reasons["feedback.unknown_rollout"][1]

@@ -10,6 +10,7 @@ from streams.feedback import (
     APPLY,
     DUPLICATE,
     FEEDBACK_ID,
+    GROUP_OPEN,
     UNKNOWN,
     StoredRollout,
     agent_of,
@@ -45,6 +46,10 @@ def test_verdicts() -> None:
     assert verdict(_fb(), _rollout(**{FEEDBACK_ID: "f1"}), None, 60) == AGAIN  # the row says so (the entry was lost)
     assert verdict(_fb("f2"), _rollout(), "f1", 60) == DUPLICATE
     assert verdict(_fb("f2", after_s=999), _rollout(**{FEEDBACK_ID: "f1"}), None, 60) == DUPLICATE
+    # a GRPO group not emitted yet would write the rollout's row again, undoing the feedback
+    assert verdict(_fb(), _rollout(group="t@3"), None, 60, group_emitted=False) == GROUP_OPEN
+    assert verdict(_fb(), _rollout(group="t@3"), None, 60, group_emitted=True) == APPLY
+    assert verdict(_fb(), _rollout(group="feedback:r1"), None, 60, group_emitted=False) == APPLY  # its own group
 
 
 def test_apply_to_a_taskless_rollout_trains_it_once() -> None:
