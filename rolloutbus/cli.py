@@ -27,7 +27,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "proxy": ("producers.ingest.llm_proxy_cli", "run the OpenAI-compatible LLM proxy that records token ids"),
     "run-agent": ("producers.runner_cli", "run an agent on tasks from rb.tasks"),
     "tasks": ("producers.tasks_cli", "publish tasks to rb.tasks from a JSONL file"),
-    "train": ("trainer.cli", "run the GRPO trainer on rb.batches"),
+    "train": ("trainer.cli", "run the GRPO trainer on rb.batches (or SFT on filtered transitions: --algorithm sft)"),
     "optimize-prompt": ("trainer.apo_cli", "optimize a prompt_template resource (APO): critiques, rewrites, scored by the runners"),
     "serve": ("trainer.serve_cli", "serve the policy over an OpenAI-compatible API, hot-reloading new versions"),
     "demo": ("rolloutbus.demo", "watch an agent learn, end to end, on the local stack"),

@@ -1,4 +1,5 @@
-"""``rolloutbus train``: the GRPO trainer on ``rb.batches``. Flags override ``ROLLOUTBUS_*`` variables.
+"""``rolloutbus train``: the GRPO trainer on ``rb.batches`` (``--algorithm sft``: :mod:`trainer.sft_cli`). Flags
+override ``ROLLOUTBUS_*`` variables.
 
 Top-level imports stay light (the ``rolloutbus`` command imports this module to build its parser);
 torch and Kafka are imported inside :func:`run`.
