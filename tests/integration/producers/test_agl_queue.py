@@ -130,9 +130,12 @@ def test_each_rollout_is_claimed_once_across_two_replicas(replicas: Any, kafka_c
     assert bad.status_code == 422 and "limit" in bad.json()["detail"]
     bad = requests.post(f"{a.agl}/queues/rollouts/enqueue", json={"rollouts": [{"mode": "train"}]}, timeout=5)
     assert bad.status_code == 422 and "'input'" in bad.json()["detail"]
-    # The reads need a ClickHouse server; these replicas have only the embedded engine's DSN: 501, saying so.
-    no = requests.get(f"{a.agl}/rollouts/{ids[0]}", timeout=5)
-    assert no.status_code == 501 and f"GET /v1/agl/rollouts/{ids[0]}" in no.json()["detail"]
+    # These replicas have only the embedded engine's DSN: a rollout reads back from the control records (any
+    # replica); the reads of attempts and spans need a ClickHouse server: 501, saying so.
+    got = requests.get(f"{b.agl}/rollouts/{ids[0]}", timeout=5)
+    assert got.status_code == 200 and got.json()["rollout_id"] == ids[0], got.text
+    no = requests.get(f"{a.agl}/rollouts/{ids[0]}/attempts", timeout=5)
+    assert no.status_code == 501 and f"GET /v1/agl/rollouts/{ids[0]}/attempts" in no.json()["detail"]
 
     # Each claim STARTED its attempt on rb.spans (the span stage's task and attempt number), and ended there.
     records = consume_all(kafka_conf, topics.spans, expect=24, timeout=20)
