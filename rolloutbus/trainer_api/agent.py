@@ -19,7 +19,7 @@ from foundation.errors import ConfigError
 from producers.context import RolloutContext
 from producers.litagent import LitAgent as AttemptRunner
 from rolloutbus.trainer_api.resources import LLM, Rollout
-from rolloutbus.trainer_api.tracing import Tracer, install
+from rolloutbus.trainer_api.tracing import Tracer, tracing
 
 T = TypeVar("T")
 
@@ -74,10 +74,10 @@ class Adapted(AttemptRunner):
         return named
 
     def rollout(self, task: Any, resources: Mapping[str, Any], rollout: RolloutContext) -> float | None:
-        install()  # the proxy's headers on every LLM call, whether or not the agent touches self.tracer
-        out = self.agent.rollout(task, self.named_resources(resources), Rollout.of(rollout))
-        if inspect.isawaitable(out):
-            out = asyncio.run(_await(out))  # this attempt's own thread (the runner's worker, or the dry run's)
+        with tracing():  # the proxy's headers on every LLM call, whether or not the agent touches self.tracer
+            out = self.agent.rollout(task, self.named_resources(resources), Rollout.of(rollout))
+            if inspect.isawaitable(out):
+                out = asyncio.run(_await(out))  # this attempt's own thread (the runner's worker, or the dry run's)
         return out  # type: ignore[no-any-return]
 
 

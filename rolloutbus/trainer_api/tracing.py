@@ -12,7 +12,8 @@ does) and, inside a rollout:
 - with recording on (``Trainer.dev``: no proxy), a chat completion to any endpoint is recorded as an LLM
   span with its text, the same name and number.
 
-The agent's name is the LangGraph node the call runs in (LangChain's running config), else the one set by
+Only calls made inside :func:`tracing` (every rollout the Trainer API runs) are touched. The agent's name is
+the LangGraph node the call runs in (LangChain's running config), else the one set by
 :func:`agent_scope` or by the LangChain handler, else the rollout's agent name.
 """
 
@@ -32,6 +33,9 @@ from producers.spans import base_span, to_attr
 
 _agent: ContextVar[str | None] = ContextVar("rolloutbus_agent_name", default=None)
 _recording: ContextVar[bool] = ContextVar("rolloutbus_record_llm_calls", default=False)
+# Only the rollouts the Trainer API runs are touched: other code in the process (another agent, a test)
+# keeps its requests as it wrote them.
+_active: ContextVar[bool] = ContextVar("rolloutbus_trace_http", default=False)
 _install_lock = threading.Lock()
 _installed = False
 LLM_PATHS = ("/chat/completions", "/completions")
@@ -60,6 +64,17 @@ def agent_scope(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def tracing() -> Iterator[None]:
+    """Name and number the LLM calls made in this block (the hook installed if it was not)."""
+    install()
+    token = _active.set(True)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+@contextlib.contextmanager
 def recording() -> Iterator[None]:
     """Record chat completions to any endpoint as LLM spans in this block (the dry run has no proxy)."""
     install()
@@ -71,6 +86,8 @@ def recording() -> Iterator[None]:
 
 
 def _route(ctx: RolloutContext, request: Any) -> str | None:
+    if not _active.get():
+        return None
     path = request.url.path
     if f"/rollout/{ctx.rollout_id}/attempt/{ctx.attempt_id}/" in path:
         return "proxy"
@@ -217,4 +234,4 @@ def _langchain_handler() -> Any:
     return RolloutbusHandler()
 
 
-__all__ = ["Tracer", "agent_scope", "current_agent_name", "install", "recording"]
+__all__ = ["Tracer", "agent_scope", "current_agent_name", "install", "recording", "tracing"]

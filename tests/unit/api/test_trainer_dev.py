@@ -60,3 +60,42 @@ def test_dev_says_when_agent_match_selects_nothing(tmp_path: Path) -> None:
         Trainer(adapter={"agent_match": "^planner$"}, say=lines.append,
                 initial_resources={"main_llm": LLM(endpoint=url)}).dev(LitSQLAgent(), dev_dataset=val[:1])
     assert any("agent_match '^planner$' matches none of the agents that called the LLM (check_query, write_query)" in x for x in lines), lines
+
+
+def test_calls_outside_the_trainers_rollouts_are_left_as_written(tmp_path: Path) -> None:
+    """The hook is process-wide once installed; a request made in a plain rollout keeps its own headers."""
+    import httpx
+
+    from producers import rollout
+    from rolloutbus.trainer_api.tracing import install
+
+    install()
+    with fake_openai(lambda messages: "x") as (url, seen):
+        class Keep:
+            def emit(self, *args: Any) -> bool:
+                return True
+
+        with rollout("t", transport=Keep()) as r:  # type: ignore[arg-type]
+            base = url.removesuffix("/v1") + f"/rollout/{r.rollout_id}/attempt/{r.attempt_id}/v1"
+            httpx.post(base + "/chat/completions", json={"messages": []}, timeout=10)
+    assert "x-rolloutbus-sequence-id" not in {k.lower() for k in seen[0]["headers"]}
+
+
+def test_async_agents_calls_are_named_too(tmp_path: Path) -> None:
+    import httpx
+
+    from rolloutbus import LitAgent, agent_scope
+
+    class Async(LitAgent[dict]):
+        async def rollout(self, task: dict, resources: Any, rollout: Any) -> float:
+            llm = resources["main_llm"]
+            with agent_scope("planner"):
+                async with httpx.AsyncClient() as client:
+                    await client.post(llm.get_base_url() + "/chat/completions", json={"messages": [{"role": "user", "content": "q"}]})
+            return 0.5
+
+    with fake_openai(lambda messages: "plan") as (url, _):
+        results = Trainer(adapter={"agent_match": "plan"}, say=lambda line: None,
+                          initial_resources={"main_llm": LLM(endpoint=url)}).dev(Async(), [{"q": 1}])
+    assert results[0].reward == 0.5
+    assert [(s.agent, s.trained, s.text) for s in results[0].steps if s.kind == "llm"] == [("planner", True, "plan")]
