@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from foundation.errors import DecodeError, KafkaUnavailable, ValidationError
+from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, Feedback
 from streams.baselines import LeaveOneOutBaseline
@@ -64,6 +64,9 @@ class _Point:
 
 class FeedbackStage:
     """Decides and applies feedback; its commit point is :class:`Checkpoint`'s (:class:`Committing` here).
+
+    Each record costs up to three ClickHouse reads on the event loop (the rollout, its group, its steps): sized
+    for feedback (a fraction of the rollouts, minutes apart), not for span rates.
 
     ``baseline``: ``none`` (advantage = the reward) or ``loo`` (the reward minus the agent's running
     leave-one-out mean over the last ``baseline_window`` feedback rewards of its partition)."""
@@ -200,8 +203,6 @@ class FeedbackStage:
 
     async def try_commit(self) -> None:
         """A commit point; a failure is logged and tried again at the next one (as the group stage's)."""
-        from foundation.errors import ClickHouseError
-
         try:
             await self.checkpoint.commit()
         except (ClickHouseError, KafkaUnavailable) as exc:
