@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ENDED = ("succeeded", "failed", "timeout", "cancelled")  # a 0.3 rollout's statuses once an attempt of it ended
 MAX_ROWS = 100_000  # rows one read takes from ClickHouse (filters it cannot push down run here)
 
 
@@ -359,7 +360,7 @@ class LightningStoreRoutes:
                 return items[0]
             if self.control is None:
                 return None
-            return await self._controlled(lambda s: copy.deepcopy(s.rollouts_v03.get(rid)))
+            return self._unended(await self._controlled(lambda s: copy.deepcopy(s.rollouts_v03.get(rid))))
 
         return await self._read(request, answer, controlled=True)
 
@@ -369,7 +370,15 @@ class LightningStoreRoutes:
             return ended
         known = {r["rollout_id"] for r in ended}
         more = await self._controlled(lambda s: [copy.deepcopy(r) for rid, r in s.rollouts_v03.items() if rid not in known])
-        return ended + more
+        return ended + [self._unended(r) for r in more]
+
+    def _unended(self, rollout: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A rollout ClickHouse does not have yet. Where the gateway reads a ClickHouse server, one whose attempt ended
+        reads ``running`` until the stream worker stored it: its algorithm reads the attempt's spans once it sees it
+        end (Agent Lightning's Baseline does), and they are there from then on. Without one, the recorded end."""
+        if rollout is not None and self.clickhouse is not None and rollout.get("status") in ENDED:
+            rollout = {**rollout, "status": "running", "end_time": None}
+        return rollout
 
     async def query_attempts(self, request: web.Request) -> web.Response:
         async def answer(q: dict[str, Any]) -> Any:
