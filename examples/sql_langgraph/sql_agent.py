@@ -17,6 +17,7 @@ import sqlite3
 from typing import Any, TypedDict
 
 from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
@@ -97,14 +98,18 @@ def build_langgraph_sql_agent(database_path: str, openai_base_url: str, model: s
                      max_tokens=sampling_parameters.get("max_tokens", 64), max_retries=0, timeout=300)
     schema = schema_of(database_path)
 
+    @tool
+    def sql_db_query(query: str) -> str:
+        """Run one SQLite query on the task's database and return its rows."""
+        return repr(run_sql(query, database_path))
+
     def write_query(state: State) -> State:
         reply = llm.invoke([SystemMessage(WRITE_PROMPT.format(schema=schema)), HumanMessage(state["question"])])
         return {"query": extract_sql(str(reply.content)), "num_turns": 1}
 
     def execute_query(state: State) -> State:
-        try:
-            rows = run_sql(state["query"], database_path)
-            result = repr(rows)
+        try:  # a LangChain tool, as the write-ups' QuerySQLDatabaseTool: the tracer records each call
+            result = sql_db_query.invoke(state["query"])
         except sqlite3.Error as exc:
             result = f"Error: {exc}"
         return {"execution": result[:truncate_length]}

@@ -48,6 +48,8 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
         # Every LLM span came through the proxy (token ids) and names its node.
         spans = dict(query("SELECT agent_name, count() FROM spans FINAL WHERE kind = 'llm' GROUP BY agent_name"))
         assert {"write_query", "check_query"} <= set(spans), f"{spans}\n{logs}"
+        tools = query("SELECT name, count() FROM spans FINAL WHERE kind = 'tool' GROUP BY name")
+        assert [t[0] for t in tools] == ["sql_db_query"], tools  # execute_query's LangChain tool, recorded by the tracer
         steps = {(a, t): int(n) for a, t, n in query(
             "SELECT agent_name, toString(trained), count() FROM transitions FINAL GROUP BY agent_name, trained")}
         assert steps.get(("check_query", "true"), 0) == 0, steps

@@ -47,8 +47,12 @@ def test_dev_traces_each_node_and_marks_transitions(tmp_path: Path) -> None:
         assert r.status == "succeeded" and r.reward == 1.0
         calls = [(s.agent, s.trained) for s in r.steps if s.kind == "llm"]
         assert calls == [("write_query", True), ("check_query", False), ("rewrite_query", True), ("check_query", False)]
+        # execute_query's tool: SELECT 1 runs, then the gold query; each a tool span between the LLM calls
+        assert [(s.kind, s.name, s.ok) for s in r.steps] == [
+            ("llm", "chat.completions", True), ("tool", "sql_db_query", True), ("llm", "chat.completions", True),
+            ("llm", "chat.completions", True), ("tool", "sql_db_query", True), ("llm", "chat.completions", True)]
     out = "\n".join(lines)
-    assert "-> stored, not trained" in out and "-> transition" in out
+    assert "-> stored, not trained" in out and "-> transition" in out and "tool  sql_db_query     ok  SELECT 1 -> [(1,)]" in out
     assert "transitions: 2 of 4 LLM calls (agent_match 'write|rewrite')" in out
     assert "dev: 2 tasks, mean reward 1.000, 2 succeeded, 4 of 8 LLM calls would be trained" in out
 
@@ -56,9 +60,12 @@ def test_dev_traces_each_node_and_marks_transitions(tmp_path: Path) -> None:
 def test_dev_says_when_agent_match_selects_nothing(tmp_path: Path) -> None:
     _, val, _ = datasets(tmp_path / "dbs", validation=4)
     lines: list[str] = []
-    with fake_openai(lambda messages: "THE QUERY IS CORRECT" if "You check" in str(messages) else "SELECT 1") as (url, _):
-        Trainer(adapter={"agent_match": "^planner$"}, say=lines.append,
-                initial_resources={"main_llm": LLM(endpoint=url)}).dev(LitSQLAgent(), dev_dataset=val[:1])
+    with fake_openai(lambda messages: "THE QUERY IS CORRECT" if "You check" in str(messages) else "SELECT * FROM nowhere") as (url, _):
+        results = Trainer(adapter={"agent_match": "^planner$"}, say=lines.append,
+                          initial_resources={"main_llm": LLM(endpoint=url)}).dev(LitSQLAgent(), dev_dataset=val[:1])
+    # A query that fails is a failed tool call; the reward is 0.
+    assert [(s.name, s.ok) for s in results[0].steps if s.kind == "tool"] == [("sql_db_query", False)]
+    assert results[0].reward == 0.0
     assert any("agent_match '^planner$' matches none of the agents that called the LLM (check_query, write_query)" in x for x in lines), lines
 
 
