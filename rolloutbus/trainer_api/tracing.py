@@ -54,35 +54,29 @@ def current_agent_name(ctx: RolloutContext | None) -> str | None:
 
 
 @contextlib.contextmanager
-def agent_scope(name: str) -> Iterator[None]:
-    """LLM calls made in this block are ``name``'s (for frameworks whose agents the tracer cannot see)."""
-    token = _agent.set(name)
+def _holding(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _agent.reset(token)
+        var.reset(token)
 
 
-@contextlib.contextmanager
-def tracing() -> Iterator[None]:
+def agent_scope(name: str) -> contextlib.AbstractContextManager[None]:
+    """LLM calls made in this block are ``name``'s (for frameworks whose agents the tracer cannot see)."""
+    return _holding(_agent, name)
+
+
+def tracing() -> contextlib.AbstractContextManager[None]:
     """Name and number the LLM calls made in this block (the hook installed if it was not)."""
     install()
-    token = _active.set(True)
-    try:
-        yield
-    finally:
-        _active.reset(token)
+    return _holding(_active, True)
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[None]:
+def recording() -> contextlib.AbstractContextManager[None]:
     """Record chat completions to any endpoint as LLM spans in this block (the dry run has no proxy)."""
     install()
-    token = _recording.set(True)
-    try:
-        yield
-    finally:
-        _recording.reset(token)
+    return _holding(_recording, True)
 
 
 def _route(ctx: RolloutContext, request: Any) -> str | None:
