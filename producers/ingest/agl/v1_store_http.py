@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -39,9 +39,6 @@ from producers.ingest.front_door import BadRequest
 from producers.mapping import MappingError
 from schemas.codec import encode
 from schemas.models import RolloutEvent
-
-if TYPE_CHECKING:
-    from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +69,24 @@ def started_event(rollout: dict[str, Any], attempt_id: str, version: int | None)
                         task_id=task.task_id, mode=task.mode, attempt=1, resource_version=version, metadata=metadata)
 
 
-class AgentLightning1Store:
-    """The store routes of one :class:`AgentLightning1Routes` (its door, transport, queue, resources) on its control."""
+class Api(Protocol):
+    """What the store routes use of :class:`producers.ingest.agl.v1_api_http.AgentLightning1Routes` (which holds them)."""
 
-    def __init__(self, api: AgentLightning1Routes) -> None:
+    door: Any
+    transport: Any
+    queue: Any
+    control: Any
+    resources: Any
+    policy: str
+    inflight: int
+
+    async def _json(self, request: web.Request) -> Any: ...
+
+
+class AgentLightning1Store:
+    """The store routes of one 1.x API object (its door, transport, queue, resources) on its control records."""
+
+    def __init__(self, api: Api) -> None:
         self.api = api
 
     @property
