@@ -156,3 +156,26 @@ def test_the_queue_drops_offered_rollouts_that_ran_through_another_replica() -> 
     queue.book.settle(routes.store.settled(["ro-1", "ro-2"]))  # type: ignore[union-attr]
     assert [s.rollout_id for s in queue.book.offered_slots(agl1=True)] == ["ro-2"]  # type: ignore[union-attr]
     assert queue.book.committable(0) == 1, "its task is done here: the partition's commit moves past it"  # type: ignore[union-attr]
+
+
+def test_0_3_workers_and_an_ended_rollout_read_from_the_control_records() -> None:
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from tests.unit.producers.test_agl_store_routes import Rollouts, call, row
+
+    routes = LightningStoreRoutes(MemoryTransport(), lambda: {})  # type: ignore[arg-type]
+    routes.control = LocalControl()
+    assert call(routes, "POST", "/v1/agl/workers/w-1", {"heartbeat_stats": {"cpu": 0.5}})[0] == 200
+    assert call(routes, "POST", "/v1/agl/workers/w-2", None)[0] == 200
+    assert call(routes, "POST", "/v1/agl/workers/w-1", None)[1]["heartbeat_stats"] == {"cpu": 0.5}, "no stats: the last kept"
+    assert call(routes, "GET", "/v1/agl/workers/w-9") == (200, None)
+    status, found = call(routes, "POST", "/v1/agl/workers/search", {"worker_id_contains": "-2"})
+    assert status == 200 and [w["worker_id"] for w in found["items"]] == ["w-2"] and found["total"] == 1
+    # An enqueued rollout whose attempt ended: without a ClickHouse server, the recorded end; with one, running until
+    # ClickHouse has its attempt (its spans are there from then on), then ClickHouse's.
+    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "queuing", "end_time": None}]})
+    routes.control.write({"op": "v03_status", "rollout_id": "ro-1", "status": "succeeded", "end_time": 2.0})
+    assert call(routes, "GET", "/v1/agl/rollouts/ro-1")[1]["status"] == "succeeded"
+    routes.clickhouse = Rollouts([row("ro-1", "succeeded")], after=1)  # type: ignore[assignment]
+    search = {"rollout_id_in": ["ro-1"]}
+    assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["running"]
+    assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["succeeded"]
