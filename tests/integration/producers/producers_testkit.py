@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,14 @@ def start_gateway(env: dict[str, str], data_dir: Path, token: str | None = None)
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"gateway did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def clickhouse_server_env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    """``test_env`` with a ``rolloutbus store`` server's DSN: one ClickHouse for the stream worker (writes) and the
+    gateway (reads, read-only — an embedded ``chdb://`` store is one process's). A fixture's body: yields, then stops it."""
+    from tests.faults.faultkit import store
+
+    proc, dsn = store(test_env, tmp_path / "store", tmp_path / "store.log")
+    yield {**test_env, "ROLLOUTBUS_CLICKHOUSE_DSN": dsn}
+    proc.terminate()
+    proc.wait(30)

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from al_venv import ENV, ALInstallError, ensure_venv
-from producers_testkit import start_gateway
+from producers_testkit import clickhouse_server_env, start_gateway
 from schemas import codec
 from schemas.models import ResourceVersion
-from tests.faults.faultkit import store
 from tests.integration.streams.helpers import produce, query, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -29,10 +28,7 @@ TOKEN = "s3cret-algo"
 
 @pytest.fixture
 def env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
-    proc, dsn = store(test_env, tmp_path / "store", tmp_path / "store.log")
-    yield {**test_env, "ROLLOUTBUS_CLICKHOUSE_DSN": dsn}
-    proc.terminate()
-    proc.wait(30)
+    yield from clickhouse_server_env(test_env, tmp_path)
 
 
 def test_agent_lightning_baseline_algorithm_runs_with_the_gateway_as_its_store(env: dict[str, str], kafka_conf: dict[str, Any],

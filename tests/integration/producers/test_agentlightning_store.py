@@ -23,10 +23,9 @@ import pytest
 import requests
 
 from al_venv import ENV, ALInstallError, ensure_venv
-from producers_testkit import consume_all, start_gateway
+from producers_testkit import clickhouse_server_env, consume_all, start_gateway
 from schemas import codec
 from schemas.models import ResourceVersion, Task
-from tests.faults.faultkit import store
 from tests.integration.streams.helpers import batches, produce, query, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -45,10 +44,7 @@ def al_python() -> Path:
 @pytest.fixture
 def env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
     """One ClickHouse store for the stream worker (writes) and the gateway (reads, read-only)."""
-    proc, dsn = store(test_env, tmp_path / "store", tmp_path / "store.log")
-    yield {**test_env, "ROLLOUTBUS_CLICKHOUSE_DSN": dsn}
-    proc.terminate()
-    proc.wait(30)
+    yield from clickhouse_server_env(test_env, tmp_path)
 
 
 TOKEN = "s3cret-agl"
