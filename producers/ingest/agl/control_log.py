@@ -136,8 +136,13 @@ class ControlLog:
         take it or this replica could not read it back in time."""
         self.start()
         delivered: list[Any] = []
-        self._producer.produce(self.topic, json.dumps(record, separators=(",", ":")).encode(), partition=0,
-                               on_delivery=lambda err, msg: delivered.append((err, msg)))
+        from confluent_kafka import KafkaException
+
+        try:
+            self._producer.produce(self.topic, json.dumps(record, separators=(",", ":")).encode(), partition=0,
+                                   on_delivery=lambda err, msg: delivered.append((err, msg)))
+        except (KafkaException, BufferError) as exc:  # too large a record, a full local queue
+            raise KafkaUnavailable(f"a control record was not taken for {self.topic}: {exc}") from exc
         self._producer.flush(30)
         if not delivered or delivered[0][0] is not None:
             raise KafkaUnavailable(f"a control record was not delivered to {self.topic}: "
