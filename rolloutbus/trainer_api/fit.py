@@ -77,25 +77,34 @@ def _model(llm: Any, settings: CommonSettings) -> str:
     return str(import_model(name, settings.data_dir / "models"))
 
 
-def match_warning(agent_match: str | None, rollouts: int, trained: int, group_size: int) -> str | None:
-    """The line fit says once a group's worth of rollouts finished with no trained transition. Pure."""
-    if not agent_match or rollouts < group_size or trained:
+def first_rollouts_warning(agent_match: str | None, rollouts: int, failed: int, error: str | None, trained: int,
+                           group_size: int) -> str | None:
+    """The line fit says once a group's worth of training rollouts finished, when they cannot teach: every one
+    failed (a dataset row the agent cannot read, say), or ``agent_match`` selected none of their calls. Pure."""
+    if rollouts < group_size:
         return None
-    return (f"agent_match {agent_match!r} selected none of the LLM calls of the first {rollouts} rollouts: nothing is "
-            "trained (the agents' names: rolloutbus query \"SELECT agent_name, count() FROM transitions GROUP BY agent_name\")")
+    if failed == rollouts:
+        return (f"every one of the first {rollouts} rollouts failed, the first with: {error or 'no error recorded'} "
+                "(a dataset row the agent cannot read? the runners' log says more)")
+    if agent_match and not trained:
+        return (f"agent_match {agent_match!r} selected none of the LLM calls of the first {rollouts} rollouts: nothing is "
+                "trained (the agents' names: rolloutbus query \"SELECT agent_name, count() FROM transitions GROUP BY agent_name\")")
+    return None
 
 
-def _rollouts_and_trained(settings: CommonSettings) -> tuple[int, int]:
-    """(finished training rollouts, trained transitions) in the store."""
+def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int]:
+    """(finished training rollouts, failed ones, a failure's error, trained transitions) in the store."""
     from foundation.clickhouse import connect
 
     client = connect(settings.dsn, database=settings.clickhouse_database, create_database=False)
     try:
-        rollouts = int(client.query("SELECT count() FROM rollouts FINAL WHERE mode = 'train' AND status != ''").result_rows[0][0])
+        rollouts, failed, error = client.query(
+            "SELECT count(), countIf(status = 'failed'), anyIf(error, status = 'failed') FROM rollouts FINAL "
+            "WHERE mode = 'train' AND status != ''").result_rows[0]
         trained = int(client.query("SELECT countIf(trained) FROM transitions FINAL").result_rows[0][0])
     finally:
         client.close()
-    return rollouts, trained
+    return int(rollouts), int(failed), error or None, trained
 
 
 def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> FitResult:
@@ -166,7 +175,7 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
     feeder = TaskFeeder(settings, [Row(t) for t in train],
                         DemoConfig(group_size=algo.group_size, runners=trainer.n_runners, groups_per_step=algo.groups_per_step), live)
     warnings: list[str] = []
-    checked_match = not trainer.agent_match
+    checked = False
     say(f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'reward (last 128)':>17} {'loss':>8}  {'elapsed':>7}")
     shown, t_train = 0, time.monotonic()
     try:
@@ -183,10 +192,10 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
             for s in new:
                 say(f"{int(s['step']):>5} {int(s.get('version') or 0):>7} {total:>8} {s.get('reward_mean', 0):>12.3f} "
                     f"{recent:>17.3f} {s.get('loss', 0):>8.4f}  {time.monotonic() - t_start:>6.0f}s")
-            if not checked_match and time.monotonic() - t_train > 20:
-                rollouts, trained = _rollouts_and_trained(settings)
-                checked_match = rollouts >= algo.group_size
-                line = match_warning(trainer.agent_match, rollouts, trained, algo.group_size)
+            if not checked and time.monotonic() - t_train > 20:
+                rollouts, failed, error, trained = _first_rollouts(settings)
+                checked = rollouts >= algo.group_size
+                line = first_rollouts_warning(trainer.agent_match, rollouts, failed, error, trained, algo.group_size)
                 if line:
                     warnings.append(line)
                     say(f"warning    {line}")
@@ -239,4 +248,4 @@ def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str
     return done
 
 
-__all__ = ["FitResult", "match_warning", "run_fit"]
+__all__ = ["FitResult", "first_rollouts_warning", "run_fit"]

@@ -116,11 +116,14 @@ def test_an_agent_defined_in_the_users_script_reaches_the_runner(tmp_path: Path)
     assert bad.returncode != 0 and 'put the call under `if __name__ == "__main__":`' in bad.stderr, bad.stderr
 
 
-def test_fit_says_once_when_agent_match_selects_nothing() -> None:
-    from rolloutbus.trainer_api.fit import match_warning
+def test_fit_says_once_when_the_first_rollouts_cannot_teach() -> None:
+    from rolloutbus.trainer_api.fit import first_rollouts_warning as warn
 
-    assert match_warning("^planner$", 3, 0, 4) is None  # not a group's worth yet
-    assert match_warning("^planner$", 4, 2, 4) is None  # something trains
-    assert match_warning(None, 40, 0, 4) is None  # no agent_match: every call trains
-    line = match_warning("^planner$", 4, 0, 4)
+    assert warn("^planner$", 3, 0, None, 0, 4) is None  # not a group's worth yet
+    assert warn("^planner$", 4, 0, None, 2, 4) is None  # something trains
+    assert warn(None, 40, 0, None, 0, 4) is None  # no agent_match: every call trains
+    line = warn("^planner$", 4, 0, None, 0, 4)
     assert line is not None and line.startswith("agent_match '^planner$' selected none of the LLM calls of the first 4 rollouts")
+    line = warn(None, 4, 4, "KeyError: 'question'", 0, 4)
+    assert line == ("every one of the first 4 rollouts failed, the first with: KeyError: 'question' "
+                    "(a dataset row the agent cannot read? the runners' log says more)")
