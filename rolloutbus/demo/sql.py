@@ -438,6 +438,7 @@ def connect(db: str = "company") -> sqlite3.Connection:
     conn.executescript(spec.schema)
     for table, rows in spec.tables:
         conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    conn.commit()  # no transaction left open: sqlite3's backup() of this connection would wait on it forever
     return conn
 
 
