@@ -265,3 +265,14 @@ def test_the_curve_is_drawn_when_a_version_has_no_rewarded_rollout(tmp_path: Pat
     png = tmp_path / "curve.png"
     plot([(0, 40, 0.1), (1, 3, None)], [(1, 0.3, 0.2)], 0, 1, 0.13, 0.33, png, "Text-to-SQL agent")
     assert png.stat().st_size > 10_000
+
+
+def test_a_connection_can_be_copied_with_sqlite_backup() -> None:
+    """connect() leaves no transaction open: backup() (how the LangGraph example writes its .sqlite files) ends."""
+    import sqlite3
+
+    from rolloutbus.demo.sql import connect
+
+    src, dst = connect("company"), sqlite3.connect(":memory:")
+    src.backup(dst)
+    assert dst.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
