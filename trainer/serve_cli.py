@@ -142,8 +142,10 @@ def run_vllm(s: Any, ssl_context: Any) -> int:
         async def watch() -> None:  # an engine that died leaves nothing to serve: stop, as Ctrl-C would
             while engine is not None and engine.proc is not None and engine.proc.poll() is None:
                 await asyncio.sleep(1)
-            died.append(engine.proc.returncode if engine and engine.proc else None)
-            log.error("the vLLM engine exited with %s; stopping", died[0])
+            rc = engine.proc.returncode if engine and engine.proc else None
+            if rc not in (0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT):
+                died.append(rc)  # not the stop a process-group signal gives both of us (the demo's, Ctrl-C)
+                log.error("the vLLM engine exited with %s; stopping", rc)
             os.kill(os.getpid(), signal.SIGTERM)
 
         app = gate.app()
