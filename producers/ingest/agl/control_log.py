@@ -76,9 +76,14 @@ class ControlLog:
     def _ensure_topic(self) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
 
+        from confluent_kafka import KafkaException
+
         admin = AdminClient(self.kafka_conf)
-        if self.topic in admin.list_topics(timeout=10).topics:
-            return
+        try:
+            if self.topic in admin.list_topics(timeout=10).topics:
+                return
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"cannot list the topics to find {self.topic}: {exc}") from exc
         futures = admin.create_topics([NewTopic(self.topic, num_partitions=1, replication_factor=self.replication,
                                                 config={"retention.ms": "-1", "cleanup.policy": "delete"})])
         try:
