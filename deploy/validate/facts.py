@@ -224,8 +224,11 @@ def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:
 
     t = Topics(s.topic_prefix)
     follow = [("topic", t.resources, "Read"), ("group", FOLLOWER_GROUP, "Describe")]
-    if command == "gateway":  # spans, and late feedback (producers/ingest/feedback_http.py)
-        return [("topic", t.spans, "Write"), ("topic", t.feedback, "Write")]
+    if command == "gateway":  # spans, late feedback (producers/ingest/feedback_http.py), Agent Lightning's control records
+        from producers.ingest.agl.control_log import control_topic
+
+        return [("topic", t.spans, "Write"), ("topic", t.feedback, "Write")] + [
+            ("topic", control_topic(s.topic_prefix), op) for op in ("Read", "Write", "Create")]
     if command == "proxy":
         return [("topic", t.spans, "Write")]
     if command == "run-agent":
