@@ -1,7 +1,7 @@
 """Baselines for rollouts that no task replays: production traffic, rewarded once, often late. Pure.
 
 GRPO compares ``group_size`` rollouts of one task; a production agent serves each request once. These
-estimators give such a rollout an advantage without a replay (README, "Training on task-less traffic",
+estimators give such a rollout an advantage without a replay (docs/architecture.md, "Training on task-less traffic",
 says which to use when):
 
 * :func:`prompt_key_advantages` — rollouts that share a *prompt key* (the same user request or template
