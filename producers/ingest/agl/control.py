@@ -26,6 +26,8 @@ from typing import Any
 TRANSITIONS = {"queuing": ("running", "failed"), "running": ("succeeded", "failed"), "succeeded": (), "failed": ()}
 TERMINAL = ("succeeded", "failed")
 DEFAULT_ATTEMPT_ID = "0"
+# On a patch's answer only, never stored: this patch moved the rollout off queuing (its one STARTED is due now).
+LEFT_QUEUING = "_left_queuing"
 
 Result = tuple[int, Any]  # (HTTP status, JSON body)
 
@@ -87,10 +89,14 @@ class ControlState:
         status = rollout["status"]
         if "state" in updates and updates["state"] not in TRANSITIONS.get(status["state"], ()):
             return 409, {"detail": f"Rollout {rid}: cannot transition {status['state']} -> {updates['state']}"}
+        was = status["state"]
         status.update(updates, version=status["version"] + 1, updated_at=rec["now"])
         if "state" in updates and status["state"] in TERMINAL:
             self.terminal.append(rid)  # one-way (guarded above): once per rollout
-        return 200, copy.deepcopy(rollout)
+        out = copy.deepcopy(rollout)
+        if was == "queuing" and status["state"] != "queuing":  # one-way too: once per rollout
+            out[LEFT_QUEUING] = True
+        return 200, out
 
     def _op_delete(self, rec: Mapping[str, Any]) -> Result:
         """A rollout and its events go; idempotent. It stays in the terminal log's count (as its server's)."""

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from foundation.errors import EncodeError, KafkaUnavailable
-from producers.ingest.agl.control import ControlState, Result
+from producers.ingest.agl.control import LEFT_QUEUING, ControlState, Result
 from producers.ingest.agl.v1_api import (
     DEFAULT_ATTEMPT_ID,
     PREFIX,
@@ -213,18 +213,21 @@ class AgentLightning1Store:
             code, body = await self._write({"op": "patch", "rollout_id": rid, "status": status, "now": time.time()})
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
+        # Whether this patch moved it off queuing: then, and only then, its attempt starts (one STARTED). A later
+        # patch (running -> succeeded) must not claim: the task may reach this replica's queue only now.
+        started = bool(body.pop(LEFT_QUEUING, False)) if isinstance(body, dict) else False
         if code != 200 or "state" not in status:
             return web.json_response(body, status=code)
-        state, attempt_id = status["state"], status.get("last_attempt_id") or DEFAULT_ATTEMPT_ID
+        attempt_id = status.get("last_attempt_id") or DEFAULT_ATTEMPT_ID
         loop = asyncio.get_running_loop()
         claim = None
-        if self.api.queue is not None:  # the owner of its task's partition claims it (its STARTED, its time limit)
+        if self.api.queue is not None and started:  # the owner of its task's partition claims it (its STARTED, its time limit)
             try:
                 claim = await loop.run_in_executor(None, self.api.queue.claim_agl1, rid, attempt_id)
             except KafkaUnavailable:
                 claim = None
         records = []
-        if claim is None and (state == "running" or body["status"]["version"] == 2):  # not claimed: its STARTED here
+        if claim is None and started:  # not claimed: its STARTED here
             records.append(encode(started_event(body, attempt_id, policy_version(self.api.resources(), self.api.policy))))
         finished = finished_from_patch(rid, status, now_ns=time.time_ns())
         if finished is not None:

@@ -179,3 +179,19 @@ def test_0_3_workers_and_an_ended_rollout_read_from_the_control_records() -> Non
     search = {"rollout_id_in": ["ro-1"]}
     assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["running"]
     assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["succeeded"]
+
+
+def test_only_the_patch_that_moves_a_rollout_off_queuing_says_so() -> None:
+    """Its attempt's one STARTED hangs on this: running -> succeeded must not start it again (seen: a duplicate
+    STARTED when the task reached the replica's queue between the two patches)."""
+    from producers.ingest.agl.control import LEFT_QUEUING
+
+    s = ControlState()
+    s.apply({"op": "create", "rollouts": [_rollout("a"), _rollout("b")]})
+    running = s.apply({"op": "patch", "rollout_id": "a", "status": {"state": "running"}, "now": 2.0})[1]
+    done = s.apply({"op": "patch", "rollout_id": "a", "status": {"state": "succeeded"}, "now": 3.0})[1]
+    failed_at_once = s.apply({"op": "patch", "rollout_id": "b", "status": {"state": "failed"}, "now": 4.0})[1]
+    meta_only = s.apply({"op": "patch", "rollout_id": "a", "status": {"error_message": "x"}, "now": 5.0})[1]
+    assert running[LEFT_QUEUING] is True and failed_at_once[LEFT_QUEUING] is True
+    assert LEFT_QUEUING not in done and LEFT_QUEUING not in meta_only
+    assert LEFT_QUEUING not in s.rollouts["a"] and LEFT_QUEUING not in s.rollouts["b"], "never stored"
