@@ -34,6 +34,31 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def free_port_run(offsets: tuple[int, ...] = (0,)) -> int:
+    """A port p with p + d free on 127.0.0.1 now for every d in ``offsets``, below the kernel's ephemeral range
+    (see :func:`_free_port_pair`): for a broker a test starts itself (its port and, at p + 1, its controller's)."""
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    top = _ephemeral_low() - max(offsets) - 1
+    for _ in range(200):
+        port = random.randrange(10000, top) if top > 10000 else _kernel_port()
+        if port + max(offsets) < 65000 and all(free(port + d) for d in offsets):
+            return port
+    raise RuntimeError(f"no free ports at offsets {offsets}")
+
+
+def _kernel_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _free_port_pair() -> int:
     """A port p with p, p + 1, p + 500 and p + 501 free on 127.0.0.1 now (the session broker's and its
     controller's, and the same for the broker `rolloutbus up` starts in its test). Below the ephemeral

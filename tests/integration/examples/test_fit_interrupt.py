@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutbus.localproc import free_port
+from tests.conftest import free_port_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="fit runs on the local stack only")]
@@ -35,9 +35,9 @@ def processes_with(marker: str) -> list[int]:
 
 def test_ctrl_c_stops_everything_fit_started(tmp_path: Path) -> None:
     pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
-    data, kafka_port = tmp_path / "data", free_port()
+    data, kafka_port = tmp_path / "data", free_port_run((0, 1))  # broker, controller
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(data), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_STORE_PORT=str(free_port()))
+               ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "10", "--runners", "2", "--train", "4",
                              "--validation", "2", "--max-tokens", "4", "--out", str(tmp_path / "out")],

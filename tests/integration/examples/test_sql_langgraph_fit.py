@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutbus.localproc import free_port
+from tests.conftest import free_port_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="fit runs on the local stack only")]
@@ -24,9 +24,9 @@ SCRIPT = ROOT / "examples" / "sql_langgraph" / "train_sql_agent.py"
 
 def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
     pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
-    kafka_port = free_port()
+    kafka_port = free_port_run((0, 1))  # the broker and, at + 1, its controller
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_STORE_PORT=str(free_port()))
+               ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "1.5", "--runners", "4", "--train", "8", "--validation", "4",
