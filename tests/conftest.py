@@ -36,7 +36,8 @@ def _ephemeral_low() -> int:
 
 def free_port_run(offsets: tuple[int, ...] = (0,)) -> int:
     """A port p with p + d free on 127.0.0.1 now for every d in ``offsets``, below the kernel's ephemeral range
-    (see :func:`_free_port_pair`): for a broker a test starts itself (its port and, at p + 1, its controller's)."""
+    (see :func:`_free_port_pair`; with no room below it, any port the kernel gives): for a broker a test starts
+    itself (its port and, at p + 1, its controller's)."""
     def free(port: int) -> bool:
         with socket.socket() as s:
             try:
@@ -64,25 +65,7 @@ def _free_port_pair() -> int:
     controller's, and the same for the broker `rolloutbus up` starts in its test). Below the ephemeral
     range: a port from it, free when the session starts, can be any connection's own port by the time a
     broker binds it minutes later (seen: `rolloutbus up` failing with its controller port in use)."""
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-            return True
-
-    top = _ephemeral_low() - 502
-    for _ in range(200):
-        if top > 10000:
-            port = random.randrange(10000, top)
-        else:  # no room below the ephemeral range: any free port, as before
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        if port < 64000 and all(free(port + d) for d in (0, 1, 500, 501)):
-            return port
-    raise RuntimeError("no free port pair for the test broker")
+    return free_port_run((0, 1, 500, 501))
 
 
 if not os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT"):
