@@ -81,6 +81,47 @@ def ready(n_done: int, first_ns: int, now_ns: int, policy: GroupPolicy) -> str |
     return None
 
 
+def short_at_timeout(n_done: int, first_ns: int, now_ns: int, policy: GroupPolicy) -> bool:
+    """Whether a group is past its timeout with fewer than ``min_rollouts``: :func:`ready` never emits it
+    unless more rollouts of its task come (the usual cause: tasks published without ``group_size``, which
+    defaults to 1, so the runners run each task once while the worker waits for ``group_size``)."""
+    return n_done < policy.min_rollouts and now_ns - first_ns >= policy.timeout_s * 1e9
+
+
+def short_group_line(gid: str, n_done: int, waited_s: float, policy: GroupPolicy, others: int = 0) -> str:
+    """The one line that says why such a group trains nothing, and what to set."""
+    task = gid.rsplit("@", 1)[0]
+    more = f" ({others} more groups like it since the last such line)" if others else ""
+    return (f"group {gid} (task {task!r}) has {n_done} rollout{'s' if n_done != 1 else ''} {waited_s:.0f} s after its first "
+            f"and needs {policy.min_rollouts} to be emitted (group size {policy.group_size}): nothing trains on it{more}. "
+            f"Tasks published without group_size run once (Task.group_size defaults to 1): publish train tasks with "
+            f"group_size={policy.group_size} (`rolloutbus tasks --group-size {policy.group_size}`, "
+            f"Task(..., group_size={policy.group_size})), or lower this worker's --group-min-rollouts / --group-size "
+            f"(ROLLOUTBUS_GROUP_MIN_ROLLOUTS, ROLLOUTBUS_GROUP_SIZE)")
+
+
+class ShortGroupWarnings:
+    """At most one :func:`short_group_line` per ``every_s``: the first short group at once, then the next one
+    seen after the window, counting the others met meanwhile."""
+
+    def __init__(self, policy: GroupPolicy, every_s: float = 300.0) -> None:
+        self.policy, self.every_s = policy, every_s
+        self._last_ns: int | None = None
+        self._others: set[str] = set()
+
+    def note(self, gid: str, n_done: int, first_ns: int, now_ns: int) -> str | None:
+        """A group still open at ``now_ns``: the line to log now, or None (not short, or said within the window)."""
+        if not short_at_timeout(n_done, first_ns, now_ns, self.policy):
+            return None
+        if self._last_ns is not None and now_ns - self._last_ns < self.every_s * 1e9:
+            self._others.add(gid)
+            return None
+        self._others.discard(gid)
+        line = short_group_line(gid, n_done, (now_ns - first_ns) / 1e9, self.policy, len(self._others))
+        self._last_ns, self._others = now_ns, set()
+        return line
+
+
 def merge(members: dict[str, RolloutResult], result: RolloutResult) -> bool:
     """Add ``result`` to ``members`` (by rollout id): a later attempt replaces an earlier one, a
     re-delivered or older attempt is ignored. Returns whether anything changed."""
@@ -136,4 +177,5 @@ def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_n
     )
 
 
-__all__ = ["group_id", "group_of", "GroupPolicy", "Advantages", "advantages", "ready", "merge", "build_batch"]
+__all__ = ["group_id", "group_of", "GroupPolicy", "Advantages", "advantages", "ready", "short_at_timeout", "short_group_line",
+           "ShortGroupWarnings", "merge", "build_batch"]

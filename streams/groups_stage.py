@@ -34,7 +34,7 @@ from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, Va
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 from streams.checkpoint import Checkpoint
-from streams.grouping import GroupPolicy, advantages, build_batch, ready
+from streams.grouping import GroupPolicy, ShortGroupWarnings, advantages, build_batch, ready
 from streams.health import StreamHealth
 from streams.rollout import RolloutResult
 from streams.sink import dead_letter_row, group_row, resource_version_row, rollout_row, train_step_row
@@ -87,6 +87,7 @@ class GroupStage:
         self.group_state, self.group_members = group_state, group_members
         self._open_groups: set[str] = set()  # groups not yet emitted (see expire_groups)
         self._incomplete: set[str] = set()  # open groups with a member's summary missing (logged once)
+        self._short = ShortGroupWarnings(policy)  # groups past their timeout that can never be emitted (rate-limited)
         self._last_scan = 0
         self._pending: list[tuple[Any, Any]] = []  # (stream, event) to ack at the next commit point
         # Batches and dead letters produced since the last commit point: (topic, key, value, delivery). Sent
@@ -307,7 +308,8 @@ class GroupStage:
         self.stats["groups"] += 1
 
     async def expire_groups(self) -> None:
-        """Emit groups that reached their timeout; forget emitted markers past their retention.
+        """Emit groups that reached their timeout; forget emitted markers past their retention; warn (at most once
+        per five minutes) about a group past its timeout with too few rollouts ever to be emitted.
 
         Each tick looks only at the groups still open (an index kept as they change); a full scan of
         the table, which also finds groups its changelog restored, runs every ``SCAN_EVERY_S`` (or half the
@@ -343,6 +345,10 @@ class GroupStage:
                 self._open_groups.discard(gid)
                 continue
             self._maybe_emit(gid, state, now)
+            if gid in self._open_groups:  # not emitted: say once in a while when it never will be, and why
+                line = self._short.note(gid, len(state["members"]), state["first"], now)
+                if line:
+                    log.warning("%s", line)
 
     def _owned_partitions(self) -> set[int]:
         """Partitions of the done topic (and so of the group tables) assigned to this worker now."""

@@ -159,3 +159,22 @@ def test_a_group_too_large_to_send_is_stored_and_the_worker_goes_on(kafka_conf, 
     })
     assert rows["groups"] == [["big@1", 2], ["t1@1", 2]]
     assert rows["tr"] == [["big-a", 2_400_000], ["big-b", 2_400_000]]
+
+
+def test_tasks_run_once_while_the_worker_waits_for_groups_get_one_line_naming_the_task(kafka_conf, topics, test_env):
+    """Tasks published without group_size (Task.group_size defaults to 1): the runners run each once, and the
+    worker waits for groups of 4, emitting a timed-out one only with 2. Nothing trains; one line says why."""
+    items = [kv for task in ("t1", "t2") for kv in encoded(*rollout(f"{task}-r0", task, reward=1.0))]
+    produce(kafka_conf, topics.spans, items)
+    proc = start_worker(test_env, "--group-size", "4", "--group-timeout", "2")
+    deadline = time.monotonic() + 60
+    while "nothing trains on it" not in proc.output() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # more timer ticks: still one line
+    rc, out = stop_worker(proc)
+    assert rc == 0, out[-3000:]
+    lines = [line for line in out.splitlines() if "nothing trains on it" in line]
+    assert len(lines) == 1, out[-3000:]
+    assert "WARNING" in lines[0] and ("(task 't1') has 1 rollout" in lines[0] or "(task 't2') has 1 rollout" in lines[0])
+    assert "needs 2 to be emitted (group size 4)" in lines[0] and "rolloutbus tasks --group-size 4" in lines[0]
+    assert query(test_env, {"groups": "SELECT count() FROM groups FINAL"})["groups"] == [[0]]

@@ -98,13 +98,14 @@ class FakeProducer:
         pass
 
 
-def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0, sink: Any = None, pipelined: bool = True) -> Any:
+def worker(owned: tuple[int, ...] = (1,), timeout_s: float = 300.0, sink: Any = None, pipelined: bool = True,
+           policy: GroupPolicy | None = None) -> Any:
     sink = sink if sink is not None else FakeSink()
     health = StreamHealth()
     writes = SinkWrites(sink, health)
     app = SimpleNamespace(rebalancing=False, producer=FakeProducer(),
                           consumer=SimpleNamespace(assignment=lambda: {TP(DONE, p) for p in owned}))
-    return GroupStage(app, policy=GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s),
+    return GroupStage(app, policy=policy or GroupPolicy(group_size=2, min_rollouts=1, timeout_s=timeout_s),
                       completed_retention_s=3600.0, sink=sink, health=health, done_topic=FakeTopic(DONE),
                       batches_topic=FakeTopic("x.batches"), dlq_topic=FakeTopic("x.dlq"), group_state=FakeTable(),
                       group_members=FakeTable("group-members"), flush=writes.flush, submit=writes.submit,
@@ -320,6 +321,41 @@ def test_a_group_with_a_members_summary_missing_waits_instead_of_going_out_short
         return sent
 
     assert asyncio.run(run()) == [[], [GID.encode()]]
+
+
+def test_a_group_that_can_never_be_emitted_is_said_once_with_its_task_and_what_to_set(caplog: pytest.LogCaptureFixture) -> None:
+    """Tasks published without group_size (1 by default): each task ran once, the worker waits for groups of 4
+    and emits a timed-out group only with 2. Nothing trains: one line says so (not one per tick)."""
+    async def run() -> list[bytes]:
+        w = worker(owned=(1,), policy=GroupPolicy(group_size=4, min_rollouts=2, timeout_s=1.0))
+        open_group(w, GID, 1, "a")  # its first rollout finished long ago ("first": 0)
+        open_group(w, "task2@3", 1, "b")
+        for _ in range(3):
+            w._last_scan = 0
+            await w.expire_groups()
+        return w.batches_topic.sent
+
+    with caplog.at_level("WARNING", logger="rolloutbus.streams"):
+        assert asyncio.run(run()) == []
+    lines = [r.getMessage() for r in caplog.records if "nothing trains on it" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "(task 'task1') has 1 rollout" in lines[0] or "(task 'task2') has 1 rollout" in lines[0]
+    assert "needs 2 to be emitted (group size 4)" in lines[0] and "group_size=4" in lines[0]
+
+
+def test_a_short_group_within_its_timeout_or_one_the_timeout_emits_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    async def run() -> list[bytes]:
+        w = worker(owned=(1,), policy=GroupPolicy(group_size=4, min_rollouts=1, timeout_s=1.0))
+        open_group(w, GID, 1, "a")
+        await w.expire_groups()
+        w2 = worker(owned=(1,), policy=GroupPolicy(group_size=4, min_rollouts=2, timeout_s=3600.0))
+        await w2.on_rollout_done(arrival("a"))
+        await w2.expire_groups()
+        return w.batches_topic.sent + w2.batches_topic.sent
+
+    with caplog.at_level("WARNING", logger="rolloutbus.streams"):
+        assert asyncio.run(run()) == [GID.encode()]
+    assert not [r for r in caplog.records if "nothing trains on it" in r.getMessage()]
 
 
 def acks(w: Any) -> list[str]:

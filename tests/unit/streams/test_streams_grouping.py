@@ -2,7 +2,8 @@ import statistics
 
 import pytest
 
-from streams.grouping import GroupPolicy, advantages, build_batch, group_id, merge, ready
+from streams.grouping import (GroupPolicy, ShortGroupWarnings, advantages, build_batch, group_id, merge, ready,
+                             short_at_timeout, short_group_line)
 from streams.rollout import Settings, finish_attempt
 from tests.unit.streams.spans import finished, llm
 
@@ -71,3 +72,34 @@ def test_which_rollouts_join_a_group(mode: str, task: str, version: int | None, 
     from streams.grouping import group_of
 
     assert group_of(mode, task, version) == group
+
+
+S = 1_000_000_000
+
+
+def test_a_group_short_at_its_timeout_is_one_that_ready_never_emits() -> None:
+    policy = GroupPolicy(group_size=4, min_rollouts=2, timeout_s=10.0)
+    for n in range(0, 6):
+        for waited in (5, 10, 1000):
+            never = ready(n, 0, waited * S, policy) is None and waited >= 10
+            assert short_at_timeout(n, 0, waited * S, policy) == never, (n, waited)
+
+
+def test_the_short_group_line_names_the_task_and_what_to_set() -> None:
+    line = short_group_line("sql-7@3", 1, 300.4, GroupPolicy(group_size=4, min_rollouts=2), others=2)
+    assert line.startswith("group sql-7@3 (task 'sql-7') has 1 rollout 300 s after its first and needs 2 to be emitted (group size 4)")
+    assert "(2 more groups like it since the last such line)" in line
+    for what in ("group_size=4", "rolloutbus tasks --group-size 4", "ROLLOUTBUS_GROUP_MIN_ROLLOUTS", "defaults to 1"):
+        assert what in line, what
+
+
+def test_short_groups_are_said_at_most_once_per_window() -> None:
+    w = ShortGroupWarnings(GroupPolicy(group_size=4, min_rollouts=2, timeout_s=10.0), every_s=60.0)
+    assert w.note("t1@0", 1, 0, 5 * S) is None  # not past its timeout yet
+    assert w.note("t1@0", 2, 0, 20 * S) is None  # enough rollouts: the timeout emits it
+    first = w.note("t1@0", 1, 0, 20 * S)
+    assert first is not None and first.startswith("group t1@0 ") and "more groups" not in first
+    assert [w.note(g, 1, 0, t * S) for g, t in (("t1@0", 21), ("t2@0", 30), ("t3@0", 70))] == [None, None, None]
+    again = w.note("t4@0", 1, 0, 81 * S)  # the window passed: one line, counting the others met meanwhile
+    assert again is not None and again.startswith("group t4@0 ") and "(3 more groups like it" in again
+    assert w.note("t1@0", 1, 0, 90 * S) is None
