@@ -26,6 +26,9 @@ from typing import Any
 TRANSITIONS = {"queuing": ("running", "failed"), "running": ("succeeded", "failed"), "succeeded": (), "failed": ()}
 TERMINAL = ("succeeded", "failed")
 DEFAULT_ATTEMPT_ID = "0"
+# Agent Lightning 0.3: an attempt status that ends it → its rollout's status; a rollout status that ends it.
+ATTEMPT_ENDED = {"succeeded": "succeeded", "failed": "failed", "timeout": "failed"}
+ROLLOUT_ENDED = ("succeeded", "failed", "cancelled")
 # On a patch's answer only, never stored: this patch moved the rollout off queuing (its one STARTED is due now).
 LEFT_QUEUING = "_left_queuing"
 
@@ -51,6 +54,7 @@ class ControlState:
     proxy: dict[str, Any] = field(default_factory=lambda: {"paused": False, "retry_after_seconds": 5, "reason": None})
     # Agent Lightning 0.3's store (its own Rollout shape): rollouts enqueued or started, their status; its workers.
     rollouts_v03: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attempts_v03: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # rollout → its attempts, in order
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, record: Mapping[str, Any]) -> Result:
@@ -138,26 +142,84 @@ class ControlState:
     # ------------------------------------------------------------------ sequence ids
 
     def _op_sequence(self, rec: Mapping[str, Any]) -> Result:
-        """``key`` (rollout/attempt): the next span sequence id of that attempt, 1 up, each once."""
-        n = self.sequence.get(rec["key"], 0) + 1
-        self.sequence[rec["key"]] = n
-        return 200, n
+        """``key`` (rollout/attempt): the next span sequence id of that attempt, 1 up, each once; with ``count``,
+        that many in a row (the list)."""
+        first = self.sequence.get(rec["key"], 0) + 1
+        count = max(int(rec.get("count", 1)), 1)
+        self.sequence[rec["key"]] = first + count - 1
+        return 200, (list(range(first, first + count)) if "count" in rec else first)
+
+    def _op_sequence_seen(self, rec: Mapping[str, Any]) -> Result:
+        """``key``, ``id``: a span came with its own sequence id; the counter hands out only ids above it
+        (as Agent Lightning's store syncs its counter to a span's explicit id)."""
+        self.sequence[rec["key"]] = max(self.sequence.get(rec["key"], 0), int(rec["id"]))
+        return 200, self.sequence[rec["key"]]
 
     # ------------------------------------------------------------------ Agent Lightning 0.3's store
 
     def _op_v03_rollouts(self, rec: Mapping[str, Any]) -> Result:
-        """``rollouts``: 0.3 ``Rollout``s, each new one kept, a known one's fields updated (its status moves on)."""
+        """``rollouts``: 0.3 ``Rollout``s, each new one kept, a known one's fields updated (its status moves on).
+        One with an ``attempt`` (an ``AttemptedRollout``: dequeued, started) keeps that attempt among its own."""
         for r in rec["rollouts"]:
-            kept = self.rollouts_v03.setdefault(r["rollout_id"], {})
-            kept.update(copy.deepcopy(r))
+            r = copy.deepcopy(dict(r))
+            attempt = r.pop("attempt", None)
+            self.rollouts_v03.setdefault(r["rollout_id"], {}).update(r)
+            if isinstance(attempt, Mapping):
+                self._keep_attempt(r["rollout_id"], dict(attempt))
         return 200, None
 
+    def _keep_attempt(self, rollout_id: str, attempt: dict[str, Any]) -> None:
+        kept = self.attempts_v03.setdefault(rollout_id, [])
+        for n, a in enumerate(kept):
+            if a["attempt_id"] == attempt["attempt_id"]:
+                kept[n] = {**a, **attempt}
+                return
+        kept.append(attempt)
+
     def _op_v03_status(self, rec: Mapping[str, Any]) -> Result:
-        """``rollout_id``, ``status``, ``end_time``: an attempt of a known rollout ended (``update_attempt``)."""
-        kept = self.rollouts_v03.get(rec["rollout_id"])
-        if kept is not None:
-            kept.update(status=rec["status"], end_time=rec.get("end_time"))
+        """``rollout_id``, ``status``, ``end_time`` (and ``attempt_id``, ``worker_id``): an attempt of a known rollout
+        moved on (``update_attempt``); one that ended ends its rollout too."""
+        rid, status = rec["rollout_id"], rec["status"]
+        kept = self.rollouts_v03.get(rid)
+        if kept is not None and status in ATTEMPT_ENDED:
+            kept.update(status=ATTEMPT_ENDED[status], end_time=rec.get("end_time"))
+        elif kept is not None and status == "running" and kept.get("status") in ("queuing", "preparing", "requeuing"):
+            kept.update(status="running")
+        for a in self.attempts_v03.get(rid, []):
+            if a["attempt_id"] == rec.get("attempt_id"):
+                a.update(status=status, end_time=rec.get("end_time") if status in ATTEMPT_ENDED else None,
+                         last_heartbeat_time=rec.get("now", a.get("last_heartbeat_time")))
+                if rec.get("worker_id") is not None:
+                    a["worker_id"] = rec["worker_id"]
         return 200, None
+
+    def _op_v03_attempt(self, rec: Mapping[str, Any]) -> Result:
+        """``rollout_id``, ``attempt_id``, ``worker_id``, ``now``: a new attempt of a known rollout (``start_attempt``),
+        numbered one above its attempts so far, its rollout ``preparing``; 404 for a rollout never recorded."""
+        rid = rec["rollout_id"]
+        rollout = self.rollouts_v03.get(rid)
+        if rollout is None:
+            return 404, {"detail": f"Rollout {rid} not found"}
+        attempt = {"rollout_id": rid, "attempt_id": rec["attempt_id"], "sequence_id": len(self.attempts_v03.get(rid, [])) + 1,
+                   "start_time": rec["now"], "end_time": None, "status": "preparing", "worker_id": rec.get("worker_id"),
+                   "last_heartbeat_time": None, "metadata": None}
+        self._keep_attempt(rid, attempt)
+        rollout.update(status="preparing", end_time=None)
+        return 201, {**copy.deepcopy(rollout), "attempt": dict(attempt)}
+
+    def _op_v03_update(self, rec: Mapping[str, Any]) -> Result:
+        """``rollout_id``, ``fields`` (``update_rollout``'s: input, mode, resources_id, status, config, metadata),
+        ``now``: set on a known rollout; an ended status sets its end time. 404 for one never recorded."""
+        rollout = self.rollouts_v03.get(rec["rollout_id"])
+        if rollout is None:
+            return 404, {"detail": f"Rollout {rec['rollout_id']} not found"}
+        if "status" in rec["fields"] and rollout.get("status") == "queuing":
+            # its task is on rb.tasks: a dequeue would still hand it out
+            return 409, {"detail": f"Rollout {rec['rollout_id']} is queuing: its status moves when it is dequeued"}
+        rollout.update(copy.deepcopy(dict(rec["fields"])))
+        if "status" in rec["fields"]:
+            rollout["end_time"] = rec["now"] if rec["fields"]["status"] in ROLLOUT_ENDED else None
+        return 200, copy.deepcopy(rollout)
 
     def _op_worker(self, rec: Mapping[str, Any]) -> Result:
         """``worker``: a heartbeat (``update_worker``): its stats (kept when it sends none) and time."""
@@ -206,6 +268,9 @@ class LocalControl:
     def read(self, fn: Callable[[ControlState], Any]) -> Any:
         with self._lock:
             return fn(self.state)
+
+    def peek(self, fn: Callable[[ControlState], Any]) -> Any:
+        return self.read(fn)
 
     def close(self) -> None:
         pass

@@ -157,6 +157,12 @@ class ControlLog:
             self._wait_applied(offset + 1)
             return self._results.get(offset, (503, {"detail": "the answer of this write is no longer known; read it back"}))
 
+    def peek(self, fn: Callable[[ControlState], Any]) -> Any:
+        """``fn(state)`` as this replica applied it so far: no round trip, possibly behind the partition (never ahead)."""
+        self.start()
+        with self._lock:
+            return fn(self.state)
+
     def read(self, fn: Callable[[ControlState], Any]) -> Any:
         """``fn(state)`` once every record written before this call is applied."""
         from confluent_kafka import KafkaException, TopicPartition

@@ -5,9 +5,9 @@ What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; t
 
 * ``POST /spans`` (``add_span``: an Agent Lightning ``Span`` as JSON) → our Avro ``Span`` (:func:`span_from_agl`),
   through the same mapping as OTLP spans, so its reward, LLM and message spans are understood alike;
-* ``POST /spans/next`` → sequence id 0: numbering is the span stage's (:data:`schemas.models.UNNUMBERED`),
-  which stays right with any number of gateway replicas; Agent Lightning itself builds spans with 0
-  when it has no number;
+* ``POST /spans/next`` → the attempt's next sequence id from the control records' counter (1 up, each once, through
+  any replica); the span ``add_span`` then sends travels unnumbered, that id kept in an attribute
+  (:func:`unnumber`): the span stage numbers every span of an attempt in the order they arrive;
 * ``POST /rollouts/{rollout_id}/attempts/{attempt_id}`` (``update_attempt``) with a terminal status →
   the FINISHED event (:func:`finished_from_update`). It carries no reward (Agent Lightning reports
   rewards as spans: the attempt's last reward span is its reward) and cannot know the spans (they may
@@ -96,6 +96,56 @@ def span_from_agl(body: Any, *, now_ns: int) -> dict[str, Any]:
         attributes=attrs, events=events, resource=res,
         attribution=Attribution(rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=seq),
     )
+
+
+# Where a span sent through ``add_span`` keeps the sequence id Agent Lightning gave it (see :func:`unnumber`).
+STORE_SEQUENCE = "agentlightning.store_sequence_id"
+
+
+def unnumber(span: dict[str, Any]) -> int:
+    """Hand the span stage the numbering of a span sent through ``add_span`` (in place): its sequence id (from
+    ``get_next_span_sequence_id``, or the caller's own) goes to the attribute :data:`STORE_SEQUENCE` and the span
+    travels as :data:`schemas.models.UNNUMBERED`. → the id it came with (0: none).
+
+    Why: one attempt's spans also come unnumbered from elsewhere (OTLP, the proxy), and the stage numbers those one past
+    the highest id it has seen, by arrival; an id handed out by the counter but not yet arrived would be given twice.
+    The stage is the one place that sees every span of an attempt in one order, so it numbers them all."""
+    seq = int(span["sequence_id"])
+    if seq != UNNUMBERED:
+        span["attributes"] = {**span["attributes"], STORE_SEQUENCE: str(seq)}
+        span["sequence_id"] = UNNUMBERED
+    return seq
+
+
+def sequence_key(body: Any) -> str:
+    """A ``NextSequenceIdRequest`` → its counter's key (``rollout/attempt``); :class:`MappingError` otherwise."""
+    body = _dict(body, "the request")
+    rid, aid = body.get("rollout_id"), body.get("attempt_id")
+    if not isinstance(rid, str) or not rid or not isinstance(aid, str) or not aid:
+        raise MappingError("the request is {\"rollout_id\": <string>, \"attempt_id\": <string>}")
+    return f"{rid}/{aid}"
+
+
+ROLLOUT_STATUSES = ("queuing", "preparing", "running", "succeeded", "failed", "cancelled", "requeuing")
+ROLLOUT_FIELDS = ("input", "mode", "resources_id", "status", "config", "metadata")
+
+
+def check_rollout_update(body: Any) -> dict[str, Any]:
+    """An ``UpdateRolloutRequest`` → the fields it sets (those present); :class:`MappingError` naming a bad one."""
+    body = _dict(body, "the request")
+    fields = {k: body[k] for k in ROLLOUT_FIELDS if k in body}
+    if "status" in fields and fields["status"] not in ROLLOUT_STATUSES:
+        raise MappingError(f"status {fields['status']!r} is not one of {list(ROLLOUT_STATUSES)}")
+    if fields.get("mode") is not None and fields["mode"] not in ("train", "val", "test"):
+        raise MappingError(f"mode {fields['mode']!r} is not one of train, val, test")
+    if "config" in fields and fields["config"] is None:
+        raise MappingError("config cannot be null")
+    for key in ("config", "metadata"):
+        if fields.get(key) is not None:
+            _dict(fields[key], key)
+    if fields.get("resources_id") is not None and not isinstance(fields["resources_id"], str):
+        raise MappingError("resources_id must be a string")
+    return fields
 
 
 def check_attempt_update(body: Any) -> Mapping[str, Any]:
@@ -215,6 +265,19 @@ def versions_from_agl(body: Any, current: Mapping[str, ResourceVersion], *, now_
 def resources_id(current: Mapping[str, ResourceVersion]) -> str:
     """The id of a set of versions: ``name=version`` pairs, sorted (``policy=3,prompt=1``)."""
     return ",".join(f"{name}={rv.version}" for name, rv in sorted(current.items()))
+
+
+def resources_page(update: dict[str, Any] | None, query: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``query_resources``: the newest set (the one the gateway holds), when it matches ``resources_id`` /
+    ``resources_id_contains``."""
+    if update is None:
+        return []
+    rid, contains = query.get("resources_id"), query.get("resources_id_contains")
+    if rid is not None and update["resources_id"] != rid:
+        return []
+    if contains is not None and str(contains) not in update["resources_id"]:
+        return []
+    return [update]
 
 
 def resources_update(current: Mapping[str, ResourceVersion]) -> dict[str, Any] | None:
@@ -343,7 +406,7 @@ def page(items: list[dict[str, Any]], *, sort_by: str | None, sort_order: str = 
 
 
 _QUERY_TYPES: dict[str, tuple[type, ...]] = {
-    "rollout_id": (str,), "attempt_id": (str,), "rollout_id_contains": (str,), "sort_by": (str,),
+    "rollout_id": (str,), "resources_id": (str,), "resources_id_contains": (str,), "attempt_id": (str,), "rollout_id_contains": (str,), "sort_by": (str,),
     "limit": (int,), "offset": (int,), **{f"{f}{s}": (str,) for f in ("trace_id", "span_id", "parent_id", "name")
                                           for s in ("", "_contains")},
 }
@@ -386,4 +449,5 @@ def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = ["PREFIX", "TERMINAL", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
            "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
            "worker_reply", "resources_update", "resources_id", "versions_from_agl", "check_wait",
-           "finished_rollouts", "WAIT_CAP_S"]
+           "finished_rollouts", "WAIT_CAP_S", "STORE_SEQUENCE", "unnumber", "sequence_key", "check_rollout_update",
+           "resources_page", "ROLLOUT_STATUSES"]

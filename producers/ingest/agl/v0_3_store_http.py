@@ -32,6 +32,10 @@ from producers.ingest.agl.v0_3_queue_records import (
 )
 from producers.ingest.agl.v0_3_store import (
     PREFIX,
+    check_rollout_update,
+    resources_page,
+    sequence_key,
+    unnumber,
     ROLLOUT_COLUMNS,
     check_query,
     SPAN_COLUMNS,
@@ -59,7 +63,7 @@ from schemas.codec import encode, encode_raw
 from schemas.models import UNNUMBERED, RolloutEvent
 
 if TYPE_CHECKING:
-    from producers.ingest.agl.control import LocalControl
+    from producers.ingest.agl.control import ControlState, LocalControl
     from producers.ingest.agl.control_log import ControlLog
     from producers.ingest.agl.queue import ClickHouseReader, TaskQueue
 
@@ -71,6 +75,18 @@ MAX_ROWS = 100_000  # rows one read takes from ClickHouse (filters it cannot pus
 
 class _Unavailable(Exception):
     """ClickHouse did not answer a read."""
+
+
+def _with_attempt(state: ControlState, rollout_id: str) -> dict[str, Any] | None:
+    """A recorded rollout (a copy), with its latest attempt when it has one (its ``AttemptedRollout``)."""
+    rollout = state.rollouts_v03.get(rollout_id)
+    if rollout is None:
+        return None
+    out = copy.deepcopy(rollout)
+    attempts = state.attempts_v03.get(rollout_id)
+    if attempts:
+        out["attempt"] = copy.deepcopy(max(attempts, key=lambda a: a["sequence_id"]))
+    return out
 
 
 class LightningStoreRoutes:
@@ -87,6 +103,7 @@ class LightningStoreRoutes:
         # The control records every replica replays (None: as before them): rollouts readable once enqueued, workers.
         self.control: ControlLog | LocalControl | None = None
         self.door = FrontDoor(token=token, max_body_bytes=max_body_bytes, retry_after_s=retry_after_s, detail=True)
+        self.started = time.monotonic()
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
@@ -94,6 +111,9 @@ class LightningStoreRoutes:
         r.add_post(f"{PREFIX}/queues/rollouts/enqueue", self.enqueue)
         r.add_post(f"{PREFIX}/queues/rollouts/dequeue", self.dequeue)
         r.add_post(f"{PREFIX}/rollouts", self.start_rollout)
+        r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts", self.start_attempt)
+        r.add_get(f"{PREFIX}/statistics", self.statistics)
+        r.add_get(f"{PREFIX}/resources", self.query_resources)
         r.add_post(f"{PREFIX}/spans/next", self.next_sequence_id)
         r.add_post(f"{PREFIX}/spans", self.add_span)
         r.add_post(f"{PREFIX}/rollouts/search", self.query_rollouts)
@@ -105,6 +125,7 @@ class LightningStoreRoutes:
         r.add_post(f"{PREFIX}/spans/search", self.query_spans)
         r.add_get(f"{PREFIX}/spans", self.query_spans)
         r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}", self.update_attempt)
+        r.add_post(f"{PREFIX}/rollouts/{{rollout_id}}", self.update_rollout)
         r.add_get(f"{PREFIX}/resources/latest", self.latest_resources)
         r.add_get(f"{PREFIX}/resources/{{resources_id}}", self.resources_by_id)
         r.add_post(f"{PREFIX}/resources", self.add_resources)
@@ -144,10 +165,25 @@ class LightningStoreRoutes:
         return web.json_response({"status": "ok"})
 
     async def next_sequence_id(self, request: web.Request) -> web.Response:
+        """``get_next_span_sequence_id``: the attempt's counter in the control records, 1 up, each id once through
+        any replica. Without them, 0: the span stage numbers the span (:func:`unnumber`)."""
         if (refused := self.door.refused(request)) is not None:
             return refused
-        # Not a counter (replicas would repeat each other's): the span stage numbers spans sent with 0.
-        return web.json_response({"sequence_id": UNNUMBERED})
+        try:
+            key = sequence_key(await self._json(request))
+        except MappingError as exc:
+            return self.door.refuse(422, f"not a sequence id request: {exc}")
+        if self.control is None:
+            return web.json_response({"sequence_id": UNNUMBERED})
+        try:
+            _status, n = await self._write({"op": "sequence", "key": key})
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
+        return web.json_response({"sequence_id": n})
+
+    async def _write(self, record: dict[str, Any]) -> Any:
+        assert self.control is not None
+        return await asyncio.get_running_loop().run_in_executor(None, self.control.write, record)
 
     async def add_span(self, request: web.Request) -> web.Response:
         if (refused := self.door.refused(request)) is not None:
@@ -155,9 +191,16 @@ class LightningStoreRoutes:
         try:
             body = await self._json(request)
             span = span_from_agl(body, now_ns=time.time_ns())
+            seq = unnumber(span)
             value = encode_raw(SPAN, span)
         except (MappingError, EncodeError) as exc:
             return self.door.refuse(400, f"not an Agent Lightning span: {exc}")
+        key = f"{span['rollout_id']}/{span['attempt_id']}"
+        if self.control is not None and seq > self.control.peek(lambda s: s.sequence.get(key, 0)):
+            try:  # an id the counter has not handed out yet (the caller's own): the counter goes on above it
+                await self._write({"op": "sequence_seen", "key": key, "id": seq})
+            except KafkaUnavailable as exc:
+                return self.door.busy(f"{exc}; retry later")
         if (busy := self._send(span["rollout_id"], value)) is not None:
             return busy
         return web.json_response(body, status=201)
@@ -177,9 +220,21 @@ class LightningStoreRoutes:
             log.debug("attempt %s/%s ended through the store API: %s", rollout_id, attempt_id, event.status)
             if self.queue is not None:
                 self.queue.finished(attempt_id, event.status or "succeeded")
-            await self._record({"op": "v03_status", "rollout_id": rollout_id, "status": event.status or "succeeded",
-                                "end_time": time.time()})
-        return web.json_response(attempt_reply(rollout_id, attempt_id, body, now=time.time()))
+        reply = attempt_reply(rollout_id, attempt_id, body, now=time.time())
+        if self.control is not None:
+            status = event.status if event is not None and event.status else body.get("status")
+            known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
+                                                      if a["attempt_id"] == attempt_id), None))
+            if event is not None or (status is not None and known is not None and known.get("status") != status):
+                await self._record({"op": "v03_status", "rollout_id": rollout_id, "attempt_id": attempt_id,
+                                    "status": status, "end_time": reply["end_time"], "now": reply["last_heartbeat_time"],
+                                    "worker_id": body.get("worker_id")})
+                known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
+                                                          if a["attempt_id"] == attempt_id), None))
+            if known is not None:  # its number and start as recorded
+                reply.update(sequence_id=known["sequence_id"], start_time=known["start_time"],
+                             worker_id=reply["worker_id"] or known.get("worker_id"))
+        return web.json_response(reply)
 
     async def _record(self, record: dict[str, Any]) -> None:
         """A control record of what was just answered; not recorded (Kafka down), it is read back later from
@@ -242,7 +297,7 @@ class LightningStoreRoutes:
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
         if got:
-            await self._record({"op": "v03_rollouts", "rollouts": [{k: v for k, v in r.items() if k != "attempt"} for r in got]})
+            await self._record({"op": "v03_rollouts", "rollouts": got})
         return web.json_response(got)
 
     async def start_rollout(self, request: web.Request) -> web.Response:
@@ -266,8 +321,93 @@ class LightningStoreRoutes:
         if (busy := self._send(rid, encode(started))) is not None:
             return busy
         reply = attempted_rollout(task, rid, attempt_id=aid, attempt=1, worker_id=worker, now=now)
-        await self._record({"op": "v03_rollouts", "rollouts": [{k: v for k, v in reply.items() if k != "attempt"}]})
+        await self._record({"op": "v03_rollouts", "rollouts": [reply]})
         return web.json_response(reply, status=201)
+
+    async def start_attempt(self, request: web.Request) -> web.Response:
+        """``start_attempt``: a new attempt of a recorded rollout, run by its caller now: numbered by the control
+        records (one above its attempts so far), its STARTED on rb.spans; answers the ``AttemptedRollout``."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        if self.control is None:
+            return await self.not_on_the_bus(request)
+        rid = request.match_info["rollout_id"]
+        try:
+            body = await self._json(request) or {}
+            worker = body.get("worker_id") if isinstance(body, dict) else None
+            if worker is not None and not isinstance(worker, str):
+                raise MappingError("worker_id must be a string")
+        except MappingError as exc:
+            return self.door.refuse(422, f"not a start_attempt request: {exc}")
+        now = time.time()
+        try:
+            status, reply = await self._write({"op": "v03_attempt", "rollout_id": rid, "attempt_id": new_attempt_id(),
+                                               "worker_id": worker, "now": now})
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
+        if status != 201:
+            return self.door.refuse(status, reply["detail"])
+        attempt = reply["attempt"]
+        started = RolloutEvent(rollout_id=rid, attempt_id=attempt["attempt_id"], event="STARTED", time_ns=int(now * 1e9),
+                               task_id=rid, mode=reply.get("mode") or "train", attempt=attempt["sequence_id"],
+                               metadata={"agentlightning.worker_id": worker} if worker else {})
+        if (busy := self._send(rid, encode(started))) is not None:
+            return busy
+        return web.json_response(reply, status=201)
+
+    async def update_rollout(self, request: web.Request) -> web.Response:
+        """``update_rollout``: its fields set in the control records (read back at once through any replica). A status
+        that puts it back in the queue (``queuing``, ``requeuing``) answers 501: the queue is rb.tasks, whose record
+        of it is not taken back; ``start_attempt`` runs a new attempt of it instead."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        if self.control is None:
+            return await self.not_on_the_bus(request)
+        try:
+            fields = check_rollout_update(await self._json(request))
+        except MappingError as exc:
+            return self.door.refuse(422, f"not a rollout update: {exc}")
+        if fields.get("status") in ("queuing", "requeuing"):
+            return self.door.refuse(501, f"update_rollout(status={fields['status']!r}) is not served by rolloutbus: the "
+                                         "queue is rb.tasks, whose task is not put back; start_attempt runs a new attempt")
+        try:
+            status, reply = await self._write({"op": "v03_update", "rollout_id": request.match_info["rollout_id"],
+                                               "fields": fields, "now": time.time()})
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
+        if status != 200:
+            return self.door.refuse(status, reply["detail"])
+        return web.json_response(reply)
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        """``statistics``: what the control records count (the rollouts, attempts and workers of this API, the
+        resource sets held); spans are ClickHouse's (null here)."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        if self.control is None:
+            return await self.not_on_the_bus(request)
+        try:
+            counts = await self._controlled(lambda s: (len(s.rollouts_v03), sum(map(len, s.attempts_v03.values())),
+                                                       len(s.workers)))
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
+        return web.json_response({"name": "rolloutbus", "total_rollouts": counts[0], "total_attempts": counts[1],
+                                  "total_spans": None, "total_resources": 1 if self._resources_id() else 0,
+                                  "total_workers": counts[2], "uptime": time.monotonic() - self.started})
+
+    async def query_resources(self, request: web.Request) -> web.Response:
+        """``query_resources``: the newest set of resources (older sets are ClickHouse's ``resource_versions``, not
+        sets: not answered), filtered and paged as its store pages them."""
+        if (refused := self.door.refused(request)) is not None:
+            return refused
+        current = self.resources()
+        if current is None:
+            return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
+        try:
+            q = await self._query(request)
+            return web.json_response(page(resources_page(resources_update(current), q), **self._paging(q, None)))
+        except MappingError as exc:
+            return self.door.refuse(422, f"not a query: {exc}")
 
     # ------------------------------------------------------------------ reads (ClickHouse)
 
@@ -360,7 +500,7 @@ class LightningStoreRoutes:
                 return items[0]
             if self.control is None:
                 return None
-            return self._unended(await self._controlled(lambda s: copy.deepcopy(s.rollouts_v03.get(rid))))
+            return self._unended(await self._controlled(lambda s: _with_attempt(s, rid)))
 
         return await self._read(request, answer, controlled=True)
 
@@ -369,7 +509,7 @@ class LightningStoreRoutes:
         if self.control is None:
             return ended
         known = {r["rollout_id"] for r in ended}
-        more = await self._controlled(lambda s: [copy.deepcopy(r) for rid, r in s.rollouts_v03.items() if rid not in known])
+        more = await self._controlled(lambda s: [_with_attempt(s, rid) for rid in s.rollouts_v03 if rid not in known])
         return ended + [self._unended(r) for r in more]
 
     def _unended(self, rollout: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -378,22 +518,30 @@ class LightningStoreRoutes:
         end (Agent Lightning's Baseline does), and they are there from then on. Without one, the recorded end."""
         if rollout is not None and self.clickhouse is not None and rollout.get("status") in ENDED:
             rollout = {**rollout, "status": "running", "end_time": None}
+            if rollout.get("attempt"):
+                rollout["attempt"] = {**rollout["attempt"], "status": "running", "end_time": None}
         return rollout
+
+    async def _attempts(self, rollout_id: str) -> list[dict[str, Any]]:
+        """A rollout's attempts: as the control records have them (from its dequeue or start on, through any replica),
+        and those only ClickHouse has (a rollout the store API did not hand out)."""
+        rows = await self._rollouts("rollout_id = {rid:String}", {"rid": rollout_id})
+        recorded = await self._controlled(lambda s: copy.deepcopy(s.attempts_v03.get(rollout_id, []))) if self.control else []
+        known = {a["attempt_id"] for a in recorded}
+        return recorded + [attempt_from_row(r) for r in rows if r["attempt_id"] not in known]
 
     async def query_attempts(self, request: web.Request) -> web.Response:
         async def answer(q: dict[str, Any]) -> Any:
-            rows = await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]})
-            return page([attempt_from_row(r) for r in rows], **self._paging(q, "sequence_id"))
+            return page(await self._attempts(request.match_info["rollout_id"]), **self._paging(q, "sequence_id"))
 
-        return await self._read(request, answer)
+        return await self._read(request, answer, controlled=True)
 
     async def latest_attempt(self, request: web.Request) -> web.Response:
         async def answer(_q: dict[str, Any]) -> Any:
-            rows = await self._rollouts("rollout_id = {rid:String}", {"rid": request.match_info["rollout_id"]})
-            attempts = [attempt_from_row(r) for r in rows]
+            attempts = await self._attempts(request.match_info["rollout_id"])
             return max(attempts, key=lambda a: a["sequence_id"]) if attempts else None
 
-        return await self._read(request, answer)
+        return await self._read(request, answer, controlled=True)
 
     async def query_spans(self, request: web.Request) -> web.Response:
         """``query_spans``: the spans of a rollout (of one attempt, or its ``latest``) as the span stage stored them."""

@@ -195,3 +195,76 @@ def test_only_the_patch_that_moves_a_rollout_off_queuing_says_so() -> None:
     assert running[LEFT_QUEUING] is True and failed_at_once[LEFT_QUEUING] is True
     assert LEFT_QUEUING not in done and LEFT_QUEUING not in meta_only
     assert LEFT_QUEUING not in s.rollouts["a"] and LEFT_QUEUING not in s.rollouts["b"], "never stored"
+
+
+def test_0_3_sequence_ids_come_from_the_counter_and_add_span_leaves_the_numbering_to_the_span_stage() -> None:
+    """Ids handed out are 1 up per attempt and never repeated; a span sent with one travels unnumbered (the stage
+    numbers every span of an attempt by arrival, so an OTLP or proxy span never takes an id the counter gave), its
+    own id kept in an attribute; an id of the caller's own moves the counter above it (as its store syncs it)."""
+    from producers.ingest.agl.v0_3_store import STORE_SEQUENCE
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from schemas.models import UNNUMBERED
+    from tests.unit.producers.test_agl_store import REWARD
+    from tests.unit.producers.test_agl_store_routes import call
+
+    transport = MemoryTransport()
+    routes = LightningStoreRoutes(transport, lambda: {})  # type: ignore[arg-type]
+    assert call(routes, "POST", "/v1/agl/spans/next", {"rollout_id": "ro-1", "attempt_id": "at-1"})[1] == {"sequence_id": 0}
+    routes.control = LocalControl()
+    ids = [call(routes, "POST", "/v1/agl/spans/next", {"rollout_id": "ro-1", "attempt_id": a})[1]["sequence_id"]
+           for a in ("at-1", "at-1", "at-2", "at-1")]
+    assert ids == [1, 2, 1, 3], "per attempt, 1 up"
+    assert call(routes, "POST", "/v1/agl/spans/next", {"rollout_id": "ro-1"})[0] == 422
+    assert call(routes, "POST", "/v1/agl/spans", {**REWARD, "sequence_id": 3})[0] == 201
+    assert call(routes, "POST", "/v1/agl/spans", {**REWARD, "span_id": "ab" * 8, "sequence_id": 100})[0] == 201
+    sent = [decode(v) for _k, v in transport.records]
+    assert [(s.sequence_id, s.attributes[STORE_SEQUENCE]) for s in sent] == [(UNNUMBERED, "3"), (UNNUMBERED, "100")]
+    assert call(routes, "POST", "/v1/agl/spans/next", {"rollout_id": "ro-1", "attempt_id": "at-1"})[1]["sequence_id"] == 101
+
+
+def test_0_3_attempts_start_attempt_update_rollout_and_statistics_on_the_control_records() -> None:
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from tests.unit.producers.test_agl_store_routes import call
+
+    transport = MemoryTransport()
+    routes = LightningStoreRoutes(transport, lambda: {})  # type: ignore[arg-type]
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-1/attempts", None)[0] == 501, "no control records: not served"
+    routes.control = LocalControl()
+    status, started = call(routes, "POST", "/v1/agl/rollouts", {"input": {"q": 1}, "mode": "val"})
+    rid, first = started["rollout_id"], started["attempt"]
+    assert status == 201 and first["sequence_id"] == 1
+    assert call(routes, "GET", f"/v1/agl/rollouts/{rid}/attempts/latest")[1]["attempt_id"] == first["attempt_id"]
+    # It fails; a new attempt of it (start_attempt) is numbered 2, its STARTED on rb.spans with that number.
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts/{first['attempt_id']}", {"status": "failed"})[0] == 200
+    assert call(routes, "GET", f"/v1/agl/rollouts/{rid}")[1]["status"] == "failed"
+    status, retry = call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts", {"worker_id": "w-1"})
+    assert status == 201 and retry["attempt"]["sequence_id"] == 2 and retry["status"] == "preparing"
+    started_events = [e for e in (decode(v) for _k, v in transport.records) if isinstance(e, RolloutEvent) and e.event == "STARTED"]
+    assert [(e.attempt_id, e.attempt, e.mode) for e in started_events][-1] == (retry["attempt"]["attempt_id"], 2, "val")
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts/{retry['attempt']['attempt_id']}", {"status": "running"})[1]["sequence_id"] == 2
+    status, attempts = call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts/search", {"sort_by": "sequence_id", "sort_order": "desc"})
+    assert status == 200 and [(a["sequence_id"], a["status"]) for a in attempts["items"]] == [(2, "running"), (1, "failed")]
+    assert call(routes, "GET", f"/v1/agl/rollouts/{rid}")[1]["status"] == "running"
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-none/attempts", None)[0] == 404
+    # update_rollout: fields read back at once; a status back to the queue is not served; an unknown rollout 404.
+    status, updated = call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"metadata": {"k": "v"}, "status": "cancelled"})
+    assert status == 200 and updated["metadata"] == {"k": "v"} and updated["status"] == "cancelled" and updated["end_time"]
+    assert call(routes, "GET", f"/v1/agl/rollouts/{rid}")[1]["metadata"] == {"k": "v"}
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"status": "requeuing"})[0] == 501
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"status": "nonsense"})[0] == 422
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-none", {"metadata": {}})[0] == 404
+    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-q", "status": "queuing"}]})
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-q", {"status": "cancelled"})[0] == 409, "its task is still on rb.tasks"
+    stats = call(routes, "GET", "/v1/agl/statistics")[1]
+    assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (2, 2, 0)
+
+
+def test_0_3_query_resources_answers_the_newest_set() -> None:
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from tests.unit.producers.test_agl_store_routes import POLICY, call
+
+    routes = LightningStoreRoutes(MemoryTransport(), lambda: {"policy": POLICY})  # type: ignore[arg-type]
+    status, got = call(routes, "GET", "/v1/agl/resources")
+    assert status == 200 and got["total"] == 1 and got["items"][0]["resources_id"] == "policy=2"
+    assert call(routes, "GET", "/v1/agl/resources?resources_id_contains=policy")[1]["total"] == 1
+    assert call(routes, "GET", "/v1/agl/resources?resources_id=other")[1] == {"items": [], "limit": -1, "offset": 0, "total": 0}
