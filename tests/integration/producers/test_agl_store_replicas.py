@@ -1,6 +1,7 @@
 """Agent Lightning 0.3's store semantics through two gateway replicas (``/v1/agl``, the calls its
 ``LightningStoreClient`` sends, 0.3.0): what one replica answers, the other reads back at once — a rollout enqueued
-(before any attempt of it ended), started, dequeued and ended; a worker's heartbeat — through the control records
+(before any attempt of it ended), started, dequeued and ended, its attempts; span sequence ids handed out by both
+at once; a new attempt (start_attempt), update_rollout, statistics; a worker's heartbeat — through the control records
 every replica replays (producers/ingest/agl/control_log.py). ClickHouse is the embedded engine, which the gateway does
 not read: every read here is the control records'. A restarted replica replays them."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +59,39 @@ def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[An
         time.sleep(0.2)
     assert [g["rollout_id"] for g in got] == [rid]
     assert {_call(base, "GET", f"/rollouts/{rid}")["status"] for base in (a, b)} == {"preparing"}
-    _call(a, "POST", f"/rollouts/{rid}/attempts/{got[0]['attempt']['attempt_id']}", json={"status": "succeeded"})
+    aid = got[0]["attempt"]["attempt_id"]
+    assert [x["attempt_id"] for x in _call(b, "GET", f"/rollouts/{rid}/attempts")["items"]] == [aid]
+
+    # Span sequence ids: two replicas, concurrent callers, one attempt: each id once, 1 up, no gap.
+    def next_id(base: str) -> int:
+        return _call(base, "POST", "/spans/next", json={"rollout_id": rid, "attempt_id": aid})["sequence_id"]
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(next_id, [a, b] * 20))
+    assert sorted(ids) == list(range(1, 41)), "unique across replicas"
+    assert next_id(b) == 41 and next_id(a) == 42, "increasing, whichever replica answers"
+
+    _call(a, "POST", f"/rollouts/{rid}/attempts/{aid}", json={"status": "running", "worker_id": "w-1"})
+    assert _call(b, "GET", f"/rollouts/{rid}/attempts/latest")["status"] == "running"
+    _call(a, "POST", f"/rollouts/{rid}/attempts/{aid}", json={"status": "succeeded"})
     assert _call(b, "GET", f"/rollouts/{rid}")["status"] == "succeeded"
+    latest = _call(b, "GET", f"/rollouts/{rid}/attempts/latest")
+    assert (latest["attempt_id"], latest["status"], latest["worker_id"]) == (aid, "succeeded", "w-1")
+
+    # start_attempt on one replica after an attempt failed, numbered 2; both attempts read on the other at once.
+    first = started["attempt"]
+    _call(a, "POST", f"/rollouts/{started['rollout_id']}/attempts/{first['attempt_id']}", json={"status": "failed"})
+    retry = _call(b, "POST", f"/rollouts/{started['rollout_id']}/attempts", json={"worker_id": "w-2"})
+    assert retry["attempt"]["sequence_id"] == 2 and retry["status"] == "preparing"
+    attempts = _call(a, "POST", f"/rollouts/{started['rollout_id']}/attempts/search",
+                     json={"sort_by": "sequence_id", "sort_order": "desc"})
+    assert [(x["sequence_id"], x["status"]) for x in attempts["items"]] == [(2, "preparing"), (1, "failed")]
+    # update_rollout on one, read on the other; statistics count what the records hold.
+    _call(a, "POST", f"/rollouts/{started['rollout_id']}", json={"status": "cancelled", "metadata": {"why": "test"}})
+    read = _call(b, "GET", f"/rollouts/{started['rollout_id']}")
+    assert (read["status"], read["metadata"]) == ("cancelled", {"why": "test"})
+    stats = _call(b, "GET", "/statistics")
+    assert (stats["total_rollouts"], stats["total_attempts"]) == (2, 3)
 
     # A worker's heartbeat on one replica, read on the other; one with no stats keeps the last ones.
     _call(a, "POST", "/workers/w-1", json={"heartbeat_stats": {"cpu": 0.5}})
@@ -75,3 +108,5 @@ def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[An
     a2 = replicas[0][0]
     assert _call(a2, "GET", f"/rollouts/{rid}")["status"] == "succeeded"
     assert _call(a2, "GET", "/workers/w-1")["heartbeat_stats"] == {"cpu": 0.5}
+    assert next_id(a2) == 43, "the counter replays too"
+    assert _call(a2, "GET", f"/rollouts/{started['rollout_id']}/attempts/latest")["sequence_id"] == 2
