@@ -21,7 +21,8 @@ What its ``LightningStoreClient`` sends, mapped onto our records (no I/O here; t
   ``query_spans``) → ClickHouse's ``rollouts`` (one row per ended attempt) and ``spans``, shaped here
   (:func:`rollouts_from_rows`, :func:`attempt_from_row`, :func:`span_to_agl`, :func:`page`). There a rollout
   shows once an attempt of it ended; its ``input`` is not kept there (null), its final reward and task are
-  in its ``metadata``. Until then ``get_rollout_by_id`` and ``query_rollouts`` answer it from the control records.
+  in its ``metadata``. The rollouts and attempts this API handed out are answered from the control records
+  from the start (``update_rollout``'s fields: :func:`check_rollout_update`).
 """
 
 from __future__ import annotations

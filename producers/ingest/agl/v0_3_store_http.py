@@ -5,8 +5,10 @@ worker heartbeats — mapped by :mod:`producers.ingest.agl.v0_3_store`. Its OTLP
 gateway's own. The queue (``queues/rollouts/enqueue`` / ``dequeue``) is rb.tasks, claimed through
 :mod:`producers.ingest.agl.queue` (its records :mod:`producers.ingest.agl.v0_3_queue_records`'); ``start_rollout``
 starts an attempt the caller runs at once (no task); ``add_resources`` / ``update_resources`` publish
-versions on rb.resources (:mod:`producers.ingest.resources`); the reads and ``wait_for_rollouts`` answer from
-ClickHouse. The other calls answer 501 naming the call. Token, body and error shape are the front door's
+versions on rb.resources (:mod:`producers.ingest.resources`). The rollouts, attempts, sequence counters and workers
+this API writes are control records (:mod:`producers.ingest.agl.control`) read back at once through any replica
+(``start_attempt``, ``update_rollout``, ``statistics`` are those records' only); the spans and ended attempts of
+other rollouts, and ``wait_for_rollouts``, answer from ClickHouse. A call not listed answers 501 naming it. Token, body and error shape are the front door's
 (:mod:`producers.ingest.front_door`).
 """
 
@@ -675,10 +677,10 @@ class LightningStoreRoutes:
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
         call = f"{request.method} {request.path}"
         return self.door.refuse(501, f"{call} is not served by rolloutbus: the gateway serves the queue (queues/rollouts/enqueue, "
-                                     "dequeue; rb.tasks), start_rollout, the calls of an attempt (spans, spans/next, "
-                                     "rollouts/{id}/attempts/{id}, resources, workers/{id}), add_resources and update_resources "
-                                     "(rb.resources), the reads of rollouts, attempts and spans and wait_for_rollouts "
-                                     "(ClickHouse) and OTLP /v1/traces")
+                                     "dequeue; rb.tasks), start_rollout, start_attempt, update_rollout, the calls of an "
+                                     "attempt (spans, spans/next, rollouts/{id}/attempts/{id}, resources, workers), "
+                                     "add_resources and update_resources (rb.resources), query_resources, statistics, the reads "
+                                     "of rollouts, attempts and spans, wait_for_rollouts and OTLP /v1/traces")
 
 
 __all__ = ["LightningStoreRoutes"]
