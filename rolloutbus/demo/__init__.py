@@ -11,15 +11,15 @@ from foundation.flags import Bounded
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --quick: 0.6)")
+    p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --task sql 9; --quick: 0.6, with --task sql 1.5)")
     p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
-                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4)")
-    p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16)")
-    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2)")
-    p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150 of the 486 problems)")
+                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4; --quick 4)")
+    p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16; --task sql --algorithm apo 32; --quick 8)")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2; --quick 2)")
+    p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150, of the calculator's 486 problems or the SQL task's questions; --quick 24, with --task sql 16)")
     p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help="trainer learning rate (default 5e-4; --task sql 1e-4)")
-    p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05)")
-    p.add_argument("--sft-epochs", type=Bounded(int, ge=1), default=None, help="epochs of supervised warm-up (default 3)")
+    p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05; --task sql 0.02)")
+    p.add_argument("--sft-epochs", type=Bounded(int, ge=1), default=None, help="calc: epochs of supervised warm-up (default 3; --quick 1)")
     p.add_argument("--task", choices=["calc", "sql"], default="calc",
                    help="calc: the tiny model learns a calculator agent (fast); sql: SmolLM2-135M-Instruct learns Text-to-SQL")
     p.add_argument("--model", type=_model_source, default=None, help="--task sql: the model to import and train (default smollm2-135m-instruct; "
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--single-turn", action="store_true", help="--task sql: one SQL answer per question, no rewrite after an error "
                    "(the form TRL's GRPOTrainer runs in the learning bench)")
     p.add_argument("--validation", type=Bounded(int, ge=0), default=None, help="--task sql: validation questions scored greedily "
-                   "for each version by the runners; the winner is evaluated (default 30; 0: none, the last version)")
+                   "for each version by the runners; the winner is evaluated (default 30; --quick 8; 0: none, the last version)")
     p.add_argument("--validate-every", type=Bounded(int, ge=1), default=None, help="--task sql: validate every Nth version (default 1)")
     p.add_argument("--early-stop-patience", type=Bounded(int, ge=0), default=None,
                    help="--task sql: the trainer stops after N validated versions without a better score (default 0: never)")
@@ -41,6 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--apo-rounds", type=Bounded(int, ge=0), default=None, help="--algorithm apo: rounds of the beam search (default 2)")
     p.add_argument("--apo-beam", type=Bounded(int, ge=1), default=None, help="--algorithm apo: beam width (default 1)")
     p.add_argument("--apo-branch", type=Bounded(int, ge=1), default=None, help="--algorithm apo: candidates per beam member per round (default 2)")
+    p.add_argument("--production", action="store_true", help="requests with no task id, as a deployed agent serves them; a "
+                   "simulated user sends feedback later for a fraction of them, and the worker trains each judged rollout once "
+                   "with a running leave-one-out baseline (rolloutbus/demo/production.py)")
+    p.add_argument("--feedback-fraction", dest="feedback_fraction", metavar="F", type=Bounded(float, gt=0, le=1), default=None,
+                   help="--production: the share of answers the user judges (default 0.5; --quick 0.7)")
+    p.add_argument("--feedback-delay-min", dest="delay_min_s", metavar="S", type=Bounded(float, gt=0), default=None,
+                   help="--production: the shortest delay of the user's feedback, seconds (default 2)")
+    p.add_argument("--feedback-delay-max", dest="delay_max_s", metavar="S", type=Bounded(float, gt=0), default=None,
+                   help="--production: the longest delay, seconds; delays are log-uniform in between (default 90; --quick 8)")
+    p.add_argument("--feedback-window", dest="window_s", metavar="S", type=Bounded(float, gt=0), default=None,
+                   help="--production: the stream worker's window for late feedback, seconds (default 600)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

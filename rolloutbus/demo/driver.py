@@ -64,6 +64,7 @@ class DemoConfig:
     early_stop_patience: int = 0
     train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
     engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
+    production: Any = None  # --production: a rolloutbus.demo.production.ProductionConfig (task-less traffic, late feedback)
 
     def serve_args(self) -> list[str]:
         """The engine flag for ``rolloutbus serve``; none for torch (today's command line)."""
@@ -107,6 +108,13 @@ class DemoConfig:
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
+        if getattr(args, "production", False):
+            from rolloutbus.demo.production import ProductionConfig
+
+            if cfg.algorithm != "grpo":
+                raise ConfigError("--production trains the weights on feedback: use it without --algorithm apo")
+
+            cfg.production = ProductionConfig.from_args(args)
         if cfg.group_size < 2:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         return cfg
@@ -460,7 +468,9 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
     demo_dir = settings.data_dir / "demo"
     demo_dir.mkdir(parents=True, exist_ok=True)
     say(f"[bold]rolloutbus demo[/bold] — {'quick smoke run' if cfg.quick else f'{cfg.minutes:g} minutes of training'}, "
-        f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step")
+        + (f"production traffic: no task ids, late feedback, {cfg.runners} requests at once, {cfg.production.groups_per_step} "
+           "judged rollouts per step" if cfg.production else
+           f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step"))
 
     with local_stack(settings, cfg.out / "logs", keep_running=cfg.keep_running) as stack:
         _say_stack(stack, say)
@@ -475,6 +485,9 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
     reset_local_state(settings, say)
     task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, demo_dir, say)
     train, held_out, base = task.train, task.held_out, task.model
+    if cfg.production is not None:  # the worker's feedback flags; one-rollout batches per step, older versions trained
+        task.process_args += cfg.production.process_args()
+        task.train_args += cfg.production.train_args()
     validate_args: list[str] = []
     if task.validation:
         val_file = demo_dir / "validation.jsonl"
@@ -512,11 +525,17 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", cfg.serve_start_s, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
-        sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners),
-                              "--max-attempts", "1", "--timeout", str(task.rollout_timeout_s)])
+        if cfg.production is None:
+            sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners),
+                                  "--max-attempts", "1", "--timeout", str(task.rollout_timeout_s)])
         say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
-            f"{cfg.runners} runners (logs in {cfg.out / 'logs'})")
-        feeder = TaskFeeder(settings, train, cfg, live)
+            + ("the deployment's traffic" if cfg.production else f"{cfg.runners} runners") + f" (logs in {cfg.out / 'logs'})")
+        if cfg.production is not None:
+            from rolloutbus.demo.production import start_traffic
+
+            feeder: Any = start_traffic(settings, cfg, task, f"http://127.0.0.1:{proxy_port}", say)
+        else:
+            feeder = TaskFeeder(settings, train, cfg, live)
         train_for = cfg.minutes * 60
         t_train = time.monotonic()
         shown = 0
@@ -603,8 +622,12 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         from rolloutbus.demo.report import report
 
         report(settings, cfg, live, first, chosen, first_scores, chosen_scores, say, task.title, task.first_label,
-               subsets=task.subsets, final_label="after GRPO" if chosen == final else "after GRPO, validation's choice",
-               evaluated=tuple(evaluated))
+               subsets=task.subsets, final_label=("after feedback" if cfg.production else "after GRPO")
+               + ("" if chosen == final else ", validation's choice"), evaluated=tuple(evaluated))
+        if cfg.production is not None:
+            from rolloutbus.demo.production import production_report
+
+            production_report(settings, say)
         stack.keep_store = True
         say(f"done in {time.monotonic() - t_start:.0f}s.")
         if stack.store is not None:

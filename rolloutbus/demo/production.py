@@ -1,0 +1,246 @@
+"""The production demo (``rolloutbus demo --production``): the agent serves requests that carry no task id,
+as a deployed agent does; a simulated user sends feedback for a fraction of them, seconds to minutes later
+(:func:`producers.emit_feedback`); the stream worker applies it within its window and trains each such
+rollout once with the running leave-one-out baseline (``--feedback-baseline loo``, streams.baselines).
+
+Nothing is replayed: every request is one rollout, answered once, by whichever version serves it. The
+agent's own reward is unknown when it answers (it returns none); the user's judgement — whether the answer
+was right — is what :class:`ServedAgent` keeps for :class:`SimulatedUser` to send later. The rest of the
+run (the stack, the processes, the live table, the held-out evaluation, the report) is the demo's
+(:mod:`rolloutbus.demo.driver`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.context import RolloutContext
+from producers.litagent import LitAgent
+from schemas import ResourceVersion
+
+
+@dataclass
+class ProductionConfig:
+    """What the simulated deployment does (``rolloutbus demo --production``'s flags)."""
+
+    feedback_fraction: float = 0.5  # of the requests served, the share the user gives feedback on
+    delay_min_s: float = 2.0  # the feedback's delay after the answer: log-uniform in [min, max]
+    delay_max_s: float = 90.0
+    window_s: float = 600.0  # the stream worker's --feedback-window
+    groups_per_step: int = 32  # one feedback = one one-rollout batch: rollouts per optimiser step
+    max_staleness: int = 8  # feedback trains a rollout served some versions ago
+    sft_first: bool = False  # --sft-first: rejection-sampling fine-tuning on the well-judged rollouts, then the RL phase
+
+    @classmethod
+    def quick(cls) -> ProductionConfig:
+        """The smoke run's: short delays, a step every few feedbacks."""
+        return cls(feedback_fraction=0.7, delay_min_s=2.0, delay_max_s=8.0, groups_per_step=4)
+
+    @classmethod
+    def from_args(cls, args: Any) -> ProductionConfig:
+        """The defaults (``--quick``'s for a smoke run) with the flags given."""
+        cfg = cls.quick() if getattr(args, "quick", False) else cls()
+        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "sft_first"):
+            value = getattr(args, name, None)
+            if value is not None:
+                setattr(cfg, name, value)
+        if cfg.delay_max_s < cfg.delay_min_s:
+            from foundation.errors import ConfigError
+
+            raise ConfigError("--feedback-delay-max must be at least --feedback-delay-min")
+        return cfg
+
+    def process_args(self) -> list[str]:
+        return ["--feedback-window", f"{self.window_s:g}", "--feedback-baseline", "loo"]
+
+    def train_args(self) -> list[str]:
+        return ["--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness)]
+
+
+def feedback_delay(rng: random.Random, fraction: float, lo: float, hi: float) -> float | None:
+    """Seconds until the user's feedback on one answer, or None (this one gets none). Pure given ``rng``:
+    log-uniform, so most feedback comes in seconds and some minutes later."""
+    if rng.random() >= fraction:
+        return None
+    return math.exp(rng.uniform(math.log(lo), math.log(hi))) if hi > lo else lo
+
+
+class ServedAgent(LitAgent):
+    """A task's agent as deployed: ``inner`` answers; its reward is not known when it answers (none is
+    recorded), the verdict goes to ``judged(rollout_id, verdict)`` — what the user will say later."""
+
+    def __init__(self, inner: LitAgent, judged: Callable[[str, float], None]) -> None:
+        self.inner, self.judged = inner, judged
+        self.name = inner.name
+
+    def rollout(self, task: Any, resources: Mapping[str, ResourceVersion], rollout: RolloutContext) -> None:
+        verdict = self.inner.rollout(task, resources, rollout)
+        self.judged(rollout.rollout_id, float(verdict or 0.0))
+        return None
+
+
+@dataclass
+class UserStats:
+    served: int = 0
+    failed: int = 0
+    feedback_sent: int = 0
+    feedback_positive: int = 0
+    left_unsent: int = 0  # due after the run stopped
+
+
+class SimulatedUser:
+    """Schedules feedback on answers (:func:`feedback_delay`) and sends what is due (:meth:`send_due`)."""
+
+    def __init__(self, cfg: ProductionConfig, seed: int, send: Callable[[str, float], Any]) -> None:
+        self.cfg, self.send = cfg, send
+        self.rng = random.Random(seed)
+        self.due: list[tuple[float, str, float]] = []
+        self.lock = threading.Lock()
+        self.stats = UserStats()
+
+    def judged(self, rollout_id: str, verdict: float) -> None:
+        with self.lock:
+            self.stats.served += 1
+            delay = feedback_delay(self.rng, self.cfg.feedback_fraction, self.cfg.delay_min_s, self.cfg.delay_max_s)
+            if delay is not None:
+                heapq.heappush(self.due, (time.monotonic() + delay, rollout_id, verdict))
+
+    def send_due(self, now: float | None = None) -> int:
+        """Send the feedback whose time has come; → how many."""
+        now = time.monotonic() if now is None else now
+        out = []
+        with self.lock:
+            while self.due and self.due[0][0] <= now:
+                _, rid, value = heapq.heappop(self.due)
+                out.append((rid, value))
+        for rid, value in out:
+            if self.send(rid, value) is not None:
+                with self.lock:
+                    self.stats.feedback_sent += 1
+                    self.stats.feedback_positive += value >= 1.0
+        return len(out)
+
+    def drop_rest(self) -> None:
+        with self.lock:
+            self.stats.left_unsent += len(self.due)
+            self.due.clear()
+
+
+def agent_class(spec: str) -> type[LitAgent]:
+    """``module:Class`` (the task's ``run-agent`` argument) → the class."""
+    module, _, name = spec.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert isinstance(cls, type) and issubclass(cls, LitAgent), spec
+    return cls
+
+
+class Traffic:
+    """Requests with no task id, ``concurrency`` at once, from the training problems at random, each served
+    once by the newest version; the user's feedback sent as it falls due. The demo's loop calls
+    :meth:`top_up` (as it does the task feeder's) and :meth:`close` when time is up."""
+
+    def __init__(self, settings: Any, problems: list[Any], agent: LitAgent, prod: ProductionConfig, concurrency: int,
+                 seed: int, say: Any) -> None:
+        from producers.runner import ResourceFollower
+        from producers.settings import AgentSettings
+        from producers.transport import SpanTransport
+
+        self.say = say
+        # the follower's version changes would interleave the live table (run-agent logs them in its own file)
+        logging.getLogger("producers.runner").setLevel(logging.WARNING)
+        agent_settings = AgentSettings(data_dir=settings.data_dir)
+        self.spans = SpanTransport.from_settings(agent_settings, spool_name="demo-production")
+        self.feedback = SpanTransport(agent_settings.kafka_conf(), settings.topics.feedback, settings.data_dir / "spool",
+                                      spool_name="demo-feedback")
+        self.user = SimulatedUser(prod, seed + 101, self._send)
+        self.agent = ServedAgent(agent, self.user.judged)
+        self.problems = problems
+        self.resources = ResourceFollower(settings.kafka_conf(), settings.topics.resources).start()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._serve, args=(seed * 1000 + i,), name=f"demo-traffic-{i}", daemon=True)
+                        for i in range(concurrency)]
+        for t in self.threads:
+            t.start()
+
+    def _send(self, rollout_id: str, value: float) -> str | None:
+        from producers.emit import emit_feedback
+
+        return emit_feedback(rollout_id, value, transport=self.feedback, metadata={"source": "demo user"})
+
+    def _serve(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set():
+            problem = rng.choice(self.problems)
+            policy = self.resources.current().get("policy")
+            res = self.agent.run(problem.to_json(), {}, task_id="", mode="train",
+                                 resource_version=policy.version if policy is not None else None, transport=self.spans)
+            if res.status != "succeeded":
+                with self.user.lock:
+                    self.user.stats.failed += 1
+                time.sleep(0.5)  # the server may be restarting: not a hot loop
+
+    def top_up(self) -> None:
+        self.user.send_due()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+        self.user.send_due()
+        self.user.drop_rest()
+        self.spans.close(30)
+        self.feedback.close(30)
+        s = self.user.stats
+        self.say(f"traffic    {s.served} requests served without a task id ({s.failed} failed), feedback sent on "
+                 f"{s.feedback_sent} ({s.feedback_positive} positive); {s.left_unsent} still due at the end were not sent")
+
+
+def start_traffic(settings: Any, cfg: Any, task: Any, proxy_url: str, say: Any) -> Traffic:
+    """The deployment's traffic for the demo's ``task`` (its sampling agent behind ``proxy_url``)."""
+    prod: ProductionConfig = cfg.production
+    import os
+
+    # the task's agent as run-agent would start it: its environment (sampling temperature, rewrites) applies
+    os.environ.update(task.env)
+    agent = agent_class(task.agent)(proxy=proxy_url)
+    say(f"traffic    {cfg.runners} requests at once, no task ids; the user judges {prod.feedback_fraction:.0%} of the answers "
+        f"{prod.delay_min_s:g}–{prod.delay_max_s:g} s later (log-uniform); the worker applies feedback within "
+        f"{prod.window_s:g} s and trains each judged rollout once, advantage = reward − the running leave-one-out mean")
+    return Traffic(settings, task.train, agent, prod, cfg.runners, cfg.seed, say)
+
+
+def production_report(settings: Any, say: Any) -> dict[str, int]:
+    """What the feedback did, from ClickHouse: task-less rollouts stored, judged, trained; dead letters by reason."""
+    from foundation.clickhouse import connect
+
+    client = connect(settings.dsn, database=settings.clickhouse_database, create_database=False)
+    try:
+        stored, judged, trained, versions = client.query(
+            "SELECT count(), countIf(metadata['rolloutbus.feedback_id'] != ''), countIf(startsWith(group_id, 'feedback:')), "
+            "uniqExactIf(resource_version, startsWith(group_id, 'feedback:')) "
+            "FROM rollouts FINAL WHERE mode = 'train' AND task_id = ''").result_rows[0]
+        dead = client.query("SELECT reason, count() FROM dead_letters WHERE stage = 'streams.feedback' GROUP BY reason "
+                            "ORDER BY reason").result_rows
+        steps = client.query("SELECT uniqExact(step) FROM train_steps").result_rows[0][0]
+    finally:
+        client.close()
+    say("")
+    say("[bold]feedback[/bold] (task-less rollouts, as recorded in ClickHouse):")
+    say(f"  {stored} rollouts without a task id stored; {judged} got the user's feedback, applied once; "
+        f"{trained} trained on it (one-rollout batches, served by {versions} versions); {steps} optimiser steps")
+    say("  dead-lettered feedback: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none"))
+    return {"stored": int(stored), "judged": int(judged), "trained": int(trained), "steps": int(steps),
+            "dead": sum(int(n) for _, n in dead)}
+
+
+__all__ = ["ProductionConfig", "ServedAgent", "SimulatedUser", "Traffic", "agent_class", "feedback_delay",
+           "production_report", "start_traffic"]

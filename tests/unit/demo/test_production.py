@@ -1,0 +1,89 @@
+"""The production demo's pure parts: when the simulated user gives feedback, and what it sends."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from foundation.errors import ConfigError
+from rolloutbus.demo.driver import DemoConfig
+from rolloutbus.demo.production import ProductionConfig, ServedAgent, SimulatedUser, feedback_delay
+
+
+def test_feedback_delay_takes_the_fraction_and_stays_in_its_bounds() -> None:
+    rng = random.Random(3)
+    delays = [feedback_delay(rng, 0.3, 2.0, 90.0) for _ in range(4000)]
+    given = [d for d in delays if d is not None]
+    assert 0.27 < len(given) / len(delays) < 0.33
+    assert all(2.0 <= d <= 90.0 for d in given)
+    # log-uniform: the median is the geometric mean of the bounds (sqrt(180) ≈ 13.4 s), not the midpoint
+    median = sorted(given)[len(given) // 2]
+    assert 10.0 < median < 17.0
+    assert feedback_delay(random.Random(0), 1.0, 5.0, 5.0) == 5.0
+    assert all(feedback_delay(rng, 0.0, 1.0, 2.0) is None for _ in range(100))
+
+
+def test_the_user_sends_what_is_due_once_and_counts_the_rest() -> None:
+    sent: list[tuple[str, float]] = []
+    user = SimulatedUser(ProductionConfig(feedback_fraction=1.0, delay_min_s=10.0, delay_max_s=10.0), 0,
+                         lambda rid, v: sent.append((rid, v)) or "fid")
+    user.judged("r1", 1.0)
+    user.judged("r2", 0.0)
+    assert user.send_due() == 0 and sent == []  # not due yet
+    import time
+
+    later = time.monotonic() + 11
+    assert user.send_due(later) == 2
+    assert sorted(sent) == [("r1", 1.0), ("r2", 0.0)]
+    assert user.send_due(later + 100) == 0  # sent once
+    user.judged("r3", 1.0)
+    user.drop_rest()
+    assert (user.stats.served, user.stats.feedback_sent, user.stats.feedback_positive, user.stats.left_unsent) == (3, 2, 1, 1)
+
+
+def test_a_refused_send_is_not_counted_as_sent() -> None:
+    user = SimulatedUser(ProductionConfig(feedback_fraction=1.0, delay_min_s=1.0, delay_max_s=1.0), 0, lambda rid, v: None)
+    user.judged("r1", 1.0)
+    assert user.send_due(10**12) == 1 and user.stats.feedback_sent == 0
+
+
+def test_the_served_agent_records_no_reward_and_hands_the_verdict_to_the_user() -> None:
+    from producers.litagent import LitAgent
+
+    class Inner(LitAgent):
+        name = "inner"
+
+        def rollout(self, task, resources, rollout):  # type: ignore[no-untyped-def]
+            return 1.0 if task == "right" else 0.0
+
+    judged: list[tuple[str, float]] = []
+    agent = ServedAgent(Inner(), lambda rid, v: judged.append((rid, v)))
+    assert agent.name == "inner"
+
+    class Ctx:
+        rollout_id = "ro-1"
+
+    assert agent.rollout("right", {}, Ctx()) is None  # type: ignore[arg-type]
+    assert agent.rollout("wrong", {}, Ctx()) is None  # type: ignore[arg-type]
+    assert judged == [("ro-1", 1.0), ("ro-1", 0.0)]
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base = dict(seed=0, out="o", quick=False, keep_running=False, task="calc", algorithm="grpo")
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_demo_config_takes_the_production_flags() -> None:
+    assert DemoConfig.from_args(_args()).production is None
+    cfg = DemoConfig.from_args(_args(production=True, feedback_fraction=0.25, delay_max_s=30.0))
+    assert cfg.production == ProductionConfig(feedback_fraction=0.25, delay_max_s=30.0)
+    assert cfg.production.process_args() == ["--feedback-window", "600", "--feedback-baseline", "loo"]
+    assert cfg.production.train_args() == ["--groups-per-step", "32", "--max-staleness", "8"]
+    quick = DemoConfig.from_args(_args(production=True, quick=True))
+    assert quick.production == ProductionConfig.quick()
+    with pytest.raises(ConfigError, match="feedback-delay-max"):
+        DemoConfig.from_args(_args(production=True, delay_min_s=10.0, delay_max_s=5.0))
+    with pytest.raises(ConfigError, match="production"):
+        DemoConfig.from_args(_args(production=True, task="sql", algorithm="apo"))
