@@ -143,6 +143,9 @@ def engine_command(python: str | Path, model: str, port: int, served_name: str, 
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", served_name,
             "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key, "--worker-extension-cls", EXTENSION,
             "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager", "--disable-uvicorn-access-log",
+            # The log-probs of the distribution sampled from (temperature applied), as GRPO's importance ratio reads
+            # them and `rolloutbus serve` reports them; vLLM's default is the temperature-1 ("raw") distribution.
+            "--logprobs-mode", "processed_logprobs",
             *(extra or [])]
 
 

@@ -167,6 +167,30 @@ def test_vllm_serves_ids_and_logprobs_and_the_proxy_records_them(served: dict[st
     assert llm["resource_version"] == 0
 
 
+def test_sampled_logprobs_are_of_the_distribution_sampled_from(served: dict[str, Any]) -> None:
+    """At temperature 0.7 the behaviour log-probs vLLM reports are the tempered distribution's, the one the trainer's
+    importance ratio recomputes (trainer.model.sequence_logprobs at the same temperature), not the temperature-1
+    one: with the temperature-1 log-probs every ratio of a sampled token is off and GRPO's clip fires on them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model import sequence_logprobs
+
+    body = _chat(served["url"], 48, temperature=0.7, seed=7, ignore_eos=True).json()
+    assert body["resource_version"] == 0
+    got = [x["logprob"] for x in body["choices"][0]["logprobs"]["content"]]
+    ids = body["choices"][0]["token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(str(served["model"]), dtype=torch.float32).eval()
+    with torch.no_grad():
+        tempered = sequence_logprobs(model, body["prompt_token_ids"], ids, temperature=0.7)
+        raw = sequence_logprobs(model, body["prompt_token_ids"], ids, temperature=1.0)
+    off_tempered = sum(abs(a - b) for a, b in zip(got, tempered)) / len(ids)
+    off_raw = sum(abs(a - b) for a, b in zip(got, raw)) / len(ids)
+    print(f"mean |vLLM - trainer| per token: {off_tempered:.3f} at the sampling temperature, {off_raw:.3f} at 1.0")
+    assert len(got) == len(ids) == 48
+    assert off_tempered < 0.1 and off_tempered < off_raw / 2, (off_tempered, off_raw)
+
+
 def test_versions_hot_reload_without_restart(served: dict[str, Any]) -> None:
     url, tmp, model = served["url"], served["tmp"], served["model"]
     pid = served["proc"].pid
