@@ -8,6 +8,9 @@
    (``${...}``), never literal; each rolloutbus command is a real ``rolloutbus`` subcommand (read from
    rolloutbus/cli.py); the GPU trainer sits behind a profile with an NVIDIA device reservation.
 
+Without FILE, the files layered on it (compose.local.yml, compose.gpu-vllm.yml: model.COMPOSE_FILES) are checked
+against the schema too; their rules are the ``commands`` step's (commands.py).
+
 What is NOT checked: variable interpolation results, image pulls, that containers start (no Docker
 engine here). Run: ``python deploy/validate/compose.py [FILE]``.
 """
@@ -24,7 +27,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rules  # noqa: E402 - deploy/validate/*.py, on the path just above
-from model import COMPOSE, ComposeFile, read_compose  # noqa: E402
+from model import COMPOSE, COMPOSE_FILES, ComposeFile, read_compose  # noqa: E402
 
 
 def compose_schema() -> dict[str, Any]:
@@ -55,10 +58,23 @@ def validate(path: Path = COMPOSE) -> list[str]:
     return schema_errors(doc) + rules.run("compose", ComposeFile(path, doc))
 
 
+def overlay_errors(path: Path) -> list[str]:
+    """Schema problems of a compose file layered on the base (its rules run in commands.py)."""
+    try:
+        doc = read_compose(path)
+    except yaml.YAMLError as exc:
+        return [f"{path.name}: not YAML: {exc}"]
+    return [f"{path.name}: {e}" for e in schema_errors(doc)] if isinstance(doc, dict) else [f"{path.name}: not a mapping"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0]) if args else COMPOSE
-    return rules.report("compose", validate(path), f"{path.name} valid against the Compose Specification schema and the deployment rules")
+    overlays = [] if args else [p for p in COMPOSE_FILES[1:] if p.exists()]
+    problems = validate(path) + [e for p in overlays for e in overlay_errors(p)]
+    names = ", ".join(p.name for p in overlays)
+    return rules.report("compose", problems, f"{path.name} valid against the Compose Specification schema and the deployment rules"
+                        + (f"; {names} against the schema" if overlays else ""))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ LISTENERS = {
     "process": ("streams_metrics_host", "streams_metrics_port", "foundation/health.py"),
     "train": ("train_metrics_host", "train_metrics_port", "foundation/health.py"),
 }
+# (command, engine) → the file whose GET routes that engine's server answers, where it is not LISTENERS' one.
+ENGINE_ROUTES = {("serve", "vllm"): "trainer/vllm_serve.py"}
 # Processes that write spans through a SpanTransport: its spool is <data dir>/spool
 # (producers.transport.SpanTransport.from_settings).
 SPOOLERS = {"gateway", "proxy", "run-agent"}
@@ -211,11 +213,23 @@ def listener(command: str, s: Any) -> tuple[str, int] | None:
 
 
 @lru_cache(maxsize=None)
-def get_routes(command: str) -> frozenset[str]:
-    """The GET paths the process answers (read from the module that routes them)."""
-    path = ROOT / LISTENERS[command][2]
+def get_routes(command: str, engine: str = "") -> frozenset[str]:
+    """The GET paths the process answers (read from the module that routes them; ``engine``: ``serve --engine``'s)."""
+    path = ROOT / ENGINE_ROUTES.get((command, engine), LISTENERS[command][2])
     text = path.read_text() if path.exists() else ""
     return frozenset(re.findall(r'add_get\(\s*"(/[^"]*)"', text) + re.findall(r'path == "(/[^"]*)"', text))
+
+
+def routes_for(command: str, s: Any) -> frozenset[str]:
+    """The GET paths this process answers, with the engine its settings choose (``serve --engine vllm``: the gate's)."""
+    return get_routes(command, str(getattr(s, "serve_engine", "") or ""))
+
+
+def vllm_version() -> str:
+    """The vLLM version `make test` installs and runs the worker extension against (trainer/vllm_venv.py)."""
+    from trainer.vllm_venv import VLLM_VERSION
+
+    return VLLM_VERSION
 
 
 def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:

@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "docker-compose.yml"
-COMPOSE_FILES = [COMPOSE, DEPLOY / "compose.local.yml"]
+# The base, then the files layered on it: the local podman run's, the GPU policy server's (vLLM).
+COMPOSE_FILES = [COMPOSE, DEPLOY / "compose.local.yml", DEPLOY / "compose.gpu-vllm.yml"]
+DOCKERFILE = DEPLOY / "Dockerfile"
 WORKLOADS = {"Deployment", "StatefulSet", "Job", "DaemonSet"}
 LONG_RUNNING = {"Deployment", "StatefulSet", "DaemonSet"}
 
@@ -321,6 +323,59 @@ class Kustomization:
         selector = svc.get("spec", {}).get("selector") or {}
         labels = c.template.get("metadata", {}).get("labels") or {}
         return c.kind in WORKLOADS and selects(selector, labels)
+
+
+# --------------------------------------------------------------------------- the Dockerfile
+
+
+@dataclass
+class Stage:
+    """One build stage of a Dockerfile: its name ("" for an unnamed one), what it is ``FROM``, its instructions
+    (continuation lines joined, comments dropped), and the ``ENV`` it sets itself."""
+
+    name: str
+    base: str
+    instructions: list[str]
+    env: dict[str, str]
+
+
+def dockerfile_stages(path: Path = DOCKERFILE) -> list[Stage]:
+    """The stages of a Dockerfile in order (the last is what a build without ``--target`` makes)."""
+    lines, current = [], ""
+    for raw in path.read_text().splitlines():
+        if not current and raw.lstrip().startswith("#"):
+            continue
+        current += raw.rstrip("\\").strip() + " " if raw.rstrip().endswith("\\") else raw.strip()
+        if not raw.rstrip().endswith("\\"):
+            if current.strip():
+                lines.append(current.strip())
+            current = ""
+    stages: list[Stage] = []
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        if word.upper() == "FROM":
+            parts = rest.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else ""
+            stages.append(Stage(name, parts[0] if parts else "", [], {}))
+        elif stages:
+            stages[-1].instructions.append(line)
+            if word.upper() == "ENV":
+                for k, v in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|\S+)", rest):
+                    stages[-1].env[k] = v.strip('"')
+    return stages
+
+
+def stage_env(stages: list[Stage], name: str) -> dict[str, str]:
+    """The ``ENV`` a stage runs with: its own over those of the stages it is built ``FROM`` (by name)."""
+    by_name = {s.name: s for s in stages if s.name}
+    chain, stage = [], by_name.get(name)
+    while stage is not None and stage not in chain:
+        chain.append(stage)
+        stage = by_name.get(stage.base)
+    env: dict[str, str] = {}
+    for s in reversed(chain):
+        env.update(s.env)
+    return env
 
 
 # --------------------------------------------------------------------------- the whole of deploy/

@@ -5,10 +5,11 @@ A rule is a function of one compose file or one kustomization (model.py) and its
 
 - ``compose`` and ``k8s``: rules on the files' shape (structure.py), reported with the schema checks by
   compose.py and k8s.py, which run in the tool venv and so never touch the project's code;
-- ``commands``: rules over what the code makes of each process (wiring.py, exposure.py, analyst.py),
+- ``commands``: rules over what the code makes of each process (wiring.py, exposure.py, analyst.py, vllm_policy.py),
   reported by commands.py with the project's Python.
 
-A compose file layered on another (compose.local.yml) is checked only by the rules marked ``overrides``.
+A compose file layered on another (compose.local.yml, compose.gpu-vllm.yml) is checked only by the rules marked
+``overrides``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 import analyst
 import exposure
 import structure
+import vllm_policy
 import wiring
 from model import ComposeFile, Kustomization
 from processes import Processes
@@ -75,6 +77,8 @@ RULES: list[Rule] = [
     Rule("8 servers beyond loopback have their credentials", "commands", exposure.credentials, exposure.credentials),
     Rule("9 ports published on every interface ask for credentials", "commands", compose=exposure.published, overrides=True),
     Rule("10 a read-only analyst ClickHouse account", "commands", _analyst_compose, _analyst_k8s, overrides=True),
+    Rule("11 the vLLM policy server has vLLM, a GPU and a real model", "commands", vllm_policy.compose, vllm_policy.k8s,
+         overrides=True),
 ]
 
 

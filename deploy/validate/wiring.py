@@ -21,7 +21,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from facts import LISTENERS, PREFIX, SPOOLERS, get_routes, kafka_needs, known_variables, listener
+from facts import LISTENERS, PREFIX, SPOOLERS, kafka_needs, known_variables, listener, routes_for
 from model import LONG_RUNNING, ComposeFile, Container, Kustomization, environment, under, volume_mounts
 from processes import Processes
 
@@ -128,17 +128,17 @@ def probes(k: Kustomization, procs: Processes) -> list[str]:
             probe = c.spec.get(probe_name)
             if probe is None:
                 if probe_name != "startupProbe" and ns.command in LISTENERS and c.kind in LONG_RUNNING:
-                    problems.append(f"{c.where}: no {probe_name} (use an HTTP probe on one of {sorted(get_routes(ns.command))})")
+                    problems.append(f"{c.where}: no {probe_name} (use an HTTP probe on one of {sorted(routes_for(ns.command, s))})")
                 continue
             if "httpGet" not in probe:
                 problems.append(f"{c.where}: {probe_name} is not an HTTP probe; `rolloutbus {ns.command}` answers "
-                                f"{sorted(get_routes(ns.command)) if ns.command in LISTENERS else 'no HTTP'}")
+                                f"{sorted(routes_for(ns.command, s)) if ns.command in LISTENERS else 'no HTTP'}")
                 continue
             get = probe["httpGet"]
             what = f"{c.where}: {probe_name}"
             problems += _served(ns, s, _port_of(c.spec, get.get("port")), what)
-            if ns.command in LISTENERS and get.get("path", "/") not in get_routes(ns.command):
-                problems.append(f"{what}: path {get.get('path')} is not a GET route of `rolloutbus {ns.command}` ({sorted(get_routes(ns.command))})")
+            if ns.command in LISTENERS and get.get("path", "/") not in routes_for(ns.command, s):
+                problems.append(f"{what}: path {get.get('path')} is not a GET route of `rolloutbus {ns.command}` ({sorted(routes_for(ns.command, s))})")
     return problems
 
 
