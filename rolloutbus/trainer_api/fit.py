@@ -4,6 +4,10 @@ stream worker with the Trainer's ``agent_match`` / ``llm_call_match``, the polic
 the trainer (GRPO, validation on ``val_dataset``), and ``n_runners`` rollouts at once running the agent,
 shipped to them pickled (:mod:`rolloutbus.trainer_api.shipped`). Tasks are published a few steps ahead of
 the trainer; the live table is the demo's. On return, an error or Ctrl-C, everything started stops.
+
+With ``SFT(...)`` the runners first collect rollouts on the policy as it is (the server serves the model
+given), then ``rolloutbus train --algorithm sft`` fine-tunes on the ones that pass its filter and publishes
+its versions (:func:`_sft`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _say_stack, _wa
 from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
-from rolloutbus.trainer_api.algorithms import GRPO
+from rolloutbus.trainer_api.algorithms import GRPO, SFT
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
 
@@ -109,8 +113,9 @@ def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int
 
 def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> FitResult:
     algo = trainer.algorithm or GRPO()
-    if not isinstance(algo, GRPO):
-        raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...)")
+    if not isinstance(algo, (GRPO, SFT)):
+        raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...) or SFT(...)")
+    sft = isinstance(algo, SFT)
     say = trainer.say
     settings = load_settings(CommonSettings, {})
     if not settings.uses_local_broker:
@@ -134,23 +139,29 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
         match = (["--agent-match", trainer.agent_match] if trainer.agent_match else []) + \
                 (["--llm-call-match", trainer.llm_call_match] if trainer.llm_call_match else [])
         validate: list[str] = []
-        if val:
+        if val and sft:
+            say("validate   SFT(...) does not score val_dataset (only GRPO's trainer validates each version)")
+        elif val:
             (out / "validation.jsonl").write_text("".join(v + "\n" for v in val))
             validate = ["--validation-tasks", str(out / "validation.jsonl")]
-        train_args = [*(["--train-layers", str(algo.train_layers)] if algo.train_layers else []),
+        train_args = [] if sft else [*(["--train-layers", str(algo.train_layers)] if algo.train_layers else []),
                       *(["--skip-zero-variance"] if algo.skip_zero_variance else []),
                       *(["--max-steps", str(algo.max_steps)] if algo.max_steps else []), *algo.train_args]
         live, stop_follow = Live(), threading.Event()
         follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
         try:
-            sup.start("process", ["process", "--group-size", str(algo.group_size), "--group-min-rollouts", "2",
+            group_size = algo.samples_per_task if sft else algo.group_size
+            sup.start("process", ["process", "--group-size", str(group_size), "--group-min-rollouts", "2",
                                   "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5",
                                   "--group-timeout", str(algo.group_timeout_s), *match])
-            sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32"])
+            # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
+            sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32",
+                                *(["--model", model] if sft else [])])
             sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
-            sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
-                                "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
-                                *train_args, *validate])
+            if not sft:
+                sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
+                                    "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
+                                    *train_args, *validate])
             follower.start()
             _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
             _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
@@ -159,7 +170,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
                                   "--timeout", str(algo.rollout_timeout_s)])
             say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
                 f"{trainer.n_runners} runners (logs in {out / 'logs'})")
-            result = _loop(trainer, algo, settings, sup, live, train, val, t_start)
+            result = _sft(trainer, algo, settings, sup, live, train, model, t_start) if sft else \
+                _loop(trainer, algo, settings, sup, live, train, val, t_start)
             if trainer.keep_store and stack.store is not None:
                 stack.keep_store = True
                 say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM v_reward_by_version\" "
@@ -217,6 +229,42 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
                            sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings,
                            validation)
     say(f"done       {len(result.steps)} steps, {result.rollouts} rollouts in groups, {result.seconds:.0f}s")
+    return result
+
+
+def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: Live, train: list[str], model: str,
+         t_start: float) -> FitResult:
+    """Collect ``collect_minutes`` of rollouts, stop the runners, then run ``rolloutbus train --algorithm sft`` to its end."""
+    say = trainer.say
+    feeder = TaskFeeder(settings, [Row(t) for t in train],
+                        DemoConfig(group_size=algo.samples_per_task, runners=trainer.n_runners, groups_per_step=2), live)
+    say(f"collect    {algo.collect_minutes:g} minutes of rollouts, {algo.samples_per_task} per task, on {model}")
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < algo.collect_minutes * 60:
+            sup.check()
+            feeder.top_up()
+            time.sleep(0.5)
+    finally:
+        feeder.close()
+    sup.stop("runners", grace=30)
+    time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
+    with live.lock:
+        rewards = [r for v in live.rewards_by_version.values() for r in v]
+    say(f"collected  {len(rewards)} rollouts in groups, mean reward {sum(rewards) / max(1, len(rewards)):.3f}; "
+        f"rolloutbus {' '.join(algo.command(model))}")
+    sup.start("train", algo.command(model))
+    while (code := sup.returncode("train")) is None:
+        time.sleep(1.0)
+    sup.stop("train")
+    if code != 0:
+        tail = (Path(trainer.out) / "logs" / "train.log").read_text(errors="replace").strip().splitlines()[-8:]
+        raise RolloutbusError(f"rolloutbus train --algorithm sft exited with {code}:\n  " + "\n  ".join(tail))
+    time.sleep(2.0)  # the follower reads the versions it published
+    with live.lock:
+        result = FitResult(list(live.steps), dict(live.versions), {k: list(v) for k, v in live.rewards_by_version.items()},
+                           len(rewards), time.monotonic() - t_start)
+    say(f"done       SFT published version(s) {sorted(result.versions)}; {result.rollouts} rollouts collected, {result.seconds:.0f}s")
     return result
 
 
