@@ -8,7 +8,8 @@
 #             topics the code uses, Service ports/probes against what each process serves, spools on
 #             volumes, nothing on an open address without credentials (ports compose publishes on every
 #             interface, /metrics without ROLLOUTBUS_METRICS_TOKEN), the read-only analyst ClickHouse
-#             account (deploy/validate/commands.py, with the project's Python)
+#             account, a `serve --engine vllm` policy server's vLLM image, GPU and model
+#             (deploy/validate/commands.py, with the project's Python)
 #   DDL     : the cluster form of deploy/clickhouse/migrations/ parsed and run (localised) in chDB, compared with it
 # compose, k8s and commands read deploy/ through deploy/validate/model.py and run their rules from the one
 # list in deploy/validate/rules.py; the facts taken from the code are in deploy/validate/facts.py.
