@@ -27,6 +27,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM (``timeout``, a service manager, a CI job cancelled) ends this process as Ctrl-C does: a
+    KeyboardInterrupt, so its ``with``/``finally`` blocks stop every process it started. Python's default for SIGTERM
+    is to die at once, which left the broker, the store and the policy engine running with no parent."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as dead)."""
     try:

@@ -72,7 +72,9 @@ def _model_source(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rolloutbus.demo.driver import DemoConfig, run_demo
+    from rolloutbus.localproc import stop_on_sigterm
 
+    stop_on_sigterm()
     cfg = DemoConfig.from_args(args)
     if cfg.algorithm == "apo":
         from rolloutbus.demo.apo import run_apo_demo
