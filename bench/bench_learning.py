@@ -32,18 +32,22 @@ from typing import Any
 
 from bench.common import ROOT
 
-SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi")
+SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi", "rolloutbus-vllm-single", "rolloutbus-vllm-multi")
 LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
-          "rolloutbus-multi": "rolloutbus, multi-turn agent"}
+          "rolloutbus-multi": "rolloutbus, multi-turn agent", "rolloutbus-vllm-single": "rolloutbus + vLLM, single-turn",
+          "rolloutbus-vllm-multi": "rolloutbus + vLLM, multi-turn agent"}
+DEFAULT_SYSTEMS = SYSTEMS[:3]  # the vLLM rows need `make vllm`'s virtualenv (6.2 GB): asked for by --systems
 
 
-def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path) -> Any:
+def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path, engine: str = "torch") -> Any:
+    """The demo's SQL run as every row trains it; ``engine`` serves the policy, for training and for evaluation
+    (version 0 is scored by each engine's own server: vLLM samples in bfloat16, torch's serve in float32)."""
     from rolloutbus.demo.driver import DemoConfig
 
     return DemoConfig(task="sql", minutes=args.minutes, group_size=4, runners=16, groups_per_step=2, held_out=args.held_out,
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
-                      keep_running=True)  # one broker for every run (each demo run recreates its topics); stopped at the end
+                      engine=engine, keep_running=True)  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
 def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
@@ -51,11 +55,12 @@ def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def run_rolloutbus(args: argparse.Namespace, single: bool, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
+def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
     from rolloutbus.demo.driver import run_demo_result
 
-    key = "single" if single else "multi"
-    cfg = demo_config(args, single, run, out)
+    single, engine = system.endswith("-single"), "vllm" if "-vllm-" in system else "torch"
+    key = ("single" if single else "multi") + ("" if engine == "torch" else f"-{engine}")
+    cfg = demo_config(args, single, run, out, engine)
     t0 = time.monotonic()
     res = run_demo_result(cfg, first_scores=first.get(key))
     first.setdefault(key, res.first_scores)
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=5.0, help="training budget per run (wall clock)")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     p.add_argument("--held-out", type=int, default=90, help="held-out questions (a third on the training databases)")
     p.add_argument("--validation", type=int, default=20, help="validation questions per version (rolloutbus rows)")
     p.add_argument("--validate-every", type=int, default=1)
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             if system == "trl-single":
                 r = run_trl(args, run, out, first)
             else:
-                r = run_rolloutbus(args, system == "rolloutbus-single", run, out, first)
+                r = run_rolloutbus(args, system, run, out, first)
             r["load_after"] = os.getloadavg()[0]
             results[system].append(r)
             args.out.mkdir(parents=True, exist_ok=True)

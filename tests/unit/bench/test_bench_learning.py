@@ -1,0 +1,46 @@
+"""The learning bench's rows: which engine serves each rolloutbus row, and version 0 scored once per engine and form."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import bench_learning as bl
+
+ARGS = argparse.Namespace(minutes=1.0, held_out=9, validation=3, validate_every=1)
+
+
+@pytest.mark.parametrize(("system", "engine", "single", "key"), [
+    ("rolloutbus-single", "torch", True, "single"), ("rolloutbus-multi", "torch", False, "multi"),
+    ("rolloutbus-vllm-single", "vllm", True, "single-vllm"), ("rolloutbus-vllm-multi", "vllm", False, "multi-vllm")])
+def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, system: str, engine: str,
+                                              single: bool, key: str) -> None:
+    seen: dict[str, Any] = {}
+
+    class Result:
+        first_scores, chosen_scores, subsets, chosen, final, validation = [0.0, 1.0], [1.0, 1.0], {}, 1, 1, {}
+        steps, rollouts, train_s, step_time_s, cpu_s, early_stopped = 2, 32, 60.0, 10.0, {}, False
+
+    def fake_run(cfg: Any, first_scores: list[float] | None = None) -> Result:
+        seen.update(cfg=cfg, first=first_scores)
+        return Result()
+
+    monkeypatch.setattr("rolloutbus.demo.driver.run_demo_result", fake_run)
+    first = {"single": [0.5, 0.5]}  # torch's single-turn version 0, scored by an earlier row
+    row = bl.run_rolloutbus(ARGS, system, 0, tmp_path, first)
+    cfg = seen["cfg"]
+    assert (cfg.engine, cfg.single_turn) == (engine, single)
+    assert cfg.serve_args() == (["--engine", "vllm"] if engine == "vllm" else [])
+    # Version 0 is reused only when the same engine scored the same form: vLLM samples in bfloat16, torch in float32.
+    assert seen["first"] == ([0.5, 0.5] if key == "single" else None)
+    assert first[key] == ([0.5, 0.5] if key == "single" else [0.0, 1.0])
+    assert row["rollouts"] == 32
+
+
+def test_the_vllm_rows_are_asked_for_by_name() -> None:
+    args = bl.SYSTEMS
+    assert set(bl.DEFAULT_SYSTEMS) == {"rolloutbus-single", "trl-single", "rolloutbus-multi"}
+    assert {"rolloutbus-vllm-single", "rolloutbus-vllm-multi"} <= set(args) and set(bl.LABELS) == set(args)
