@@ -51,9 +51,10 @@ def missing_extra(command: str, exc: ImportError) -> str | None:
     top = (exc.name or "").split(".")[0]
     if not isinstance(exc, ModuleNotFoundError) or not top or top in OUR_PACKAGES:
         return None
+    from foundation.extras import install_hint
+
     extra = COMMAND_EXTRAS.get(command, "all")
-    return (f"`rolloutbus {command}` needs the '{extra}' extra, and {top} is not installed: "
-            f"pip install 'rolloutbus[{extra}]'")
+    return f"`rolloutbus {command}` needs the '{extra}' extra, and {top} is not installed: {install_hint(extra)}"
 
 
 def _common(args: argparse.Namespace) -> Any:

@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             import rocksdict  # noqa: F401
         except ImportError as exc:
-            raise ConfigError("state store rocksdb:// needs rocksdict: pip install 'rolloutbus[rocksdb]'") from exc
+            from foundation.extras import install_hint
+
+            raise ConfigError(f"state store rocksdb:// needs rocksdict: {install_hint('rocksdb')}") from exc
 
     # Probes answer from here on: /healthz at once, /readyz 503 until the span stage holds partitions.
     health = StreamHealth(stall_s=s.streams_stall_s)

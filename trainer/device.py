@@ -11,6 +11,7 @@ import importlib.util
 from typing import Any
 
 from foundation.errors import ConfigError
+from foundation.extras import install_hint
 
 _WHERE = "(--device / ROLLOUTBUS_TRAIN_DEVICE)"
 
@@ -62,7 +63,7 @@ def check_backend(backend: str, device: str) -> Any:
         raise ConfigError(f"backend {backend!r} (--backend / ROLLOUTBUS_TRAIN_BACKEND): must be torch or verl")
     why = _verl_import_error()
     if why is not None:
-        raise ConfigError(f"--backend verl needs the gpu extra (verl, vLLM): verl is {why}: pip install 'rolloutbus[gpu]' "
+        raise ConfigError(f"--backend verl needs the gpu extra (verl, vLLM): verl is {why}: {install_hint('trainer,gpu')} "
                           "(or train with --backend torch)")
     if device == "cpu":
         raise ConfigError("--backend verl trains on CUDA GPUs, not with --device cpu: use --backend torch for the CPU")

@@ -233,7 +233,7 @@ class ContinuousBatch:
                          past_key_values=past, use_cache=True, logits_to_keep=1)
         if any(getattr(layer, "is_sliding", False) for layer in out.past_key_values.layers):
             raise RolloutbusError("this model uses sliding-window attention, which this server's batching does not "
-                                  "support: serve it with vLLM (pip install 'rolloutbus[gpu]')")
+                                  "support: serve it with vLLM (`rolloutbus serve --engine vllm`; `make vllm` installs it)")
         rows = [_Row(key, m, t, Generation([], [], "length"), len(p), p) for (key, p, m, t) in todo]
         self._merge(rows, out.past_key_values, attn)
         return done + self._advance(out.logits[:, -1, :].float(), first=len(self._rows) - n)

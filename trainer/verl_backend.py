@@ -102,7 +102,9 @@ def to_data_proto(groups: Sequence[GroupBatch], pad_id: int, meta_info: dict[str
     try:
         from verl import DataProto
     except ImportError as exc:
-        raise ConfigError("verl is not installed: pip install 'rolloutbus[gpu]'") from exc
+        from foundation.extras import install_hint
+
+        raise ConfigError(f"verl is not installed: {install_hint('trainer,gpu')}") from exc
     import numpy as np
 
     tensors = to_verl_tensors(groups, pad_id, **kw)

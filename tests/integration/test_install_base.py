@@ -176,6 +176,6 @@ def test_the_base_install_emits_spans_without_the_heavy_stack(tmp_path: Path, ka
         argv = [command, "SELECT 1"] if command == "query" else [command]
         r = subprocess.run([str(rolloutbus), *argv], env=env, capture_output=True, text=True, timeout=60)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert r.returncode == 2 and len(lines) == 1 and f"pip install 'rolloutbus[{extra}]'" in lines[0], (command, r.stderr[-2000:])
+        assert r.returncode == 2 and len(lines) == 1 and f"pip install -e '.[{extra}]' in a rolloutbus checkout" in lines[0], (command, r.stderr[-2000:])
     r = subprocess.run([str(rolloutbus), "status"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and f"{topics.prefix}spans" in r.stdout, r.stdout + r.stderr

@@ -90,7 +90,7 @@ def test_verl_without_the_extra_names_it(no_io: None, capsys: pytest.CaptureFixt
     if importlib.util.find_spec("verl") is not None:
         pytest.skip("verl is installed here")
     code, line = _train(["--backend", "verl"], capsys)
-    assert code == 2 and "pip install 'rolloutbus[gpu]'" in line and "--backend verl" in line, line
+    assert code == 2 and "pip install -e '" in line and "[trainer,gpu]'" in line and "--backend verl" in line, line
 
 
 def test_verl_that_fails_to_import_is_one_line(no_io: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -101,7 +101,7 @@ def test_verl_that_fails_to_import_is_one_line(no_io: None, tmp_path: Path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "verl", raising=False)
     code, line = _train(["--backend", "verl"], capsys)
-    assert code == 2 and "fails to import" in line and "transformers 5.16" in line and "rolloutbus[gpu]" in line, line
+    assert code == 2 and "fails to import" in line and "transformers 5.16" in line and "[trainer,gpu]'" in line, line
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
@@ -118,7 +118,7 @@ def test_the_backend_comes_from_the_environment_too(no_io: None, monkeypatch: py
     monkeypatch.setenv("ROLLOUTBUS_TRAIN_BACKEND", "verl")
     monkeypatch.setattr("trainer.device._verl_import_error", lambda: "not installed")
     code, line = _train([], capsys)
-    assert code == 2 and "rolloutbus[gpu]" in line, line
+    assert code == 2 and "[trainer,gpu]'" in line, line
 
 
 # ------------------------------------------------------------------------------------------ placement

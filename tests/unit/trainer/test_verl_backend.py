@@ -36,7 +36,7 @@ def test_cpu_path_never_imports_verl_or_vllm() -> None:
     assert "verl" not in sys.modules and "vllm" not in sys.modules
 
 
-@pytest.mark.skipif(not verl_available(), reason="verl is not installed (pip install 'rolloutbus[gpu]')")
+@pytest.mark.skipif(not verl_available(), reason="verl is not installed (pip install -e '.[trainer,gpu]')")
 def test_data_proto_from_groups() -> None:
     from trainer.verl_backend import to_data_proto
 
