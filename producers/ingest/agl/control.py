@@ -200,6 +200,8 @@ class ControlState:
         rollout = self.rollouts_v03.get(rid)
         if rollout is None:
             return 404, {"detail": f"Rollout {rid} not found"}
+        if rollout.get("status") == "queuing":  # its task is on rb.tasks: a dequeue would start it a second time
+            return 409, {"detail": f"Rollout {rid} is queuing: a dequeue starts its attempt"}
         attempt = {"rollout_id": rid, "attempt_id": rec["attempt_id"], "sequence_id": len(self.attempts_v03.get(rid, [])) + 1,
                    "start_time": rec["now"], "end_time": None, "status": "preparing", "worker_id": rec.get("worker_id"),
                    "last_heartbeat_time": None, "metadata": None}

@@ -255,6 +255,7 @@ def test_0_3_attempts_start_attempt_update_rollout_and_statistics_on_the_control
     assert call(routes, "POST", "/v1/agl/rollouts/ro-none", {"metadata": {}})[0] == 404
     routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-q", "status": "queuing"}]})
     assert call(routes, "POST", "/v1/agl/rollouts/ro-q", {"status": "cancelled"})[0] == 409, "its task is still on rb.tasks"
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-q/attempts", None)[0] == 409, "a dequeue starts it"
     stats = call(routes, "GET", "/v1/agl/statistics")[1]
     assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (2, 2, 0)
 
