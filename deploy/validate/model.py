@@ -365,15 +365,20 @@ def dockerfile_stages(path: Path = DOCKERFILE) -> list[Stage]:
     return stages
 
 
-def stage_env(stages: list[Stage], name: str) -> dict[str, str]:
-    """The ``ENV`` a stage runs with: its own over those of the stages it is built ``FROM`` (by name)."""
+def stage_chain(stages: list[Stage], name: str) -> list[Stage]:
+    """The stage ``name`` and those it is built ``FROM`` (by name), nearest first."""
     by_name = {s.name: s for s in stages if s.name}
     chain, stage = [], by_name.get(name)
     while stage is not None and stage not in chain:
         chain.append(stage)
         stage = by_name.get(stage.base)
+    return chain
+
+
+def stage_env(stages: list[Stage], name: str) -> dict[str, str]:
+    """The ``ENV`` a stage runs with: its own over those of the stages it is built ``FROM``."""
     env: dict[str, str] = {}
-    for s in reversed(chain):
+    for s in reversed(stage_chain(stages, name)):
         env.update(s.env)
     return env
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from facts import vllm_version
-from model import DOCKERFILE, ComposeFile, Kustomization, Stage, dockerfile_stages, stage_env, under
+from model import DOCKERFILE, ComposeFile, Kustomization, Stage, dockerfile_stages, stage_chain, stage_env, under
 from processes import Process, Processes
 
 PYTHON_ENV = "ROLLOUTBUS_VLLM_PYTHON"
@@ -44,16 +44,6 @@ def _arg_defaults(stage: Stage) -> dict[str, str]:
     return dict(re.findall(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)", "\n".join(stage.instructions), re.M))
 
 
-def _ancestry(stages: list[Stage], name: str) -> list[Stage]:
-    """The stage ``name`` and those it is built ``FROM``, nearest first."""
-    by_name = {s.name: s for s in stages if s.name}
-    chain, stage = [], by_name.get(name)
-    while stage is not None and stage not in chain:
-        chain.append(stage)
-        stage = by_name.get(stage.base)
-    return chain
-
-
 def image_problems(target: str, path: Path = DOCKERFILE) -> list[str]:
     """Why ``path``'s stage ``target`` does not give ``serve --engine vllm`` the vLLM ``make test`` runs; [] when it does."""
     stages = dockerfile_stages(path)
@@ -64,7 +54,7 @@ def image_problems(target: str, path: Path = DOCKERFILE) -> list[str]:
     if not python:
         return [f"{where}: sets no ENV {PYTHON_ENV}: `serve --engine vllm` would install vLLM's CPU build at start"]
     venv = python.rsplit("/bin/", 1)[0]
-    chain = _ancestry(stages, target)
+    chain = stage_chain(stages, target)
     makers = [s for s in stages if any(re.search(rf"-m venv\s+{re.escape(venv)}(\s|$)", i) for i in s.instructions)]
     if not makers:
         return [f"{where}: {PYTHON_ENV}={python}, but no stage makes the virtualenv {venv}"]
