@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from rolloutbus.localproc import free_port
+from tests.conftest import free_port_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900), pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
                                                           reason="the demo runs on the local stack only")]
 
 
 def test_production_demo_trains_on_late_feedback_for_taskless_traffic(tmp_path: Path) -> None:
-    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(free_port()),
-               PYTHONUNBUFFERED="1", ROLLOUTBUS_STORE_PORT=str(free_port()))
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(free_port_run((0, 1))),
+               PYTHONUNBUFFERED="1", ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "demo", "--production", "--quick", "--no-dashboard",
