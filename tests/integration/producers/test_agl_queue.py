@@ -131,11 +131,13 @@ def test_each_rollout_is_claimed_once_across_two_replicas(replicas: Any, kafka_c
     bad = requests.post(f"{a.agl}/queues/rollouts/enqueue", json={"rollouts": [{"mode": "train"}]}, timeout=5)
     assert bad.status_code == 422 and "'input'" in bad.json()["detail"]
     # These replicas have only the embedded engine's DSN: a rollout reads back from the control records (any
-    # replica); the reads of attempts and spans need a ClickHouse server: 501, saying so.
+    # replica), its attempt too; the reads of spans need a ClickHouse server: 501, saying so.
     got = requests.get(f"{b.agl}/rollouts/{ids[0]}", timeout=5)
     assert got.status_code == 200 and got.json()["rollout_id"] == ids[0], got.text
-    no = requests.get(f"{a.agl}/rollouts/{ids[0]}/attempts", timeout=5)
-    assert no.status_code == 501 and f"GET /v1/agl/rollouts/{ids[0]}/attempts" in no.json()["detail"]
+    attempts = requests.get(f"{a.agl}/rollouts/{ids[0]}/attempts", timeout=5).json()["items"]
+    assert [x["attempt_id"] for x in attempts] == [got.json()["attempt"]["attempt_id"]]
+    no = requests.get(f"{a.agl}/spans", params={"rollout_id": ids[0]}, timeout=5)
+    assert no.status_code == 501 and "GET /v1/agl/spans" in no.json()["detail"]
 
     # Each claim STARTED its attempt on rb.spans (the span stage's task and attempt number), and ended there.
     records = consume_all(kafka_conf, topics.spans, expect=24, timeout=20)
