@@ -19,6 +19,7 @@ says which to use when):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,7 +27,16 @@ from dataclasses import dataclass, field
 
 from streams.grouping import advantages
 
-ESTIMATORS = ("none", "loo")  # what the feedback stage's --feedback-baseline takes
+ESTIMATORS = ("none", "loo", "prompt")  # what the feedback stage's --feedback-baseline takes
+
+
+def prompt_key(steps: Sequence[Mapping[str, object]]) -> str:
+    """A rollout's prompt key: a digest of its first turn's prompt token ids (the same user request, or the
+    same template filled alike, gives the same key); "" when it has no step."""
+    if not steps:
+        return ""
+    ids = steps[0].get("prompt_token_ids") or []
+    return hashlib.blake2b(",".join(str(int(i)) for i in ids).encode(), digest_size=12).hexdigest()  # type: ignore[union-attr]
 
 
 def prompt_key_advantages(rollouts: Iterable[tuple[str, str, float]], *, scale_by_std: bool = True, eps: float = 1e-6,
@@ -100,4 +110,4 @@ def truncated_importance_weights(behaviour_logprobs: Sequence[float], current_lo
     return [min(math.exp(c - b), clip) for b, c in zip(behaviour_logprobs, current_logprobs)]
 
 
-__all__ = ["ESTIMATORS", "LeaveOneOutBaseline", "leave_one_out", "prompt_key_advantages", "truncated_importance_weights"]
+__all__ = ["ESTIMATORS", "LeaveOneOutBaseline", "leave_one_out", "prompt_key", "prompt_key_advantages", "truncated_importance_weights"]

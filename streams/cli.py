@@ -39,8 +39,9 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
     ("--feedback-window", {"type": float, "dest": "feedback_window_s",
                            "help": "seconds after a rollout finished that its late feedback is applied (default 3600)"}),
-    ("--feedback-baseline", {"choices": ["none", "loo"], "dest": "feedback_baseline",
-                             "help": "advantage of a task-less rollout trained on its feedback: loo (default) or none"}),
+    ("--feedback-baseline", {"choices": ["none", "loo", "prompt"], "dest": "feedback_baseline",
+                             "help": "advantage of a task-less rollout trained on its feedback: loo (default: the agent's running "
+                                     "leave-one-out mean), prompt (the same prompt's earlier feedback) or none"}),
 ]
 
 

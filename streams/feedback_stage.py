@@ -30,7 +30,7 @@ from prometheus_client import Counter
 from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, Feedback
-from streams.baselines import LeaveOneOutBaseline
+from streams.baselines import ESTIMATORS, LeaveOneOutBaseline, prompt_key
 from streams.checkpoint import Checkpoint
 from streams.feedback import AGAIN, APPLY, StoredRollout, agent_of, apply, verdict
 from streams.groups_stage import _refused_for_good
@@ -68,14 +68,17 @@ class FeedbackStage:
     Each record costs up to three ClickHouse reads on the event loop (the rollout, its group, its steps): sized
     for feedback (a fraction of the rollouts, minutes apart), not for span rates.
 
-    ``baseline``: ``none`` (advantage = the reward) or ``loo`` (the reward minus the agent's running
-    leave-one-out mean over the last ``baseline_window`` feedback rewards of its partition)."""
+    ``baseline``: ``none`` (advantage = the reward), ``loo`` (the reward minus the agent's running
+    leave-one-out mean over the last ``baseline_window`` feedback rewards of its partition) or ``prompt``
+    (the same over the earlier feedback rewards of the rollouts with its prompt key, :func:`prompt_key`:
+    the streaming form of a prompt-key group; a key's first feedback has no baseline and trains with 0).
+    Both running baselines are kept per partition of the feedback topic (its table entries move with it)."""
 
     def __init__(self, app: Any, *, sink: Any, health: StreamHealth, batches_topic: Any, dlq_topic: Any, table: Any,
                  flush: Callable[[], None], submit: Callable[[], int], window_s: float, baseline: str = "loo",
                  baseline_window: int = 64, pipelined: bool = True) -> None:
-        if baseline not in ("none", "loo"):
-            raise ValueError(f"feedback baseline must be none or loo, got {baseline!r}")
+        if baseline not in ESTIMATORS:
+            raise ValueError(f"feedback baseline must be one of {', '.join(ESTIMATORS)}, got {baseline!r}")
         self.app, self.sink, self.health = app, sink, health
         self.batches_topic, self.dlq_topic, self.table = batches_topic, dlq_topic, table
         self.window_s, self.baseline, self.baseline_window = window_s, baseline, baseline_window
@@ -111,7 +114,8 @@ class FeedbackStage:
             return
         assert rollout is not None
         steps = await self._steps(rollout) if rollout.trains else []
-        advantage = self._advantage(msg.partition, agent_of(steps), fb.value) if what == APPLY and steps else 0.0
+        key = prompt_key(steps) if self.baseline == "prompt" else agent_of(steps)
+        advantage = self._advantage(msg.partition, key, fb.value) if what == APPLY and steps else 0.0
         done = apply(fb, rollout, steps, advantage)
         source = (msg.topic, msg.partition, msg.offset)
         self.sink.add("rollouts", done.rollout_row, source)
@@ -126,9 +130,11 @@ class FeedbackStage:
         return json.loads(raw) if raw else {}
 
     def _advantage(self, partition: int, agent: str, reward: float) -> float:
+        """``agent``: the baseline's key — the agent (loo) or the prompt key (prompt)."""
         if self.baseline == "none":
             return reward
-        key = f"\x1fbaseline\x1f{partition}".encode()  # not a rollout id: ids are printable
+        # not rollout ids (ids are printable); a prompt key's window is an entry of its own, as small as one rollout's
+        key = (f"\x1fbaseline\x1f{partition}" if self.baseline == "loo" else f"\x1fprompt\x1f{partition}\x1f{agent}").encode()
         raw = self.table.data.get(key)
         loo = LeaveOneOutBaseline.from_state(json.loads(raw) if raw else {}, self.baseline_window)
         adv = loo.advantage(agent, reward)

@@ -44,8 +44,9 @@ class StreamSettings(CommonSettings):
                                    "processed for this long.")
     feedback_window_s: float = Field(default=3600.0, gt=0, description="Late feedback is applied when given at most this "
                                      "long after its rollout finished; later, it is dead-lettered (feedback.after_window).")
-    feedback_baseline: Literal["none", "loo"] = Field(default="loo", description="Advantage of a task-less rollout trained on "
-                                                      "its feedback: loo (reward minus the agent's running leave-one-out mean) or none.")
+    feedback_baseline: Literal["none", "loo", "prompt"] = Field(default="loo", description="Advantage of a task-less rollout trained on "
+                                                      "its feedback: loo (reward minus the agent's running leave-one-out mean), prompt (minus the "
+                                                      "running mean of the earlier feedback on the same prompt) or none.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
     shutdown_timeout_s: float = Field(
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."

@@ -95,3 +95,28 @@ def test_the_stage_keeps_a_running_baseline_per_partition_and_agent_in_its_table
     none = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
                          flush=lambda: None, submit=lambda: 0, window_s=60, baseline="none")
     assert none._advantage(0, "solver", 0.25) == 0.25
+
+
+def test_the_prompt_baseline_compares_a_rollout_with_the_earlier_feedback_on_its_prompt() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from streams.baselines import prompt_key
+    from streams.feedback_stage import FeedbackStage
+
+    table = SimpleNamespace(data={})
+    sink = SimpleNamespace(written=0, submitted=0, pending=0, buffered=0)
+    stage = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
+                          flush=lambda: None, submit=lambda: 0, window_s=60, baseline="prompt", baseline_window=2)
+    a, b = prompt_key([{"prompt_token_ids": [1, 2, 3]}]), prompt_key([{"prompt_token_ids": [1, 2, 4]}])
+    assert a != b and a == prompt_key([{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [9]}])  # the first turn's
+    assert prompt_key([]) == ""
+    got = [stage._advantage(p, key, r) for p, key, r in
+           [(0, a, 1.0), (0, a, 0.0), (0, b, 1.0), (0, a, 1.0), (1, a, 0.0), (0, a, 0.0), (0, b, 0.0)]]
+    # a on partition 0: no baseline; 0 − 1; then 1 − mean(1, 0); 0 − mean(0, 1) (window 2). b and partition 1 start afresh.
+    assert got == [0.0, -1.0, 0.0, 0.5, 0.0, -0.5, -1.0]
+    assert len(stage._dirty) == 3  # one table entry per prompt key and partition
+    with pytest.raises(ValueError, match="none, loo, prompt"):
+        FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
+                      flush=lambda: None, submit=lambda: 0, window_s=60, baseline="group")
