@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--production: the longest delay, seconds; delays are log-uniform in between (default 90; --quick 8)")
     p.add_argument("--feedback-window", dest="window_s", metavar="S", type=Bounded(float, gt=0), default=None,
                    help="--production: the stream worker's window for late feedback, seconds (default 600)")
+    p.add_argument("--feedback-baseline", dest="baseline", choices=["loo", "prompt", "none"], default=None,
+                   help="--production: the worker's baseline: loo (default: the agent's running leave-one-out mean), prompt "
+                   "(the same request's earlier feedback) or none")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

@@ -1,7 +1,7 @@
 """The production demo (``rolloutbus demo --production``): the agent serves requests that carry no task id,
 as a deployed agent does; a simulated user sends feedback for a fraction of them, seconds to minutes later
 (:func:`producers.emit_feedback`); the stream worker applies it within its window and trains each such
-rollout once with the running leave-one-out baseline (``--feedback-baseline loo``, streams.baselines).
+rollout once with a running baseline (``--feedback-baseline loo``, or ``prompt``: streams.baselines).
 
 Nothing is replayed: every request is one rollout, answered once, by whichever version serves it. The
 agent's own reward is unknown when it answers (it returns none); the user's judgement — whether the answer
@@ -36,9 +36,9 @@ class ProductionConfig:
     delay_min_s: float = 2.0  # the feedback's delay after the answer: log-uniform in [min, max]
     delay_max_s: float = 90.0
     window_s: float = 600.0  # the stream worker's --feedback-window
+    baseline: str = "loo"  # the stream worker's --feedback-baseline (loo | prompt | none)
     groups_per_step: int = 32  # one feedback = one one-rollout batch: rollouts per optimiser step
     max_staleness: int = 8  # feedback trains a rollout served some versions ago
-    sft_first: bool = False  # --sft-first: rejection-sampling fine-tuning on the well-judged rollouts, then the RL phase
 
     @classmethod
     def quick(cls) -> ProductionConfig:
@@ -49,7 +49,7 @@ class ProductionConfig:
     def from_args(cls, args: Any) -> ProductionConfig:
         """The defaults (``--quick``'s for a smoke run) with the flags given."""
         cfg = cls.quick() if getattr(args, "quick", False) else cls()
-        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "sft_first"):
+        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -60,10 +60,14 @@ class ProductionConfig:
         return cfg
 
     def process_args(self) -> list[str]:
-        return ["--feedback-window", f"{self.window_s:g}", "--feedback-baseline", "loo"]
+        return ["--feedback-window", f"{self.window_s:g}", "--feedback-baseline", self.baseline]
 
     def train_args(self) -> list[str]:
         return ["--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness)]
+
+
+BASELINES = {"loo": "reward − the agent's running leave-one-out mean", "prompt": "reward − the running mean of the same prompt's "
+             "earlier feedback", "none": "the reward"}
 
 
 def feedback_delay(rng: random.Random, fraction: float, lo: float, hi: float) -> float | None:
@@ -214,7 +218,7 @@ def start_traffic(settings: Any, cfg: Any, task: Any, proxy_url: str, say: Any) 
     agent = agent_class(task.agent)(proxy=proxy_url)
     say(f"traffic    {cfg.runners} requests at once, no task ids; the user judges {prod.feedback_fraction:.0%} of the answers "
         f"{prod.delay_min_s:g}–{prod.delay_max_s:g} s later (log-uniform); the worker applies feedback within "
-        f"{prod.window_s:g} s and trains each judged rollout once, advantage = reward − the running leave-one-out mean")
+        f"{prod.window_s:g} s and trains each judged rollout once, advantage = " + BASELINES[prod.baseline])
     return Traffic(settings, task.train, agent, prod, cfg.runners, cfg.seed, say)
 
 

@@ -81,6 +81,7 @@ def test_demo_config_takes_the_production_flags() -> None:
     assert cfg.production == ProductionConfig(feedback_fraction=0.25, delay_max_s=30.0)
     assert cfg.production.process_args() == ["--feedback-window", "600", "--feedback-baseline", "loo"]
     assert cfg.production.train_args() == ["--groups-per-step", "32", "--max-staleness", "8"]
+    assert DemoConfig.from_args(_args(production=True, baseline="prompt")).production.process_args()[-1] == "prompt"
     quick = DemoConfig.from_args(_args(production=True, quick=True))
     assert quick.production == ProductionConfig.quick()
     with pytest.raises(ConfigError, match="feedback-delay-max"):
