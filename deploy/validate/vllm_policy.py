@@ -7,7 +7,8 @@
   runs an image other than the one its other processes run (that one has no vLLM);
 - an NVIDIA GPU: a compose device reservation with ``capabilities: [gpu]``, a k8s ``nvidia.com/gpu`` limit;
   and a Deployment holding a GPU per pod updates without asking for one more (``Recreate`` or ``maxSurge: 0``);
-- a model vLLM can load: not ``--model tiny`` (the project's char model, which ``--engine vllm`` refuses).
+- a model vLLM can load: not ``--model tiny`` (the project's char model, which ``--engine vllm`` refuses), and
+  trainers beside it that start from a Hugging Face model (their default, ``tiny``, is what they would publish).
 
 Which routes its probes may use is rule 4's (wiring.py, from the gate's own module: facts.routes_for).
 """
@@ -35,6 +36,13 @@ def _model(p: Process) -> list[str]:
         return [f"{p.container.where}: `serve --engine vllm` loads a Hugging Face model directory, not --model tiny "
                 "(the project's char model): leave --model out to serve the versions the trainer publishes"]
     return []
+
+
+def _trainers(vllm: list[Process], trainers: list[Process]) -> list[str]:
+    """Each vLLM server beside a trainer that publishes the tiny char model (its default): vLLM cannot load it."""
+    tiny = [t.container.where for t in trainers if t.ns.command == "train" and getattr(t.settings, "train_model", "") == "tiny"]
+    return [f"{p.container.where}: {where} trains and publishes the tiny char model (no --model), which vLLM cannot load: "
+            "start it from a Hugging Face model directory (--model DIR / ROLLOUTBUS_TRAIN_MODEL)" for p in vllm for where in tiny]
 
 
 # --------------------------------------------------------------------------- the image (deploy/Dockerfile)
@@ -90,7 +98,14 @@ def _gpu_reserved(service: dict[str, Any]) -> bool:
 def compose(f: ComposeFile, procs: Processes) -> list[str]:
     """Rule 11 (compose, the base and the files layered on it): vLLM in the image, a GPU reserved, a real model."""
     problems = []
-    for p in _vllm(procs):
+    vllm = _vllm(procs)
+    trainers = list(procs)
+    if f.base is not None and vllm:  # the base's trainers run too, unless this file overrides them
+        mine = {c.declared_in for c in f.containers}
+        base = ComposeFile(f.path.with_name("(base)"), f.base)
+        trainers += [q for q in Processes(base.containers) if q.container.declared_in not in mine]
+    problems += _trainers(vllm, trainers)
+    for p in vllm:
         svc = p.container.declared_in
         spec = f.merged(svc) if f.base is not None else f.services[svc]
         where = p.container.where
@@ -116,6 +131,7 @@ def k8s(k: Kustomization, procs: Processes) -> list[str]:
     problems = []
     vllm = _vllm(procs)
     others = {p.container.spec.get("image") for p in procs if not any(p.container is v.container for v in vllm)}
+    problems += _trainers(vllm, list(procs))
     for p in vllm:
         c, where = p.container, p.container.where
         image = c.spec.get("image")

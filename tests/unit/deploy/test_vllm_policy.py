@@ -46,7 +46,8 @@ def test_the_gpu_overlay_and_compose_file_run_the_vllm_engine_and_pass(overlay: 
     assert _rule11(overlay) == ""
     base = model.load_compose(DEPLOY / "docker-compose.yml")
     layered = model.ComposeFile(GPU_COMPOSE, model.load_compose(GPU_COMPOSE), base)
-    assert [c.argv[:3] for c in layered.containers] == [["serve", "--engine", "vllm"]]
+    assert [c.argv[:3] for c in layered.containers if c.argv[0] == "serve"] == [["serve", "--engine", "vllm"]]
+    assert [c.argv[-2:] for c in layered.containers if c.argv[0] == "train"] == [["--model", "/models/base"]] * 2
     assert commands.check_compose(GPU_COMPOSE, base) == []
     proc = run_tool(tools, "import compose; raise SystemExit(compose.main([]))")  # the schema, in the tool venv
     assert proc.returncode == 0 and "compose.gpu-vllm.yml against the schema" in proc.stdout, proc.stderr
@@ -148,3 +149,21 @@ def test_a_schema_violation_in_the_gpu_compose_file_is_reported(tools: dict[str,
     path.write_text(yaml.safe_dump(doc))
     proc = run_tool(tools, f"import compose; from pathlib import Path; print(compose.overlay_errors(Path({str(path)!r})))")
     assert proc.returncode == 0 and "compose.gpu-vllm.yml: services/policy/shm_size" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_trainer_beside_it_that_publishes_the_tiny_char_model_fails(overlay: list[dict[str, Any]], tmp_path: Path) -> None:
+    objs = copy.deepcopy(overlay)
+    trainer = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "rolloutbus-trainer")
+    args = trainer["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-2:] == ["--model", "/models/base"]
+    del args[-2:]
+    assert ("container policy: overlays/gpu-vllm: StatefulSet/rolloutbus-trainer container trainer trains and publishes the "
+            "tiny char model (no --model), which vLLM cannot load") in _rule11(objs)
+
+    doc = yaml.safe_load(GPU_COMPOSE.read_text())
+    del doc["services"]["trainer"], doc["services"]["trainer-gpu"]  # the base's trainers run as they are
+    path = tmp_path / "compose.gpu-vllm.yml"
+    path.write_text(yaml.safe_dump(doc))
+    problems = "\n".join(commands.check_compose(path, model.load_compose(DEPLOY / "docker-compose.yml")))
+    for svc in ("trainer", "trainer-gpu"):
+        assert f"service policy: (base): service {svc} trains and publishes the tiny char model" in problems, problems
