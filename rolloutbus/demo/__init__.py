@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--production", action="store_true", help="requests with no task id, as a deployed agent serves them; a "
                    "simulated user sends feedback later for a fraction of them, and the worker trains each judged rollout once "
                    "with a running leave-one-out baseline (rolloutbus/demo/production.py)")
+    p.add_argument("--request-rate", dest="rate", metavar="R", type=Bounded(float, ge=0), default=None,
+                   help="--production: requests a second, at most (default 8; --quick 10; 0: as fast as the agents answer)")
     p.add_argument("--feedback-fraction", dest="feedback_fraction", metavar="F", type=Bounded(float, gt=0, le=1), default=None,
                    help="--production: the share of answers the user judges (default 0.5; --quick 0.7)")
     p.add_argument("--feedback-delay-min", dest="delay_min_s", metavar="S", type=Bounded(float, gt=0), default=None,
@@ -55,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feedback-baseline", dest="baseline", choices=["loo", "prompt", "none"], default=None,
                    help="--production: the worker's baseline: loo (default: the agent's running leave-one-out mean), prompt "
                    "(the same request's earlier feedback) or none")
+    p.add_argument("--sft-first", dest="sft_first", action="store_true", default=None,
+                   help="--production: serve the warm-up untrained for 40%% of the minutes, fine-tune on the positively judged "
+                   "rollouts (rolloutbus train --algorithm sft, the best one per prompt), then train on the feedback from there")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

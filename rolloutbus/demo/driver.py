@@ -516,11 +516,14 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         serve_port, proxy_port = free_port(), free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
                               "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])
-        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args()])
+        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args(),
+                            *(cfg.production.serve_args(str(base)) if cfg.production else [])])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
-        sup.start("train", ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
-                            "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
-                            *task.train_args, *validate_args])
+        train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
+                      "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
+                      *task.train_args, *validate_args]
+        if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
+            sup.start("train", train_argv)
         follower.start()
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", cfg.serve_start_s, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
@@ -533,7 +536,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         if cfg.production is not None:
             from rolloutbus.demo.production import start_traffic
 
-            feeder: Any = start_traffic(settings, cfg, task, f"http://127.0.0.1:{proxy_port}", say)
+            feeder: Any = start_traffic(settings, cfg, task, f"http://127.0.0.1:{proxy_port}", say, sup, train_argv)
         else:
             feeder = TaskFeeder(settings, train, cfg, live)
         train_for = cfg.minutes * 60
@@ -622,12 +625,12 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         from rolloutbus.demo.report import report
 
         report(settings, cfg, live, first, chosen, first_scores, chosen_scores, say, task.title, task.first_label,
-               subsets=task.subsets, final_label=("after feedback" if cfg.production else "after GRPO")
+               subsets=task.subsets, final_label=(cfg.production.label if cfg.production else "after GRPO")
                + ("" if chosen == final else ", validation's choice"), evaluated=tuple(evaluated))
         if cfg.production is not None:
             from rolloutbus.demo.production import production_report
 
-            production_report(settings, say)
+            production_report(settings, say, live.steps, feeder.user.stats.feedback_sent)
         stack.keep_store = True
         say(f"done in {time.monotonic() - t_start:.0f}s.")
         if stack.store is not None:

@@ -33,23 +33,29 @@ class ProductionConfig:
     """What the simulated deployment does (``rolloutbus demo --production``'s flags)."""
 
     feedback_fraction: float = 0.5  # of the requests served, the share the user gives feedback on
+    rate: float = 8.0  # requests a second, at most (0: as fast as the agents answer); the worker's feedback stage
+    # applies a few a second on 2 loaded cores (3 ClickHouse reads each), so faster traffic leaves feedback waiting
     delay_min_s: float = 2.0  # the feedback's delay after the answer: log-uniform in [min, max]
     delay_max_s: float = 90.0
     window_s: float = 600.0  # the stream worker's --feedback-window
     baseline: str = "loo"  # the stream worker's --feedback-baseline (loo | prompt | none)
+    sft_first: bool = False  # SFT on the positively judged traffic first, then the feedback training (SFTFirst)
+    sft_at: float = 0.4  # --sft-first: the share of the training minutes served before the SFT
+    sft_epochs: int = 2
+    sft_lr: float = 1e-3
     groups_per_step: int = 32  # one feedback = one one-rollout batch: rollouts per optimiser step
     max_staleness: int = 8  # feedback trains a rollout served some versions ago
 
     @classmethod
     def quick(cls) -> ProductionConfig:
         """The smoke run's: short delays, a step every few feedbacks."""
-        return cls(feedback_fraction=0.7, delay_min_s=2.0, delay_max_s=8.0, groups_per_step=4)
+        return cls(feedback_fraction=0.7, delay_min_s=2.0, delay_max_s=8.0, groups_per_step=4, rate=10.0)
 
     @classmethod
     def from_args(cls, args: Any) -> ProductionConfig:
         """The defaults (``--quick``'s for a smoke run) with the flags given."""
         cfg = cls.quick() if getattr(args, "quick", False) else cls()
-        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline"):
+        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline", "sft_first", "rate"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -61,6 +67,14 @@ class ProductionConfig:
 
     def process_args(self) -> list[str]:
         return ["--feedback-window", f"{self.window_s:g}", "--feedback-baseline", self.baseline]
+
+    @property
+    def label(self) -> str:
+        return "after SFT, then feedback" if self.sft_first else "after feedback"
+
+    def serve_args(self, base: str) -> list[str]:
+        """--sft-first: no trainer publishes version 0 before the SFT, so the server starts on the warm-up itself."""
+        return ["--model", base] if self.sft_first else []
 
     def train_args(self) -> list[str]:
         return ["--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness)]
@@ -147,18 +161,70 @@ def agent_class(spec: str) -> type[LitAgent]:
     return cls
 
 
+class SFTFirst:
+    """``--sft-first``: the deployment serves the warm-up, untrained, for ``sft_at`` of the training time (the
+    feedback is applied and its batches wait on rb.batches); then ``rolloutbus train --algorithm sft`` fine-tunes
+    on the positively judged task-less rollouts (the best one per prompt; ``<out>/logs/sft.log``) and publishes
+    its versions; then the feedback trainer starts from the SFT's checkpoint (the same checkpoint directory) and
+    trains on the feedback, the waiting batches first: rejection-sampling fine-tuning, then RL."""
+
+    def __init__(self, prod: ProductionConfig, sup: Any, train_argv: list[str], base: str, after_s: float, say: Any) -> None:
+        self.prod, self.sup, self.train_argv, self.base, self.after_s, self.say = prod, sup, train_argv, base, after_s, say
+        self.t0 = time.monotonic()
+        self.state = "serve"
+        self.proc: Any = None
+
+    def command(self) -> list[str]:
+        return ["train", "--algorithm", "sft", "--model", self.base, "--threads", "1", "--sft-where", "r.task_id = ''",
+                "--sft-min-reward", "1", "--sft-key", "prompt", "--sft-top-k", "1", "--sft-epochs", str(self.prod.sft_epochs),
+                "--sft-lr", str(self.prod.sft_lr)]
+
+    def poll(self) -> None:
+        import subprocess
+        import sys
+
+        if self.state == "serve" and time.monotonic() - self.t0 >= self.after_s:
+            self.say(f"sft        {time.monotonic() - self.t0:.0f} s served untrained: rolloutbus {' '.join(self.command())}")
+            log = self.sup.log_dir / "sft.log"
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", *self.command()], stdout=out,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.sup.env,
+                                             start_new_session=True)
+            self.state = "sft"
+        elif self.state == "sft" and self.proc.poll() is not None:
+            log = (self.sup.log_dir / "sft.log").read_text(errors="replace").splitlines()
+            said = [ln for ln in log if ln.startswith("SFT")]
+            if self.proc.returncode != 0:
+                from foundation.errors import RolloutbusError
+
+                raise RolloutbusError(f"the SFT exited with {self.proc.returncode}: " + " / ".join((said or log)[-4:]))
+            for line in said:
+                self.say(f"sft        {line}")
+            self.say("sft        done: the feedback trainer starts from its checkpoint")
+            self.sup.start("train", self.train_argv)
+            self.state = "rl"
+
+    def close(self) -> None:
+        import os
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
 class Traffic:
     """Requests with no task id, ``concurrency`` at once, from the training problems at random, each served
     once by the newest version; the user's feedback sent as it falls due. The demo's loop calls
     :meth:`top_up` (as it does the task feeder's) and :meth:`close` when time is up."""
 
     def __init__(self, settings: Any, problems: list[Any], agent: LitAgent, prod: ProductionConfig, concurrency: int,
-                 seed: int, say: Any) -> None:
+                 seed: int, say: Any, sft: SFTFirst | None = None) -> None:
         from producers.runner import ResourceFollower
         from producers.settings import AgentSettings
         from producers.transport import SpanTransport
 
-        self.say = say
+        self.say, self.sft = say, sft
         # the follower's version changes would interleave the live table (run-agent logs them in its own file)
         logging.getLogger("producers.runner").setLevel(logging.WARNING)
         agent_settings = AgentSettings(data_dir=settings.data_dir)
@@ -170,6 +236,9 @@ class Traffic:
         self.problems = problems
         self.resources = ResourceFollower(settings.kafka_conf(), settings.topics.resources).start()
         self.stop = threading.Event()
+        self.interval = 1.0 / prod.rate if prod.rate > 0 else 0.0
+        self.next_slot = time.monotonic()
+        self.slot_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._serve, args=(seed * 1000 + i,), name=f"demo-traffic-{i}", daemon=True)
                         for i in range(concurrency)]
         for t in self.threads:
@@ -183,6 +252,12 @@ class Traffic:
     def _serve(self, seed: int) -> None:
         rng = random.Random(seed)
         while not self.stop.is_set():
+            if self.interval:  # the request rate: one slot every interval, whichever agent is free takes it
+                with self.slot_lock:
+                    now = time.monotonic()
+                    slot = self.next_slot = max(now, self.next_slot + self.interval)
+                if self.stop.wait(max(0.0, slot - now)):
+                    break
             problem = rng.choice(self.problems)
             policy = self.resources.current().get("policy")
             res = self.agent.run(problem.to_json(), {}, task_id="", mode="train",
@@ -194,8 +269,12 @@ class Traffic:
 
     def top_up(self) -> None:
         self.user.send_due()
+        if self.sft is not None:
+            self.sft.poll()
 
     def close(self) -> None:
+        if self.sft is not None:
+            self.sft.close()
         self.stop.set()
         for t in self.threads:
             t.join(120)
@@ -208,22 +287,26 @@ class Traffic:
                  f"{s.feedback_sent} ({s.feedback_positive} positive); {s.left_unsent} still due at the end were not sent")
 
 
-def start_traffic(settings: Any, cfg: Any, task: Any, proxy_url: str, say: Any) -> Traffic:
-    """The deployment's traffic for the demo's ``task`` (its sampling agent behind ``proxy_url``)."""
+def start_traffic(settings: Any, cfg: Any, task: Any, proxy_url: str, say: Any, sup: Any = None,
+                  train_argv: list[str] | None = None) -> Traffic:
+    """The deployment's traffic for the demo's ``task`` (its sampling agent behind ``proxy_url``); with
+    ``--sft-first``, ``train_argv`` (the trainer's command, not started yet) is started after the SFT."""
     prod: ProductionConfig = cfg.production
     import os
 
     # the task's agent as run-agent would start it: its environment (sampling temperature, rewrites) applies
     os.environ.update(task.env)
     agent = agent_class(task.agent)(proxy=proxy_url)
-    say(f"traffic    {cfg.runners} requests at once, no task ids; the user judges {prod.feedback_fraction:.0%} of the answers "
+    say(f"traffic    {'up to ' + format(prod.rate, 'g') + ' requests a second, ' if prod.rate else ''}{cfg.runners} at once, no task ids; the user judges {prod.feedback_fraction:.0%} of the answers "
         f"{prod.delay_min_s:g}–{prod.delay_max_s:g} s later (log-uniform); the worker applies feedback within "
         f"{prod.window_s:g} s and trains each judged rollout once, advantage = " + BASELINES[prod.baseline])
-    return Traffic(settings, task.train, agent, prod, cfg.runners, cfg.seed, say)
+    sft = SFTFirst(prod, sup, train_argv or [], str(task.model), prod.sft_at * cfg.minutes * 60, say) if prod.sft_first else None
+    return Traffic(settings, task.train, agent, prod, cfg.runners, cfg.seed, say, sft)
 
 
-def production_report(settings: Any, say: Any) -> dict[str, int]:
-    """What the feedback did, from ClickHouse: task-less rollouts stored, judged, trained; dead letters by reason."""
+def production_report(settings: Any, say: Any, steps: list[dict[str, Any]] | None = None, sent: int | None = None) -> dict[str, int]:
+    """What the feedback did, from ClickHouse: task-less rollouts stored, judged, sent to training; dead letters by
+    reason; and from the trainer's steps (``steps``: their metrics, as the demo followed them) what it took."""
     from foundation.clickhouse import connect
 
     client = connect(settings.dsn, database=settings.clickhouse_database, create_database=False)
@@ -234,17 +317,25 @@ def production_report(settings: Any, say: Any) -> dict[str, int]:
             "FROM rollouts FINAL WHERE mode = 'train' AND task_id = ''").result_rows[0]
         dead = client.query("SELECT reason, count() FROM dead_letters WHERE stage = 'streams.feedback' GROUP BY reason "
                             "ORDER BY reason").result_rows
-        steps = client.query("SELECT uniqExact(step) FROM train_steps").result_rows[0][0]
+        n_steps = client.query("SELECT uniqExact(step) FROM train_steps").result_rows[0][0]
     finally:
         client.close()
     say("")
     say("[bold]feedback[/bold] (task-less rollouts, as recorded in ClickHouse):")
     say(f"  {stored} rollouts without a task id stored; {judged} got the user's feedback, applied once; "
-        f"{trained} trained on it (one-rollout batches, served by {versions} versions); {steps} optimiser steps")
+        f"{trained} trained on it (one-rollout batches, served by {versions} versions); {n_steps} optimiser steps")
+    if steps:
+        last = steps[-1]
+        took = int(sum(float(s.get("groups", 0)) for s in steps))
+        say(f"  the trainer's steps took {took} of those batches; {int(last.get('batches_dropped_stale', 0))} came more than "
+            "--max-staleness versions late and were dropped (a trainer slower than the traffic: the rest were still waiting)")
+    if sent is not None and sent > judged + sum(int(n) for _, n in dead):
+        say(f"  {sent - judged - sum(int(n) for _, n in dead)} feedback sent were not applied yet when the worker stopped "
+            "(its feedback stage behind the traffic)")
     say("  dead-lettered feedback: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none"))
-    return {"stored": int(stored), "judged": int(judged), "trained": int(trained), "steps": int(steps),
+    return {"stored": int(stored), "judged": int(judged), "trained": int(trained), "steps": int(n_steps),
             "dead": sum(int(n) for _, n in dead)}
 
 
-__all__ = ["ProductionConfig", "ServedAgent", "SimulatedUser", "Traffic", "agent_class", "feedback_delay",
+__all__ = ["ProductionConfig", "SFTFirst", "ServedAgent", "SimulatedUser", "Traffic", "agent_class", "feedback_delay",
            "production_report", "start_traffic"]

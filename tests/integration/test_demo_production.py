@@ -46,11 +46,12 @@ def test_production_demo_trains_on_late_feedback_for_taskless_traffic(tmp_path: 
         assert stored >= n_served - n_failed and judged == n_sent and trained == judged, text[-3000:]
         assert steps >= 1 and versions >= 1
         assert "dead-lettered feedback: none" in text
+        assert re.search(r"the trainer's steps took \d+ of those batches", text), text[-3000:]
 
         def query(sql: str) -> list[str]:
             q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", sql], env=env, capture_output=True, text=True, timeout=120)
             assert q.returncode == 0, q.stderr
-            return q.stdout.splitlines()[2:]
+            return [line.strip() for line in q.stdout.splitlines()[2:]]
 
         # nothing was grouped or replayed: every training rollout is task-less, and the published versions came from them
         assert query("SELECT count() FROM rollouts FINAL WHERE mode = 'train' AND task_id != ''") == ["0"]
