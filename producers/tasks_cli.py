@@ -55,7 +55,20 @@ def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
     return tasks
 
 
+def single_rollout_line(tasks: list[Any]) -> str | None:
+    """The warning for train tasks that run once (group_size 1, the default for a line without one): no GRPO group
+    of the stream worker's size fills from them, so nothing trains and the worker only says so minutes later."""
+    n = sum(1 for t in tasks if t.mode == "train" and t.group_size < 2)
+    if not n:
+        return None
+    return (f"warning: {n} of {len(tasks)} train tasks have group_size 1 (the default for a line without one): each runs "
+            "once, and the stream worker trains on groups of rollouts of one task (`rolloutbus process --group-size`, "
+            'default 4): add "group_size" to those lines or publish with --group-size 4')
+
+
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from confluent_kafka import Producer
 
     from foundation.config import CommonSettings, load_settings
@@ -67,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot read {args.file}: {exc}") from exc
     tasks = parse_tasks(lines, args.group_size)
+    warning = single_rollout_line(tasks)
+    if warning:
+        print(warning, file=sys.stderr)
     from confluent_kafka import KafkaError
 
     from foundation.kafka_admin import kafka_failure
