@@ -110,3 +110,38 @@ def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[An
     assert _call(a2, "GET", "/workers/w-1")["heartbeat_stats"] == {"cpu": 0.5}
     assert next_id(a2) == 43, "the counter replays too"
     assert _call(a2, "GET", f"/rollouts/{started['rollout_id']}/attempts/latest")["sequence_id"] == 2
+
+
+def test_its_own_client_writes_on_one_replica_and_reads_on_the_other(replicas: list[Any], tmp_path: Path) -> None:
+    """The same semantics through Agent Lightning 0.3.0's own ``LightningStoreClient`` (al_replicas_driver.py, in its
+    virtualenv), one client per replica."""
+    import json
+    import os
+    import subprocess
+
+    from al_venv import ENV, ALInstallError, ensure_venv
+
+    try:
+        python = ensure_venv()
+    except ALInstallError as exc:
+        pytest.fail(f"Agent Lightning is needed for this test and could not be installed: {exc}")
+    (a, _), (b, _) = replicas
+    out = tmp_path / "replicas.json"
+    al_env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}, **ENV}
+    urls = [base.replace("http://", f"http://agl:{TOKEN}@") for base in (a, b)]
+    run = subprocess.run([str(python), str(Path(__file__).resolve().parent / "al_replicas_driver.py"), *urls, str(out)],
+                         env=al_env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0 and out.exists(), (run.stdout + run.stderr)[-6000:]
+    got = json.loads(out.read_text())
+    assert got["latest_on_b"] == [True, 1, "preparing"]
+    assert got["ids"] == list(range(1, 21)), "20 concurrent callers on two replicas: each id once"
+    assert got["added_id"] == 100 and got["next_after_100"] == 101, "a span's own id moves the counter above it"
+    assert got["status_after_failed"] == "failed"
+    assert got["retry"] == [2, "preparing", "w-2"]
+    assert got["attempts_on_a"] == [[1, "failed"], [2, "preparing"]]
+    assert got["status_after_succeeded"] == "succeeded"
+    assert got["enqueued_on_a"] == [[True, "queuing"]]
+    assert got["update_reply"] == got["update_on_b"] == {"note": "kept"}
+    assert got["worker_on_b"] == {"cpu": 0.25}
+    assert got["resources"][1] == [got["resources"][0]]
+    assert got["statistics"] == [2, 2, 1]
