@@ -546,7 +546,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         header = (f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'success (last 128)':>18} "
                   f"{'loss':>8} {'clip':>6}  {'elapsed':>7}")
         say(header)
-        while time.monotonic() - t_train < train_for:
+        while time.monotonic() - t_train < train_for + getattr(feeder, "paused_s", 0.0):  # --sft-first: the SFT's time added
             if sup.returncode("train") == 0:
                 early_stopped = True
                 say("training   the trainer stopped early: validation stopped improving")

@@ -173,6 +173,12 @@ class SFTFirst:
         self.t0 = time.monotonic()
         self.state = "serve"
         self.proc: Any = None
+        self.started = self.ended = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """How long the SFT ran (so far): the demo adds it to the training time, the RL phase keeps its share."""
+        return (self.ended or time.monotonic()) - self.started if self.started else 0.0
 
     def command(self) -> list[str]:
         return ["train", "--algorithm", "sft", "--model", self.base, "--threads", "1", "--sft-where", "r.task_id = ''",
@@ -186,12 +192,13 @@ class SFTFirst:
         if self.state == "serve" and time.monotonic() - self.t0 >= self.after_s:
             self.say(f"sft        {time.monotonic() - self.t0:.0f} s served untrained: rolloutbus {' '.join(self.command())}")
             log = self.sup.log_dir / "sft.log"
-            with open(log, "ab") as out:
+            with open(log, "wb") as out:  # this run's lines only: they are read back below
                 self.proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", *self.command()], stdout=out,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.sup.env,
                                              start_new_session=True)
-            self.state = "sft"
+            self.state, self.started = "sft", time.monotonic()
         elif self.state == "sft" and self.proc.poll() is not None:
+            self.ended = time.monotonic()
             log = (self.sup.log_dir / "sft.log").read_text(errors="replace").splitlines()
             said = [ln for ln in log if ln.startswith("SFT")]
             if self.proc.returncode != 0:
@@ -266,6 +273,11 @@ class Traffic:
                 with self.user.lock:
                     self.user.stats.failed += 1
                 time.sleep(0.5)  # the server may be restarting: not a hot loop
+
+    @property
+    def paused_s(self) -> float:
+        """Seconds the training clock stood still (the SFT of ``--sft-first``)."""
+        return self.sft.seconds if self.sft is not None else 0.0
 
     def top_up(self) -> None:
         self.user.send_due()
