@@ -12,10 +12,11 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from foundation.errors import ServiceError
 
@@ -27,15 +28,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm() -> Any:
     """From now on SIGTERM (``timeout``, a service manager, a CI job cancelled) ends this process as Ctrl-C does: a
     KeyboardInterrupt, so its ``with``/``finally`` blocks stop every process it started. Python's default for SIGTERM
-    is to die at once, which left the broker, the store and the policy engine running with no parent."""
+    is to die at once, which left the broker, the store and the policy engine running with no parent. Returns the
+    handler it replaced (to put back); a handler of the caller's own, or a call off the main thread, is left as is."""
 
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+    return previous
+
+
+def restore_sigterm(previous: Any) -> None:
+    """Put back the handler :func:`stop_on_sigterm` replaced."""
+    if threading.current_thread() is threading.main_thread() and previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def alive(pid: int) -> bool:

@@ -92,6 +92,7 @@ class Trainer:
         """Train: the local stack, the stream worker, the policy server, the proxy, the trainer and the runners
         (``rolloutbus`` commands, logs under ``out/logs``), tasks fed from ``train_dataset``; the validation
         tasks scored for each version. Everything started is stopped on return, an error or Ctrl-C."""
+        from rolloutbus.localproc import restore_sigterm, stop_on_sigterm
         from rolloutbus.trainer_api.fit import run_fit
 
         self._guard()
@@ -100,7 +101,11 @@ class Trainer:
         if not train:
             raise ConfigError("fit needs a train_dataset: a list of dicts, one per task")
         val = [row_json(row, i) for i, row in enumerate(val_dataset or [])]
-        return run_fit(self, agent, train, val)
+        previous = stop_on_sigterm()  # a SIGTERM to the script stops what fit started, as Ctrl-C does
+        try:
+            return run_fit(self, agent, train, val)
+        finally:
+            restore_sigterm(previous)
 
 
 __all__ = ["Trainer", "row_json"]
