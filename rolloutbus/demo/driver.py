@@ -384,6 +384,15 @@ def reset_local_state(settings: CommonSettings, say: Any) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(t.startswith(settings.topic_prefix) for t in a.list_topics(timeout=10).topics):
             time.sleep(0.5)
+    # The previous run's consumer groups go too: a group's offsets can outlive its topic's deletion, and a consumer
+    # whose committed offset lies past the end of the recreated topic waits there (seen: faust on <prefix>feedback).
+    groups = [g.group_id for g in a.list_consumer_groups().result().valid
+              if g.group_id.startswith((settings.topic_prefix, "demo-live-"))]
+    for fut in (a.delete_consumer_groups(groups).values() if groups else ()):
+        try:
+            fut.result()
+        except Exception:  # noqa: BLE001 - still active (another run), or already gone
+            pass
     for attempt in range(20):
         try:
             ensure_topics(settings.kafka_conf(), topic_specs(settings.topics, 4))
