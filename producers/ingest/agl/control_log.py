@@ -158,8 +158,8 @@ class ControlLog:
             return self._results.get(offset, (503, {"detail": "the answer of this write is no longer known; read it back"}))
 
     def peek(self, fn: Callable[[ControlState], Any]) -> Any:
-        """``fn(state)`` as this replica applied it so far: no round trip, possibly behind the partition (never ahead)."""
-        self.start()
+        """``fn(state)`` as this replica applied it so far: no round trip, never waits for Kafka (the state is empty
+        before the first call started the replica's reader), possibly behind the partition, never ahead."""
         with self._lock:
             return fn(self.state)
 

@@ -227,7 +227,8 @@ class LightningStoreRoutes:
             status = event.status if event is not None and event.status else body.get("status")
             known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
                                                       if a["attempt_id"] == attempt_id), None))
-            if event is not None or (status is not None and known is not None and known.get("status") != status):
+            # This replica's view may lag (an attempt dequeued through another one): not known here is written too.
+            if event is not None or (status is not None and (known is None or known.get("status") != status)):
                 await self._record({"op": "v03_status", "rollout_id": rollout_id, "attempt_id": attempt_id,
                                     "status": status, "end_time": reply["end_time"], "now": reply["last_heartbeat_time"],
                                     "worker_id": body.get("worker_id")})
