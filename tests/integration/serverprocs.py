@@ -16,7 +16,8 @@ import requests
 from bench.common import free_port
 from bench.common import stop_process as stop
 
-__all__ = ["free_port", "stop", "wait_http", "rss_mib", "assert_memory_bounded", "RSS_GROWTH_MIB"]
+__all__ = ["free_port", "stop", "wait_http", "rss_mib", "assert_memory_bounded", "RSS_GROWTH_MIB", "processes_with",
+           "start_until_line"]
 
 # How much more resident memory a server may hold after fuzzing than before: generous (bodies of a few MiB,
 # the allocator keeping freed arenas), but a leak per request (thousands of requests) passes it.
@@ -49,3 +50,32 @@ def assert_memory_bounded(what: str, pid: int, before_mib: float, bound_mib: flo
     after = rss_mib(pid)
     assert after - before_mib < bound_mib, f"{what}: resident memory grew {before_mib:.0f} -> {after:.0f} MiB while fuzzed"
     return f"{what} {before_mib:.0f} -> {after:.0f} MiB"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (a run's data dir): what a run left behind, whatever its name."""
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def start_until_line(cmd: list[str], env: dict[str, str], cwd: Path, prefix: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start ``cmd`` with its output piped and read until a line starts with ``prefix``; the process and its lines so
+    far (an AssertionError with them when it ends first). The caller stops it."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return proc, lines
+    proc.wait()
+    raise AssertionError(f"{cmd[:4]} ended before printing {prefix!r}:\n" + "".join(lines))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port_run
-from tests.integration.examples.test_fit_interrupt import processes_with
+from tests.integration.serverprocs import processes_with, start_until_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(360),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="the demo runs on the local stack only")]
@@ -25,17 +24,9 @@ def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(data), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--no-dashboard", "--out", str(tmp_path / "out")],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+    proc, lines = start_until_line([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--no-dashboard", "--out",
+                                    str(tmp_path / "out")], env, tmp_path, "started    stream processor")
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("started    stream processor"):
-                break
-        else:
-            pytest.fail("the demo ended before starting its processes:\n" + "".join(lines))
         time.sleep(3)
         assert len(processes_with(f"ROLLOUTBUS_DATA_DIR={data}")) >= 6  # broker, store, process, serve, proxy, train, runners
         proc.send_signal(signal.SIGTERM)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,23 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port_run
+from tests.integration.serverprocs import processes_with, start_until_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="fit runs on the local stack only")]
 SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "sql_langgraph" / "train_sql_agent.py"
-
-
-def processes_with(marker: str) -> list[int]:
-    """Processes whose environment holds ``marker`` (this run's data dir)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_ctrl_c_stops_everything_fit_started(tmp_path: Path) -> None:
@@ -39,18 +26,10 @@ def test_ctrl_c_stops_everything_fit_started(tmp_path: Path) -> None:
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(data), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "10", "--runners", "2", "--train", "4",
-                             "--validation", "2", "--max-tokens", "4", "--out", str(tmp_path / "out")],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+    proc, lines = start_until_line([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "10", "--runners", "2",
+                                    "--train", "4", "--validation", "2", "--max-tokens", "4", "--out", str(tmp_path / "out")],
+                                   env, tmp_path, "started    stream processor")
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("started    stream processor"):
-                break
-        else:
-            pytest.fail("fit ended before starting its processes:\n" + "".join(lines))
         time.sleep(5)
         assert len(processes_with(f"ROLLOUTBUS_DATA_DIR={data}")) >= 6  # broker, store, process, serve, proxy, train, runners
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends the foreground process
