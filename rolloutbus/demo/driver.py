@@ -497,6 +497,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
     if cfg.production is not None:  # the worker's feedback flags; one-rollout batches per step, older versions trained
         task.process_args += cfg.production.process_args()
         task.train_args += cfg.production.train_args()
+        task.validation = []  # no runners answer the trainer's validation tasks here: the held-out evaluation judges
     validate_args: list[str] = []
     if task.validation:
         val_file = demo_dir / "validation.jsonl"
