@@ -55,6 +55,7 @@ class ControlState:
     # Agent Lightning 0.3's store (its own Rollout shape): rollouts enqueued or started, their status; its workers.
     rollouts_v03: dict[str, dict[str, Any]] = field(default_factory=dict)
     attempts_v03: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # rollout → its attempts, in order
+    resource_sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # resources_id → its ResourcesUpdate
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, record: Mapping[str, Any]) -> Result:
@@ -222,6 +223,13 @@ class ControlState:
         if "status" in rec["fields"]:
             rollout["end_time"] = rec["now"] if rec["fields"]["status"] in ROLLOUT_ENDED else None
         return 200, copy.deepcopy(rollout)
+
+    def _op_resources_set(self, rec: Mapping[str, Any]) -> Result:
+        """``update``: a set of resources (a ``ResourcesUpdate``) this API named or served, kept by its id (the first
+        record of an id wins), so ``get_resources_by_id`` answers it after newer versions came."""
+        update = rec["update"]
+        self.resource_sets.setdefault(update["resources_id"], copy.deepcopy(dict(update)))
+        return 200, None
 
     def _op_worker(self, rec: Mapping[str, Any]) -> Result:
         """``worker``: a heartbeat (``update_worker``): its stats (kept when it sends none) and time."""

@@ -258,6 +258,18 @@ class LightningStoreRoutes:
         update = resources_update(current) if current is not None else None
         return update["resources_id"] if update is not None else None
 
+    async def _remember(self, update: dict[str, Any] | None) -> None:
+        """Keep a set this API named or served in the control records (once per id), so ``get_resources_by_id`` answers
+        it through any replica after newer versions replaced it on rb.resources (a rollout enqueued under it)."""
+        if self.control is None or update is None:
+            return
+        if update["resources_id"] not in self.control.peek(lambda s: s.resource_sets):
+            await self._record({"op": "resources_set", "update": update})
+
+    def _newest(self) -> dict[str, Any] | None:
+        current = self.resources()
+        return resources_update(current) if current is not None else None
+
     async def enqueue(self, request: web.Request) -> web.Response:
         """``enqueue_rollout(s)``: each rollout a task on rb.tasks; answers its ``Rollout``s (queuing)."""
         if (refused := self.door.refused(request)) is not None:
@@ -270,6 +282,7 @@ class LightningStoreRoutes:
             return self.door.refuse(422, f"not an enqueue request: {exc}")
         if not reqs:
             return web.json_response([], status=201)
+        await self._remember(self._newest())
         try:
             replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
         except KafkaUnavailable as exc:
@@ -316,6 +329,7 @@ class LightningStoreRoutes:
         except (MappingError, EnqueueError, ValueError) as exc:  # ValueError: not one rollout
             return self.door.refuse(422, f"not a rollout request: {exc}")
         rid, aid, now = new_rollout_id(), new_attempt_id(), time.time()
+        await self._remember(self._newest())
         task = task_from_request(req, rollout_id=rid, resources_id=req.get("resources_id") or self._resources_id(),
                                  now_ns=int(now * 1e9))
         worker = req.get("worker_id") if isinstance(req.get("worker_id"), str) else None
@@ -391,16 +405,16 @@ class LightningStoreRoutes:
             return await self.not_on_the_bus(request)
         try:
             counts = await self._controlled(lambda s: (len(s.rollouts_v03), sum(map(len, s.attempts_v03.values())),
-                                                       len(s.workers)))
+                                                       len(s.workers), set(s.resource_sets)))
         except KafkaUnavailable as exc:
             return self.door.busy(f"{exc}; retry later")
         return web.json_response({"name": "rolloutbus", "total_rollouts": counts[0], "total_attempts": counts[1],
-                                  "total_spans": None, "total_resources": 1 if self._resources_id() else 0,
+                                  "total_spans": None, "total_resources": len(counts[3] | {self._resources_id()} - {None}),
                                   "total_workers": counts[2], "uptime": time.monotonic() - self.started})
 
     async def query_resources(self, request: web.Request) -> web.Response:
-        """``query_resources``: the newest set of resources (older sets are ClickHouse's ``resource_versions``, not
-        sets: not answered), filtered and paged as its store pages them."""
+        """``query_resources``: the sets this API named or served (the control records), and the newest, filtered and
+        paged as its store pages them."""
         if (refused := self.door.refused(request)) is not None:
             return refused
         current = self.resources()
@@ -408,9 +422,16 @@ class LightningStoreRoutes:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         try:
             q = await self._query(request)
-            return web.json_response(page(resources_page(resources_update(current), q), **self._paging(q, None)))
+            sets = await self._controlled(lambda s: copy.deepcopy(list(s.resource_sets.values()))) if self.control else []
+            newest_set = resources_update(current)
+            if newest_set is not None and all(u["resources_id"] != newest_set["resources_id"] for u in sets):
+                sets.append(newest_set)
+            items = [u for u in sets for _ in resources_page(u, q)]
+            return web.json_response(page(items, **self._paging(q, None)))
         except MappingError as exc:
             return self.door.refuse(422, f"not a query: {exc}")
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
 
     # ------------------------------------------------------------------ reads (ClickHouse)
 
@@ -571,7 +592,9 @@ class LightningStoreRoutes:
         current = self.resources()
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
-        return web.json_response(resources_update(current))
+        update = resources_update(current)
+        await self._remember(update)
+        return web.json_response(update)
 
     async def resources_by_id(self, request: web.Request) -> web.Response:
         if (refused := self.door.refused(request)) is not None:
@@ -580,10 +603,15 @@ class LightningStoreRoutes:
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         update = resources_update(current)
-        # Only the newest set is kept here (older versions are in ClickHouse's resource_versions):
-        # another id answers null, as Agent Lightning's store answers an id it does not hold.
         wanted = request.match_info["resources_id"]
-        return web.json_response(update if update is not None and update["resources_id"] == wanted else None)
+        if update is not None and update["resources_id"] == wanted:
+            return web.json_response(update)
+        if self.control is None:
+            return web.json_response(None)  # only the newest set is held: another id answers null, as its store does
+        try:  # an older set this API named or served; null for one it never did, as its store answers
+            return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.resource_sets.get(wanted))))
+        except KafkaUnavailable as exc:
+            return self.door.busy(f"{exc}; retry later")
 
     async def add_resources(self, request: web.Request) -> web.Response:
         """``add_resources`` and ``update_resources``: the next version of each named resource on rb.resources;
@@ -605,6 +633,7 @@ class LightningStoreRoutes:
             return self.door.busy(f"{exc}; retry later")
         log.info("published through the store API: %s", ", ".join(f"{v.name} v{v.version}" for v in versions))
         update = resources_update(newest(current, versions))
+        await self._remember(update)
         return web.json_response(update, status=201 if "resources_id" not in request.match_info else 200)
 
     async def wait_for_rollouts(self, request: web.Request) -> web.Response:

@@ -269,3 +269,22 @@ def test_0_3_query_resources_answers_the_newest_set() -> None:
     assert status == 200 and got["total"] == 1 and got["items"][0]["resources_id"] == "policy=2"
     assert call(routes, "GET", "/v1/agl/resources?resources_id_contains=policy")[1]["total"] == 1
     assert call(routes, "GET", "/v1/agl/resources?resources_id=other")[1] == {"items": [], "limit": -1, "offset": 0, "total": 0}
+
+
+def test_0_3_an_older_resources_set_a_rollout_was_enqueued_under_answers_after_a_newer_version() -> None:
+    """Its runner fetches a rollout's resources by the id the enqueue named; the trainer may have published a newer
+    version since (rb.resources holds the newest per name): the set is in the control records."""
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from tests.unit.producers.test_agl_store_routes import POLICY, call
+
+    current = {"policy": POLICY}
+    routes = LightningStoreRoutes(MemoryTransport(), lambda: current)  # type: ignore[arg-type]
+    routes.control = LocalControl()
+    assert call(routes, "GET", "/v1/agl/resources/latest")[1]["resources_id"] == "policy=2"
+    current["policy"] = POLICY.model_copy(update={"version": 3})
+    old = call(routes, "GET", "/v1/agl/resources/policy=2")[1]
+    assert old["resources_id"] == "policy=2" and old["resources"]["policy"]["resource_type"] == "proxy_llm"
+    assert call(routes, "GET", "/v1/agl/resources/policy=9")[1] is None, "a set never served: null, as its store"
+    listed = call(routes, "GET", "/v1/agl/resources")[1]
+    assert [u["resources_id"] for u in listed["items"]] == ["policy=2", "policy=3"]
+    assert call(routes, "GET", "/v1/agl/statistics")[1]["total_resources"] == 2
