@@ -144,8 +144,10 @@ def test_agent_lightning_client_and_runner_with_the_gateway_as_its_store(
     assert [(r["version"], r["kind"], r["config"]["endpoint"]) for r in judged] == [
         (1, "model", "http://judge:8000/v1"), (2, "model", "http://judge:8000/v1")]
 
-    # query_resources: the newest set. A call with no meaning on the bus says so, naming the call.
+    # query_resources: the sets it served or named, in that order; an older one still answers by its id. A call with
+    # no meaning on the bus says so, naming the call.
     listed = requests.get(f"{agl}/resources", timeout=5).json()
-    assert [u["resources_id"] for u in listed["items"]] == ["judge=2,policy=1"]
+    assert [u["resources_id"] for u in listed["items"]] == ["policy=1", "judge=1,policy=1", "judge=2,policy=1"]
+    assert requests.get(f"{agl}/resources/judge=1,policy=1", timeout=5).json()["resources_id"] == "judge=1,policy=1"
     resp = requests.get(f"{agl}/queues/rollouts/peek", timeout=5)
     assert resp.status_code == 501 and "GET /v1/agl/queues/rollouts/peek" in resp.json()["detail"]
