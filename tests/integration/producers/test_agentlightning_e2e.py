@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,11 +185,18 @@ def test_agent_lightning_runner_trains_a_policy_through_the_gateway(
         assert latest["resources"]["policy"]["endpoint"] == proxy, "the LLM endpoint its agent gets is our proxy"
         wait_for(lambda: serving(serve, 0), 120, "serve loading version 0", sup)
 
-        # Round 1: four group tasks (GRPO groups of four) and one rollout its own client enqueues.
-        picked = [problems[i] for i in (0, 7, 14, 21, 28)]
-        publish_tasks(env, tmp_path, [{"task_id": f"calc-{i}", "input": json.loads(p.to_json()), "group_size": GROUP}
-                                      for i, p in enumerate(picked[:4])])
-        first = run_al(al_python, gw, tmp_path / "round1.json", 4 * GROUP + 1, [json.loads(picked[4].to_json())])
+        # Round 1: four group tasks (GRPO groups of four) and one rollout its own client enqueues. Its runner takes
+        # them one at a time; the trainer (one group per step) is held until they are all run, so that its version 1
+        # cannot land in the middle of a group (that group would split into calc-N@0 and calc-N@1: seen under load).
+        train = next(m for m in sup.procs if m.name == "train")
+        os.killpg(train.proc.pid, signal.SIGSTOP)
+        try:
+            picked = [problems[i] for i in (0, 7, 14, 21, 28)]
+            publish_tasks(env, tmp_path, [{"task_id": f"calc-{i}", "input": json.loads(p.to_json()), "group_size": GROUP}
+                                          for i, p in enumerate(picked[:4])])
+            first = run_al(al_python, gw, tmp_path / "round1.json", 4 * GROUP + 1, [json.loads(picked[4].to_json())])
+        finally:
+            os.killpg(train.proc.pid, signal.SIGCONT)
         seen1 = first["seen"]
         for rid, s in seen1.items():  # its ProxyLLM routes each attempt to the proxy's per-rollout route
             # An enqueued rollout names the newest set; a published task none (its runner fetches the latest).
@@ -207,7 +215,6 @@ def test_agent_lightning_runner_trains_a_policy_through_the_gateway(
         assert teaching, f"every group tied: {[b.rewards for b in groups.values()]}"
 
         # The trainer takes its step and publishes version 1; the gateway's resources and the server follow.
-        train = next(m for m in sup.procs if m.name == "train")
         assert train.proc.wait(180) == 0, (stack["logs"] / "train.log").read_text()[-3000:]
         assert "trained 1 steps; policy is at version 1" in (stack["logs"] / "train.log").read_text()
         latest = wait_for(lambda: (r := ok(f"{agl}/resources/latest")) and r["resources_id"] == "policy=1" and r, 60,
