@@ -58,14 +58,18 @@ def free_port() -> int:
 
 def start_gateway(env: dict[str, str], data_dir: Path, token: str | None = None) -> tuple[str, subprocess.Popen[str]]:
     """A ``rolloutbus gateway`` process with its own data dir (its spool), as one replica; → (base URL,
-    process). Raises RuntimeError with its output when it does not come up."""
+    process). Its output goes to ``<data_dir>/gateway.log`` (a pipe no one reads would block a gateway that logs a
+    lot, and lose a failing run's log). Raises RuntimeError with that log when it does not come up."""
     port = free_port()
     genv = {**env, "PYTHONPATH": str(REPO), "ROLLOUTBUS_DATA_DIR": str(data_dir)}
     genv.pop("ROLLOUTBUS_GATEWAY_TOKEN", None)
     if token is not None:
         genv["ROLLOUTBUS_GATEWAY_TOKEN"] = token
-    proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=genv,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "gateway.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "producers.ingest.gateway_cli", "--port", str(port)], env=genv,
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -75,7 +79,8 @@ def start_gateway(env: dict[str, str], data_dir: Path, token: str | None = None)
         except requests.ConnectionError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"gateway did not start: {proc.stderr.read() if proc.stderr else ''}")
+    proc.wait(10)
+    raise RuntimeError(f"gateway did not start: {log.read_text(errors='replace')[-4000:]}")
 
 
 def clickhouse_server_env(test_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
