@@ -17,7 +17,7 @@ from bench.common import free_port
 from bench.common import stop_process as stop
 
 __all__ = ["free_port", "stop", "wait_http", "rss_mib", "assert_memory_bounded", "RSS_GROWTH_MIB", "processes_with",
-           "start_until_line"]
+           "kill_processes_with", "start_until_line"]
 
 # How much more resident memory a server may hold after fuzzing than before: generous (bodies of a few MiB,
 # the allocator keeping freed arenas), but a leak per request (thousands of requests) passes it.
@@ -67,10 +67,28 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def kill_processes_with(marker: str) -> None:
+    """SIGKILL what :func:`processes_with` finds: after a test that failed, the run's broker, store and trainer
+    would otherwise keep running, and loading the machine, for the rest of the session."""
+    import os
+    import signal
+
+    for pid in processes_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def start_until_line(cmd: list[str], env: dict[str, str], cwd: Path, prefix: str) -> tuple[subprocess.Popen[str], list[str]]:
     """Start ``cmd`` with its output piped and read until a line starts with ``prefix``; the process and its lines so
-    far (an AssertionError with them when it ends first). The caller stops it."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    far (an AssertionError with them when it ends first). The caller stops it. The child gets SIGINT's default, as a
+    terminal's foreground process has it: a shell that ran this session in the background (``make test &``) ignores
+    SIGINT, an ignored signal stays ignored across exec, and Python then never raises KeyboardInterrupt for it."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -13,17 +13,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port_run
-from tests.integration.serverprocs import processes_with, start_until_line
+from tests.integration.serverprocs import kill_processes_with, processes_with, start_until_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(360),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="the demo runs on the local stack only")]
 
 
-def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
+def test_sigterm_stops_everything_the_demo_started(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     data, kafka_port = tmp_path / "data", free_port_run((0, 1))  # broker, controller
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(data), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
+    request.addfinalizer(lambda: kill_processes_with(f"ROLLOUTBUS_DATA_DIR={data}"))  # after the asserts: what a failed run left
     proc, lines = start_until_line([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--no-dashboard", "--out",
                                     str(tmp_path / "out")], env, tmp_path, "started    stream processor")
     try:
