@@ -71,6 +71,7 @@ from schemas.codec import decode, encode  # noqa: E402
 from schemas.models import GroupBatch, Transition  # noqa: E402
 from trainer.device import CPU_MICRO_BATCH_TOKENS, GPU_MICRO_BATCH_TOKENS  # noqa: E402
 from trainer.grpo import GRPOConfig, group_advantages  # noqa: E402
+from trainer.sft import SFTConfig, sft_ids  # noqa: E402
 from trainer.torch_backend import TorchGRPOBackend  # noqa: E402
 
 FIXTURE = Path(__file__).with_name("recorded_groups.avro")
@@ -116,7 +117,9 @@ CPU_FACTOR = 3.0
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "bf16-mixed": torch.float32}
 # bf16-mixed (the trainer's --precision on a GPU): float32 weights, forward passes under bfloat16 autocast.
 AUTOCAST = {"bf16-mixed": torch.bfloat16}
-VARIANTS = ("recorded", "on_policy_kl")
+# sft: one step of ``rolloutbus train --algorithm sft`` (:func:`trainer.sft.sft_ids`) on the recorded transitions
+# (prompt ids, response ids); SFT takes no --precision (bf16-mixed runs it in float32, as the SFT CLI does).
+VARIANTS = ("recorded", "on_policy_kl", "sft")
 
 
 # ------------------------------------------------------------------------------------------ the batches
@@ -222,12 +225,32 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def run_sft_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str) -> StepRun:
+    """One optimiser step of :func:`trainer.sft.sft_ids` (all transitions in one batch) on a copy of ``policy``
+    moved to ``device`` in ``dtype``; the gradients are read after the step (clipped, as the step used them)."""
+    dev = torch.device(device)
+    model = copy.deepcopy(policy).to(device=dev, dtype=DTYPES[dtype])
+    pairs = [(t.prompt_token_ids, t.response_token_ids) for g in groups for t in g.transitions]
+    sync(dev)
+    t0 = time.perf_counter()
+    losses = sft_ids(model, pairs, SFTConfig(epochs=1, lr=TRAINER_LR, batch_size=len(pairs)), int(model.config.pad_token_id))
+    sync(dev)
+    seconds = time.perf_counter() - t0
+    grads = {n: (p.grad.detach().to("cpu", torch.float64) if p.grad is not None else torch.zeros(p.shape, dtype=torch.float64))
+             for n, p in model.named_parameters()}
+    del model
+    return StepRun(f"{dev.type} {dtype}", {"loss": losses[0]}, grads, seconds)
+
+
 def run_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str, *, ref: Any | None = None,
-             micro_batch_tokens: int = TRAINER_MICRO_BATCH_TOKENS) -> StepRun:
+             micro_batch_tokens: int = TRAINER_MICRO_BATCH_TOKENS, variant: str = "") -> StepRun:
     """One ``TorchGRPOBackend.step`` of a copy of ``policy`` (and of ``ref``) moved to ``device`` in ``dtype``.
 
     The gradients are read after the step, so they are the clipped ones the optimiser used (both sides
-    of a comparison are clipped by their own norms; the metrics carry the norm before clipping)."""
+    of a comparison are clipped by their own norms; the metrics carry the norm before clipping). The ``sft``
+    variant takes :func:`run_sft_step`."""
+    if variant == "sft":
+        return run_sft_step(policy, groups, device, dtype)
     dev = torch.device(device)
     model = copy.deepcopy(policy).to(device=dev, dtype=DTYPES[dtype])
     ref_model = None if ref is None else copy.deepcopy(ref).to(device=dev, dtype=DTYPES[dtype])
@@ -293,17 +316,17 @@ def correctness(groups: Sequence[GroupBatch], config: dict[str, Any], device: st
     second_cpu_run = torch.device(device).type == "cuda" if against_cpu is None else against_cpu
     rows: list[dict[str, Any]] = []
     for variant in VARIANTS:
-        batch = list(groups) if variant == "recorded" else on_policy(groups)
+        batch = on_policy(groups) if variant == "on_policy_kl" else list(groups)
         ref = ref_policy if variant == "on_policy_kl" else None
-        exact = run_step(policy, batch, "cpu", "float64", ref=ref)
+        exact = run_step(policy, batch, "cpu", "float64", ref=ref, variant=variant)
         for dtype in dtypes:
-            target = run_step(policy, batch, device, dtype, ref=ref)
+            target = run_step(policy, batch, device, dtype, ref=ref, variant=variant)
             row: dict[str, Any] = {"variant": variant, "dtype": dtype, "seconds": target.seconds,
                                    "vs_exact": compare(target, exact)}
             limit = dict(TOLERANCES[dtype])
             passed = True
             if second_cpu_run:
-                cpu = run_step(policy, batch, "cpu", dtype, ref=ref)
+                cpu = run_step(policy, batch, "cpu", dtype, ref=ref, variant=variant)
                 row["cpu_vs_exact"] = compare(cpu, exact)
                 limit = {"loss_tol": max(limit["loss_tol"], CPU_FACTOR * row["cpu_vs_exact"]["loss_err"]),
                          "grad_tol": max(limit["grad_tol"], CPU_FACTOR * row["cpu_vs_exact"]["grad_rel_err"])}

@@ -50,6 +50,9 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
         assert r["limit"] == gc.TOLERANCES[r["dtype"]] and e["grad_norm_ref"] > 0 and e["grad_rel_err"] <= r["limit"]["grad_tol"]
     # The on-policy variant trains every response token: its float32 gradients are float64's to rounding.
     assert next(r for r in rows if r["variant"] == "on_policy_kl" and r["dtype"] == "float32")["vs_exact"]["grad_rel_err"] < 1e-4
+    # SFT's step (rolloutbus train --algorithm sft) is gated the same way: its loss is the response tokens' NLL.
+    sft = next(r for r in rows if r["variant"] == "sft" and r["dtype"] == "float32")["vs_exact"]
+    assert sft["grad_rel_err"] < 1e-4 and sft["loss_ref"] > 1.0
     timing = res["timing"]
     assert [(t["model"], t["dtype"], t["micro_batch_tokens"]) for t in timing] == [
         ("tiny", "bf16-mixed", 16384), ("tiny-wide", "bf16-mixed", 16384),
@@ -96,7 +99,7 @@ def test_the_cuda_way_of_the_gate_runs_here() -> None:
     skipped = {"model": "smollm2-1b", "dtype": "float32", "micro_batch_tokens": 16384, "skipped": "past the 360 s budget"}
     md = gc.markdown({"environment": gc.environment("cpu"), "correctness": rows, "timing": [skipped],
                       "verl": {"ran": False, "why": "verl does not import", "what_did_not_fit": "ray"}})
-    assert md.count("| pass |") == 2 and "n/a" not in md.split("## (b)")[0]
+    assert md.count("| pass |") == len(gc.VARIANTS) and "n/a" not in md.split("## (b)")[0]
     assert "| smollm2-1b | | float32 | | 16384 | skipped: past the 360 s budget |" in md and "not run: verl does not import" in md
 
 
