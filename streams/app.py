@@ -10,7 +10,8 @@
   group state in faust tables; a complete (or timed-out) group → advantages → ``GroupBatch`` on
   rb.batches + groups and transitions rows.
 * ``feedback`` — faust agent on ``<prefix>feedback`` (keyed by rollout_id): :class:`streams.feedback_stage.FeedbackStage`,
-  late rewards → the rollout's stored final reward, a one-rollout batch for a task-less rollout, or a dead letter.
+  late rewards → the rollout's stored final reward, a one-rollout batch for a task-less rollout, or a dead letter
+  (the span stage sends a reward span that came after its attempt completed there too).
 * ``resources``/``metrics``/``dlq`` — faust agents that store ResourceVersion, TrainStep, DeadLetter
   records (through the group stage's commit point).
 
@@ -179,6 +180,7 @@ class Worker:
             submit_sink=self.writes.submit if self.cfg.sink_pipelined else None,
             core=self.cfg.core, finish_grace_s=self.cfg.finish_grace_s, rollout_timeout_s=self.cfg.rollout_timeout_s,
             completed_retention_s=self.cfg.completed_retention_s, session_timeout_s=self.cfg.session_timeout_s,
+            feedback_topic=feedback_topic_name(p),
         )
 
     async def run_stage(self) -> None:

@@ -20,6 +20,12 @@ Every outcome but apply/again is dead-lettered with its reason; all are counted.
 the rollout's row itself (``metadata['rolloutbus.feedback_id']``, the reward before it, the advantage it
 trained with), so a replay that finds the row but not the table entry redoes exactly the same thing.
 
+Late reward spans: a span that gives a reward (any encoding :mod:`producers.mapping` reads: Agent Lightning's
+``agentlightning.reward.{i}.*``, its 0.2 annotation ``reward``, AgentOps' reward output, 1.x ``reward`` events,
+ours) and that the span stage reads after its attempt completed is feedback too (:func:`from_late_span`): the
+span stage sends it on the feedback topic and it is decided here like any other. A reward span of an attempt
+still open stays part of its trajectory (the last one is the final reward when the FINISHED names none).
+
 Training: a train rollout that joined no GRPO group (a task-less one: production traffic) is trained once,
 as a one-rollout ``GroupBatch`` with group id ``feedback:<rollout_id>`` and the advantage of the baseline
 estimator (:mod:`streams.baselines`). A rollout that was in a group trained with its first reward; its
@@ -28,6 +34,7 @@ feedback updates the stored reward and is not trained again (a second gradient f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +51,7 @@ FEEDBACK_ID = "rolloutbus.feedback_id"
 REWARD_BEFORE = "rolloutbus.reward_before_feedback"
 ADVANTAGE = "rolloutbus.feedback_advantage"
 GROUP_PREFIX = "feedback:"
+LATE_SPAN = "late_span"  # Feedback.source of a reward span that came after its attempt completed
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,31 @@ def apply(fb: Feedback, rollout: StoredRollout, steps: list[dict[str, Any]], adv
     return out
 
 
+def from_late_span(span: Any, late: bool, arrived_ns: int) -> dict[str, Any] | None:
+    """The Feedback (its Avro dict) that ``span`` stands for, or None: a span the span stage read after its
+    attempt completed (``late``) and that gives a reward (``span.reward``, as mapped from any encoding).
+
+    Its id is the span's, ``span:<attempt id>:<span id>``: the same span delivered again (an exporter's retry, a
+    replay after a restart) is the same feedback and counts once; a second reward span for the rollout is a
+    second feedback (a duplicate). Its time is the span's end (when the reward was given, as
+    ``/v1/feedback/traces`` takes it), else its start, else ``arrived_ns`` (the record's time on the bus)."""
+    reward = getattr(span, "reward", None)
+    if not late or reward is None:
+        return None
+    value = float(reward.value)
+    if not math.isfinite(value):  # the mapping refuses these; a record of another writer may not have
+        return None
+    return {
+        "feedback_id": f"span:{span.attempt_id}:{span.span_id}",
+        "rollout_id": str(span.rollout_id),
+        "value": value,
+        "time_ns": int(span.end_time_ns or span.start_time_ns or arrived_ns),
+        "source": LATE_SPAN,
+        "metadata": {"rolloutbus.attempt_id": str(span.attempt_id), "rolloutbus.span_id": str(span.span_id),
+                     "rolloutbus.span_name": str(span.name)},
+    }
+
+
 def agent_of(steps: list[dict[str, Any]]) -> str:
     """The key of a rollout's running baseline: the agent of its last step ("" when none names one)."""
     for s in reversed(steps):
@@ -161,4 +194,4 @@ def agent_of(steps: list[dict[str, Any]]) -> str:
 
 
 __all__ = ["ADVANTAGE", "AFTER_WINDOW", "AGAIN", "APPLY", "Applied", "DUPLICATE", "FEEDBACK_ID", "GROUP_OPEN", "GROUP_PREFIX",
-           "REWARD_BEFORE", "StoredRollout", "UNKNOWN", "agent_of", "apply", "verdict"]
+           "LATE_SPAN", "REWARD_BEFORE", "StoredRollout", "UNKNOWN", "agent_of", "apply", "from_late_span", "verdict"]

@@ -35,6 +35,7 @@ from schemas.checks import check_span
 from schemas.models import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, UNNUMBERED, DeadLetter, RolloutEventType
 from streams.attempts import Attempt, Key, PartitionState, span_view
 from streams.checkpoint import Checkpoint
+from streams.feedback import from_late_span
 from streams.grouping import group_of
 from streams.rollout import RolloutResult, Settings, finish_attempt
 from streams import rowbinary
@@ -156,8 +157,14 @@ class SpanStage:
         session_timeout_s: float = 10.0,
         batch: int = 5000,
         native: bool = True,
+        feedback_topic: str | None = None,
     ) -> None:
         self.kafka_conf = kafka_conf
+        # A reward span read after its attempt completed → a Feedback record here (None: stored late only)
+        self.feedback_topic = feedback_topic
+        # (rb.spans partition, key, Feedback) of late reward spans since the last commit point: sent at the commit
+        # point that wrote their rows (the rollout's row is in ClickHouse before the feedback stage looks it up)
+        self._late_feedback: list[tuple[int, bytes, bytes]] = []
         self.group = group
         self.spans_topic, self.done_topic, self.dlq_topic, self.state_topic = spans_topic, done_topic, dlq_topic, state_topic
         self.sink = sink
@@ -172,7 +179,7 @@ class SpanStage:
         # native=False: the Python path only (the reference; tests compare the two)
         self.decoder = native_decoder() if native else None
         self.parts: dict[int, PartitionState] = {}
-        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0, "assigned": 0}
+        self.stats = {"spans": 0, "late": 0, "dlq": 0, "rollouts": 0, "replayed": 0, "assigned": 0, "late_feedback": 0}
         self._said_no_task = False  # a training rollout without a task id was logged
         self.consumer = Consumer({
             **kafka_conf,
@@ -335,6 +342,8 @@ class SpanStage:
                         row = (head + rowbinary.span_tail(is_late, st.partition, offset, ingested_ns) if head is not None
                                else rowbinary.span(record, st.partition, offset, is_late, ingested_ns))
                         self.sink.add_encoded("spans", row, (self.spans_topic, st.partition, offset))
+                        if is_late and self.feedback_topic is not None:
+                            self._late_reward(msg, st.partition, record)
                     else:
                         self.stats["replayed"] += 1
                     spans += 1
@@ -357,6 +366,14 @@ class SpanStage:
             self.stats["spans"] += spans
             self.stats["late"] += late
         return len(msgs)
+
+    def _late_reward(self, msg: Any, partition: int, span: Any) -> None:
+        """A span of a completed attempt: feedback when it gives a reward (:func:`streams.feedback.from_late_span`)."""
+        ts_ms = msg.timestamp()[1]
+        fb = from_late_span(span, True, ts_ms * 1_000_000 if ts_ms > 0 else time.time_ns())
+        if fb is not None:
+            self._late_feedback.append((partition, fb["rollout_id"].encode(), codec.encode_raw("rolloutbus.Feedback", fb)))
+            self.stats["late_feedback"] += 1
 
     def dead_letter(self, msg: Any, reason: str, detail: str) -> None:
         dl = DeadLetter(
@@ -496,9 +513,10 @@ class SpanStage:
 
     # The checkpoint's steps on librdkafka (streams.checkpoint.Committing). They wait here, holding the event loop.
 
-    def take(self, final: bool) -> tuple[list[tuple[int, bytes, bytes | None]], dict[int, TopicPartition]]:
-        """(partition, changelog key, value) entries of the attempts completed since the last commit point, and
-        partition → offset to commit."""
+    def take(self, final: bool) -> tuple[list[tuple[int, bytes, bytes | None]], dict[int, TopicPartition],
+                                         list[tuple[int, bytes, bytes]]]:
+        """(partition, changelog key, value) entries of the attempts completed since the last commit point,
+        partition → offset to commit, and the late reward spans' feedback records (partition, key, value)."""
         if final and self._commit_sent is not None:  # an earlier commit may yet be refused: this one waits, with every offset
             self._commit_again()
         now_ns = time.time_ns()
@@ -512,7 +530,8 @@ class SpanStage:
             if offset is not None:
                 position, replay_from = offset
                 offsets[st.partition] = TopicPartition(self.spans_topic, st.partition, position, metadata=f"{REPLAY_PREFIX}{replay_from}")
-        return entries, offsets
+        feedback, self._late_feedback = self._late_feedback, []
+        return entries, offsets, feedback
 
     async def deliver(self) -> float:
         """What was refused before is sent again, then every summary and dead letter waited for."""
@@ -528,7 +547,14 @@ class SpanStage:
         return deadline
 
     async def send_changelog(self, points: list[Any], by: float | None) -> None:
-        for entries, _ in points:
+        # Their rows are written: the late reward spans' feedback goes now (one not delivered is sent again
+        # from _redo; a restart before the offsets reads the span again, the same feedback id: counted once).
+        late = [(key, value) for _, _, feedback in points for _, key, value in feedback]
+        if late:
+            assert self.feedback_topic is not None  # only then are they collected
+            for key, value in late:
+                self._send(self.feedback_topic, key, value)
+        for entries, _, _ in points:
             for partition, key, value in entries:
                 self._send(self.state_topic, key, value, partition=partition)
         assert by is not None
@@ -536,7 +562,7 @@ class SpanStage:
 
     async def commit(self, points: list[Any], final: bool) -> None:
         offsets: dict[int, TopicPartition] = {}
-        for _, later in points:
+        for _, later, _ in points:
             offsets.update(later)
         if offsets and self._commit_sent is not None and not final:
             # One asynchronous commit at a time. librdkafka sends a commit again after a backoff when the coordinator
@@ -607,8 +633,10 @@ class SpanStage:
         """Drop what is not settled for partitions no longer ours: their next owner replays them."""
         gone = {tp.partition for tp in partitions}
         self._redo = [r for r in self._redo if r[0] != self.state_topic or r[3] not in gone]
-        for _, (entries, offsets) in self.checkpoint.unsettled:
+        self._late_feedback = [f for f in self._late_feedback if f[0] not in gone]
+        for _, (entries, offsets, feedback) in self.checkpoint.unsettled:
             entries[:] = [e for e in entries if e[0] not in gone]
+            feedback[:] = [f for f in feedback if f[0] not in gone]
             for p in gone:
                 offsets.pop(p, None)
 

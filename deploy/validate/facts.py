@@ -259,7 +259,8 @@ def kafka_needs(command: str, s: Any) -> list[tuple[str, str, str]]:
         needs = [("topic", name, "Describe") for name in t.all()]  # `process` checks the design's topics exist
         needs += [("topic", t.spans, "Read"), ("topic", t.batches, "Write"), ("topic", t.dlq, "Read"),
                   ("topic", t.dlq, "Write"), ("topic", t.resources, "Read"), ("topic", t.metrics, "Read"),
-                  ("topic", t.feedback, "Read"), ("topic", t.feedback, "Create")]  # made by the worker (streams/cli.py)
+                  ("topic", t.feedback, "Read"), ("topic", t.feedback, "Create"),  # made by the worker (streams/cli.py)
+                  ("topic", t.feedback, "Write")]  # a late reward span's feedback (streams/spans_stage.py)
         needs += [("topic", name, op) for name in owned for op in ("Read", "Write", "Create")]
         # faust's group is its app id; the span stage's, and its restore reader's (streams/spans_stage.py).
         needs += [("group", g, "Read") for g in (worker.app.conf.id, span_group(app_id), f"{span_group(app_id)}-restore")]
