@@ -10,7 +10,7 @@ and is copied to each of that rollout's transitions. A group whose rewards are a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schemas.models import GroupBatch, Transition
@@ -88,16 +88,32 @@ def short_at_timeout(n_done: int, first_ns: int, now_ns: int, policy: GroupPolic
     return n_done < policy.min_rollouts and now_ns - first_ns >= policy.timeout_s * 1e9
 
 
-def short_group_line(gid: str, n_done: int, waited_s: float, policy: GroupPolicy, others: int = 0) -> str:
-    """The one line that says why such a group trains nothing, and what to set."""
+def sibling_groups(gid: str, span: int = 2) -> list[str]:
+    """The same task's group ids at the ``span`` versions either side of ``gid``'s (none for a group of no version)."""
+    task, _, version = gid.rpartition("@")
+    if not version.lstrip("-").isdigit():
+        return []
+    v = int(version)
+    return [group_id(task, w) for w in range(max(0, v - span), v + span + 1) if w != v]
+
+
+def short_group_line(gid: str, n_done: int, waited_s: float, policy: GroupPolicy, others: int = 0,
+                     split: bool = False) -> str:
+    """The one line that says why such a group trains nothing, and what to set. ``split``: the same task has a
+    group at a nearby version, so the task did run a group, whose rollouts were answered by two versions."""
     task = gid.rsplit("@", 1)[0]
     more = f" ({others} more groups like it since the last such line)" if others else ""
-    return (f"group {gid} (task {task!r}) has {n_done} rollout{'s' if n_done != 1 else ''} {waited_s:.0f} s after its first "
-            f"and needs {policy.min_rollouts} to be emitted (group size {policy.group_size}): nothing trains on it{more}. "
-            f"Tasks published without group_size run once (Task.group_size defaults to 1): publish train tasks with "
-            f"group_size={policy.group_size} (`rolloutbus tasks --group-size {policy.group_size}`, "
-            f"Task(..., group_size={policy.group_size})), or lower this worker's --group-min-rollouts / --group-size "
-            f"(ROLLOUTBUS_GROUP_MIN_ROLLOUTS, ROLLOUTBUS_GROUP_SIZE)")
+    head = (f"group {gid} (task {task!r}) has {n_done} rollout{'s' if n_done != 1 else ''} {waited_s:.0f} s after its first "
+            f"and needs {policy.min_rollouts} to be emitted (group size {policy.group_size}): nothing trains on it{more}. ")
+    if split:
+        return head + ("The task's other rollouts were answered by another policy version (a group is one task at one "
+                       "version: a version published while a task's group runs splits it). Now and then this is "
+                       "expected; if most groups split, publish versions less often (--groups-per-step) or lower "
+                       "--group-min-rollouts (ROLLOUTBUS_GROUP_MIN_ROLLOUTS)")
+    return head + (f"Tasks published without group_size run once (Task.group_size defaults to 1): publish train tasks with "
+                   f"group_size={policy.group_size} (`rolloutbus tasks --group-size {policy.group_size}`, "
+                   f"Task(..., group_size={policy.group_size})), or lower this worker's --group-min-rollouts / --group-size "
+                   f"(ROLLOUTBUS_GROUP_MIN_ROLLOUTS, ROLLOUTBUS_GROUP_SIZE)")
 
 
 class ShortGroupWarnings:
@@ -109,15 +125,17 @@ class ShortGroupWarnings:
         self._last_ns: int | None = None
         self._others: set[str] = set()
 
-    def note(self, gid: str, n_done: int, first_ns: int, now_ns: int) -> str | None:
-        """A group still open at ``now_ns``: the line to log now, or None (not short, or said within the window)."""
+    def note(self, gid: str, n_done: int, first_ns: int, now_ns: int, split: Callable[[], bool] | None = None) -> str | None:
+        """A group still open at ``now_ns``: the line to log now, or None (not short, or said within the window).
+        ``split`` (asked only when a line is due) says whether the task's group was split across versions."""
         if not short_at_timeout(n_done, first_ns, now_ns, self.policy):
             return None
         if self._last_ns is not None and now_ns - self._last_ns < self.every_s * 1e9:
             self._others.add(gid)
             return None
         self._others.discard(gid)
-        line = short_group_line(gid, n_done, (now_ns - first_ns) / 1e9, self.policy, len(self._others))
+        line = short_group_line(gid, n_done, (now_ns - first_ns) / 1e9, self.policy, len(self._others),
+                                split=bool(split and split()))
         self._last_ns, self._others = now_ns, set()
         return line
 

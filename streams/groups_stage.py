@@ -34,7 +34,7 @@ from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, Va
 from schemas import codec
 from schemas.models import DeadLetter, GroupBatch, ResourceVersion, TrainStep
 from streams.checkpoint import Checkpoint
-from streams.grouping import GroupPolicy, ShortGroupWarnings, advantages, build_batch, ready
+from streams.grouping import GroupPolicy, ShortGroupWarnings, advantages, build_batch, ready, sibling_groups
 from streams.health import StreamHealth
 from streams.rollout import RolloutResult
 from streams.sink import dead_letter_row, group_row, resource_version_row, rollout_row, train_step_row
@@ -346,7 +346,8 @@ class GroupStage:
                 continue
             self._maybe_emit(gid, state, now)
             if gid in self._open_groups:  # not emitted: say once in a while when it never will be, and why
-                line = self._short.note(gid, len(state["members"]), state["first"], now)
+                line = self._short.note(gid, len(state["members"]), state["first"], now,
+                                        split=lambda g=gid: any(self._get(self.group_state, o) for o in sibling_groups(g)))
                 if line:
                     log.warning("%s", line)
 

@@ -178,3 +178,21 @@ def test_tasks_run_once_while_the_worker_waits_for_groups_get_one_line_naming_th
     assert "WARNING" in lines[0] and ("(task 't1') has 1 rollout" in lines[0] or "(task 't2') has 1 rollout" in lines[0])
     assert "needs 2 to be emitted (group size 4)" in lines[0] and "rolloutbus tasks --group-size 4" in lines[0]
     assert query(test_env, {"groups": "SELECT count() FROM groups FINAL"})["groups"] == [[0]]
+
+
+def test_a_group_split_across_versions_gets_the_line_that_says_so(kafka_conf, topics, test_env):
+    """A task's group ran, but a version arrived while it ran: three rollouts at version 1 (emitted at the timeout),
+    one at version 2 (short for ever). The line names the split, not group_size."""
+    items = [kv for i in range(3) for kv in encoded(*rollout(f"s-r{i}", "s", reward=float(i % 2), rv=1))]
+    items += encoded(*rollout("s-r3", "s", reward=1.0, rv=2))
+    produce(kafka_conf, topics.spans, items)
+    proc = start_worker(test_env, "--group-size", "4", "--group-timeout", "2")
+    deadline = time.monotonic() + 60
+    while "nothing trains on it" not in proc.output() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rc, out = stop_worker(proc)
+    assert rc == 0, out[-3000:]
+    lines = [line for line in out.splitlines() if "nothing trains on it" in line]
+    assert len(lines) == 1 and "group s@2 (task 's') has 1 rollout" in lines[0], out[-3000:]
+    assert "answered by another policy version" in lines[0] and "defaults to 1" not in lines[0]
+    assert query(test_env, {"groups": "SELECT group_id, rollouts FROM groups FINAL"})["groups"] == [["s@1", 3]]

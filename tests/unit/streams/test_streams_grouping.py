@@ -3,7 +3,7 @@ import statistics
 import pytest
 
 from streams.grouping import (GroupPolicy, ShortGroupWarnings, advantages, build_batch, group_id, merge, ready,
-                             short_at_timeout, short_group_line)
+                             short_at_timeout, short_group_line, sibling_groups)
 from streams.rollout import Settings, finish_attempt
 from tests.unit.streams.spans import finished, llm
 
@@ -91,6 +91,20 @@ def test_the_short_group_line_names_the_task_and_what_to_set() -> None:
     assert "(2 more groups like it since the last such line)" in line
     for what in ("group_size=4", "rolloutbus tasks --group-size 4", "ROLLOUTBUS_GROUP_MIN_ROLLOUTS", "defaults to 1"):
         assert what in line, what
+
+
+def test_a_group_split_across_versions_is_said_as_such() -> None:
+    """A task whose group ran but whose rollouts two versions answered: the line says so, not group_size."""
+    assert sibling_groups("sql-7@3") == ["sql-7@1", "sql-7@2", "sql-7@4", "sql-7@5"]
+    assert sibling_groups("sql-7@0") == ["sql-7@1", "sql-7@2"] and sibling_groups("x@None") == []
+    assert sibling_groups("a@b@1", span=1) == ["a@b@0", "a@b@2"]
+    line = short_group_line("sql-7@3", 1, 300.0, GroupPolicy(group_size=4, min_rollouts=2), split=True)
+    assert "answered by another policy version" in line and "defaults to 1" not in line
+    w = ShortGroupWarnings(GroupPolicy(group_size=4, min_rollouts=2, timeout_s=10.0), every_s=60.0)
+    asked: list[str] = []
+    assert w.note("t1@1", 2, 0, 20 * S, split=lambda: asked.append("x") or True) is None and not asked  # not short
+    said = w.note("t1@1", 1, 0, 20 * S, split=lambda: asked.append("x") or True)
+    assert said is not None and "another policy version" in said and asked == ["x"]
 
 
 def test_short_groups_are_said_at_most_once_per_window() -> None:
