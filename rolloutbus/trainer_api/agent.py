@@ -22,6 +22,7 @@ from rolloutbus.trainer_api.resources import LLM, Rollout
 from rolloutbus.trainer_api.tracing import Tracer, tracing
 
 T = TypeVar("T")
+VALIDATION_MODES = ("val", "test")  # rollouts that score the policy (the trainer's validation is mode test)
 
 
 class LitAgent(Generic[T]):
@@ -53,21 +54,27 @@ def check_agent(agent: Any) -> None:
 
 class Adapted(AttemptRunner):
     """A write-ups-style agent as the runners run agents. ``resources``: the Trainer's initial resources;
-    ``proxy``: the LLM proxy's base URL (``fit``), so ``main_llm`` points there; None (``dev``): as given."""
+    ``proxy``: the LLM proxy's base URL (``fit``), so ``main_llm`` points there; None (``dev``): as given.
+    ``val_temperature``: the LLMs' temperature in validation rollouts (mode ``val`` / ``test``; None: as given)."""
 
-    def __init__(self, agent: Any, resources: Mapping[str, Any], proxy: str | None = None) -> None:
+    def __init__(self, agent: Any, resources: Mapping[str, Any], proxy: str | None = None,
+                 val_temperature: float | None = None) -> None:
         check_agent(agent)
         self.agent = agent
         self.resources = dict(resources)
         self.proxy = proxy
+        self.val_temperature = val_temperature
         self.name = getattr(agent, "name", None) or type(agent).__name__
 
-    def named_resources(self, runner_resources: Mapping[str, Any]) -> dict[str, Any]:
-        """The Trainer's resources, each LLM pointed at the proxy under ``fit``; then the runner's (bus) resources."""
+    def named_resources(self, runner_resources: Mapping[str, Any], mode: str = "train") -> dict[str, Any]:
+        """The Trainer's resources, each LLM pointed at the proxy under ``fit`` (at ``val_temperature`` in a
+        validation rollout); then the runner's (bus) resources."""
         named: dict[str, Any] = {}
         for key, value in self.resources.items():
             if isinstance(value, LLM) and self.proxy:
                 value = replace(value, endpoint=self.proxy, proxied=True)
+            if isinstance(value, LLM) and mode in VALIDATION_MODES and self.val_temperature is not None:
+                value = replace(value, sampling_parameters={**value.sampling_parameters, "temperature": self.val_temperature})
             named[key] = value
         for key, value in runner_resources.items():
             named.setdefault(key, value)
@@ -75,7 +82,7 @@ class Adapted(AttemptRunner):
 
     def rollout(self, task: Any, resources: Mapping[str, Any], rollout: RolloutContext) -> float | None:
         with tracing():  # the proxy's headers on every LLM call, whether or not the agent touches self.tracer
-            out = self.agent.rollout(task, self.named_resources(resources), Rollout.of(rollout))
+            out = self.agent.rollout(task, self.named_resources(resources, rollout.mode), Rollout.of(rollout))
             if inspect.isawaitable(out):
                 out = asyncio.run(_await(out))  # this attempt's own thread (the runner's worker, or the dry run's)
         return out  # type: ignore[no-any-return]

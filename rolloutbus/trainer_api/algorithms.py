@@ -11,7 +11,9 @@ from foundation.errors import ConfigError
 @dataclass
 class GRPO:
     """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
-    name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``."""
+    name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``.
+    Validation rollouts call the LLMs at ``val_temperature`` (0: greedy, as verl's ``val_kwargs`` and the demo;
+    None: the LLM's own sampling parameters), so a version's score does not vary with sampling."""
 
     group_size: int = 4
     groups_per_step: int = 2
@@ -20,6 +22,7 @@ class GRPO:
     minutes: float = 10.0
     max_steps: int | None = None
     temperature: float = 0.7
+    val_temperature: float | None = 0.0
     train_layers: int | None = None
     skip_zero_variance: bool = True
     group_timeout_s: float = 300.0

@@ -41,6 +41,7 @@ class Trainer(Protocol):
     resources: Mapping[str, Any]
     out: Path
     keep_store: bool
+    engine: str
     say: Callable[[str], None]
 
 AGENT_SPEC = "rolloutbus.trainer_api.shipped:agent"
@@ -79,6 +80,18 @@ def _model(llm: Any, settings: CommonSettings) -> str:
     from trainer.model_import import import_model
 
     return str(import_model(name, settings.data_dir / "models"))
+
+
+def serve_command(port: int, engine: str = "torch", model: str | None = None) -> list[str]:
+    """The policy server's ``rolloutbus`` command: the demo's, with ``--engine vllm`` for vLLM's engine (``make
+    vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0). Pure."""
+    return ["serve", "--port", str(port), "--threads", "1", "--max-batch", "32",
+            *(["--engine", engine] if engine != "torch" else []), *(["--model", model] if model else [])]
+
+
+def serve_start_s(engine: str) -> float:
+    """How long the policy server may take to answer: vLLM starts its engine first (the demo's 600 s)."""
+    return 600.0 if engine == "vllm" else 180.0
 
 
 def first_rollouts_warning(agent_match: str | None, rollouts: int, failed: int, error: str | None, trained: int,
@@ -128,7 +141,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
         reset_local_state(settings, say)
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
-        ship(Adapted(agent, trainer.resources, proxy=proxy), out / "agent.pickle")
+        ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature),
+             out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
         script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
         env = dict(process_env(settings), ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
@@ -155,20 +169,19 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
                                   "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5",
                                   "--group-timeout", str(algo.group_timeout_s), *match])
             # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
-            sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32",
-                                *(["--model", model] if sft else [])])
+            sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None))
             sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
             if not sft:
                 sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
                                     "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
                                     *train_args, *validate])
             follower.start()
-            _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
+            _wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
             _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
             sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=proxy, **{SHIPPED_ENV: str(out / "agent.pickle")})
             sup.start("runners", ["run-agent", AGENT_SPEC, "--concurrency", str(trainer.n_runners), "--max-attempts", "1",
                                   "--timeout", str(algo.rollout_timeout_s)])
-            say(f"started    stream processor, policy server :{serve_port}, LLM proxy :{proxy_port}, trainer, "
+            say(f"started    stream processor, policy server :{serve_port} ({trainer.engine}), LLM proxy :{proxy_port}, trainer, "
                 f"{trainer.n_runners} runners (logs in {out / 'logs'})")
             result = _sft(trainer, algo, settings, sup, live, train, model, t_start) if sft else \
                 _loop(trainer, algo, settings, sup, live, train, val, t_start)
@@ -296,4 +309,4 @@ def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str
     return done
 
 
-__all__ = ["FitResult", "first_rollouts_warning", "run_fit"]
+__all__ = ["FitResult", "first_rollouts_warning", "run_fit", "serve_command", "serve_start_s"]

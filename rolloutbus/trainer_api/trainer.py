@@ -22,6 +22,7 @@ from rolloutbus.trainer_api.resources import LLM
 from rolloutbus.trainer_api.shipped import CHILD_ENV
 
 ADAPTER_KEYS = ("agent_match", "llm_call_match")
+ENGINES = ("torch", "vllm")  # fit's policy server: the project's (torch), or vLLM's (``make vllm``)
 
 
 def row_json(row: Any, index: int) -> str:
@@ -47,8 +48,12 @@ class Trainer:
 
     def __init__(self, n_runners: int | None = None, algorithm: GRPO | SFT | None = None, adapter: Mapping[str, str] | None = None,
                  initial_resources: Mapping[str, Any] | None = None, *, n_workers: int | None = None,
-                 out: str | Path = "rolloutbus-output", keep_store: bool = False, say: Callable[[str], None] | None = None) -> None:
+                 out: str | Path = "rolloutbus-output", keep_store: bool = False, engine: str = "torch",
+                 say: Callable[[str], None] | None = None) -> None:
         self.n_runners = n_runners or n_workers or 1
+        if engine not in ENGINES:
+            raise ConfigError(f"engine {engine!r} is not one fit serves with: {' or '.join(ENGINES)}")
+        self.engine = engine  # fit: ``rolloutbus serve --engine``
         self.algorithm = algorithm
         unknown = set(adapter or {}) - set(ADAPTER_KEYS)
         if unknown:
@@ -101,6 +106,9 @@ class Trainer:
         if not train:
             raise ConfigError("fit needs a train_dataset: a list of dicts, one per task")
         val = [row_json(row, i) for i, row in enumerate(val_dataset or [])]
+        if self.engine == "vllm" and (getattr(self.resources.get("main_llm"), "model", None) or "tiny") == "tiny":
+            raise ConfigError("engine='vllm' serves a Hugging Face model: give LLM(model=...) a model directory or a "
+                              "packaged model's name, not 'tiny' (the project's own)")
         previous = stop_on_sigterm()  # a SIGTERM to the script stops what fit started, as Ctrl-C does
         try:
             return run_fit(self, agent, train, val)

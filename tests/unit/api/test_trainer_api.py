@@ -70,6 +70,35 @@ def test_fit_resources_point_llms_at_the_proxy() -> None:
     assert adapted.name == "Echo"
 
 
+def test_validation_rollouts_call_the_llm_at_val_temperature() -> None:
+    llm = LLM(model="m", sampling_parameters={"temperature": 0.7, "max_tokens": 48})
+    greedy = Adapted(Echo(), {"main_llm": llm}, proxy="http://p:9", val_temperature=0.0)
+    assert greedy.named_resources({}, "test")["main_llm"].sampling_parameters == {"temperature": 0.0, "max_tokens": 48}
+    assert greedy.named_resources({}, "val")["main_llm"].sampling_parameters["temperature"] == 0.0
+    assert greedy.named_resources({}, "train")["main_llm"].sampling_parameters == {"temperature": 0.7, "max_tokens": 48}
+    assert llm.sampling_parameters["temperature"] == 0.7  # the Trainer's resource itself is left as given
+    as_given = Adapted(Echo(), {"main_llm": llm}, proxy="http://p:9", val_temperature=None)
+    assert as_given.named_resources({}, "test")["main_llm"].sampling_parameters["temperature"] == 0.7
+    assert GRPO().val_temperature == 0.0
+
+
+def test_fit_serves_with_the_engine_given() -> None:
+    from rolloutbus.trainer_api.fit import serve_command, serve_start_s
+
+    assert serve_command(8000) == ["serve", "--port", "8000", "--threads", "1", "--max-batch", "32"]
+    assert serve_command(8000, Trainer(engine="vllm").engine)[-2:] == ["--engine", "vllm"]
+    assert serve_command(8000, "vllm", "/m")[-4:] == ["--engine", "vllm", "--model", "/m"]  # SFT's collection
+    assert serve_start_s("vllm") > serve_start_s("torch")
+    from rolloutbus.cli import build_parser  # the command is one `rolloutbus serve` takes
+
+    args = build_parser().parse_args(serve_command(8000, "vllm"))
+    assert (args.command, args.engine, args.port) == ("serve", "vllm", 8000)
+    with pytest.raises(ConfigError, match="engine 'sglang' is not one fit serves with: torch or vllm"):
+        Trainer(engine="sglang")
+    with pytest.raises(ConfigError, match="engine='vllm' serves a Hugging Face model"):
+        Trainer(engine="vllm", initial_resources={"main_llm": LLM(model="tiny")}).fit(Echo(), [{"x": 1}])
+
+
 SCRIPT = '''
 import sys
 import rolloutbus as agl
