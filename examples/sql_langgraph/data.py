@@ -6,16 +6,19 @@ databases never trained on)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from rolloutbus.demo import sql
+from sql_agent import EXAMPLES_SUFFIX
 
 
 def write_databases(directory: Path) -> dict[str, Path]:
-    """Each generated database as a SQLite file under ``directory`` (kept once written)."""
+    """Each generated database as a SQLite file under ``directory`` (kept once written), its three worked examples
+    (the demo's: questions no task asks) beside it as ``<name>.examples.json``, which the agent's prompt shows."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in sql.DATABASES:
@@ -29,6 +32,9 @@ def write_databases(directory: Path) -> dict[str, Path]:
             src.close()
             dst.close()
             tmp.rename(path)
+        examples = path.with_suffix(EXAMPLES_SUFFIX)
+        if not examples.exists():
+            examples.write_text(json.dumps([list(pair) for pair in sql.example_pairs(name)], indent=1))
         paths[name] = path.resolve()
     return paths
 

@@ -11,19 +11,27 @@ generated SQLite databases (``data.py``). Run it as a dry run against any OpenAI
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
+from pathlib import Path
 from typing import Any, TypedDict
 
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
 import rolloutbus as agl
 
-WRITE_PROMPT = """You write SQLite queries. The database:
+# The prompts are Agent Lightning's in substance (write a query for the schema; check it and end with a verdict in
+# capitals; rewrite it given the result and the check), worded for a 135M model: the write prompt is the project's
+# SQL demo's (rolloutbus/demo/sql.py), which that model follows, with worked examples on the same database as
+# earlier turns when the database has them (data.py writes three beside each database; without them this model
+# answers in prose). The rewrite continues that chat: it sees the examples again, then its query, the result and
+# the check.
+WRITE_PROMPT = """You translate questions into SQLite queries for this database:
 {schema}
 Reply with one SQL query only."""
 CHECK_PROMPT = """You check SQLite queries. The database:
@@ -31,14 +39,11 @@ CHECK_PROMPT = """You check SQLite queries. The database:
 Question: {question}
 Query: {query}
 Result: {result}
-If the query answers the question, reply exactly THE QUERY IS CORRECT. Otherwise say what is wrong."""
-REWRITE_PROMPT = """You fix SQLite queries. The database:
-{schema}
-Question: {question}
-Query: {query}
-Result: {result}
-Feedback: {feedback}
-Reply with the corrected SQL query only."""
+If the query answers the question, reply THE QUERY IS CORRECT. Otherwise say what is wrong and end with THE QUERY IS INCORRECT."""
+REWRITE_PROMPT = """That query returned: {result}
+A check of it said: {feedback}
+Reply with a corrected SQL query only."""
+EXAMPLES_SUFFIX = ".examples.json"  # [[question, query], ...] beside a database file: its worked examples
 
 
 class State(TypedDict, total=False):
@@ -76,10 +81,25 @@ def evaluate_query(predicted_query: str, ground_truth_query: str, db_path: str, 
 
 
 def extract_sql(text: str) -> str:
+    """The query in a reply: a fenced block's, else from the first SELECT or WITH; up to the first ``;``.
+    Empty when the reply holds no query (the rewrite then keeps the query it was given, as Agent Lightning's does)."""
     fenced = re.search(r"```(?:sql|sqlite)?\s*(.*?)```", text, re.S | re.I)
     text = fenced.group(1) if fenced else text
     found = re.search(r"(?is)\b(select|with)\b.*", text)
-    return (found.group(0) if found else text).strip().split(";")[0].strip()
+    return found.group(0).split(";")[0].strip() if found else ""
+
+
+def verdict(feedback: str) -> bool:
+    """The check's verdict: its last ``THE QUERY IS CORRECT`` / ``... INCORRECT``, in any case (a small model
+    writes "The QUERY is CORRECT."); no verdict is not correct."""
+    text = feedback.upper()
+    return text.rfind("THE QUERY IS CORRECT") > text.rfind("THE QUERY IS INCORRECT")
+
+
+def worked_examples(db_path: str) -> list[tuple[str, str]]:
+    """The database's worked examples (question, query), from the file beside it; none without one."""
+    path = Path(db_path.removeprefix("sqlite:///")).with_suffix(EXAMPLES_SUFFIX)
+    return [(str(q), str(a)) for q, a in json.loads(path.read_text())] if path.exists() else []
 
 
 def schema_of(db_path: str) -> str:
@@ -97,6 +117,12 @@ def build_langgraph_sql_agent(database_path: str, openai_base_url: str, model: s
                      temperature=sampling_parameters.get("temperature", 0.7),
                      max_tokens=sampling_parameters.get("max_tokens", 64), max_retries=0, timeout=300)
     schema = schema_of(database_path)
+    examples = worked_examples(database_path)
+
+    def chat(question: str) -> list[BaseMessage]:
+        """write_query's messages: the schema, the worked examples as earlier turns, the question."""
+        shots = [m for q, a in examples for m in (HumanMessage(q), AIMessage(a))]
+        return [SystemMessage(WRITE_PROMPT.format(schema=schema)), *shots, HumanMessage(question)]
 
     @tool
     def sql_db_query(query: str) -> str:
@@ -104,8 +130,8 @@ def build_langgraph_sql_agent(database_path: str, openai_base_url: str, model: s
         return repr(run_sql(query, database_path))
 
     def write_query(state: State) -> State:
-        reply = llm.invoke([SystemMessage(WRITE_PROMPT.format(schema=schema)), HumanMessage(state["question"])])
-        return {"query": extract_sql(str(reply.content)), "num_turns": 1}
+        reply = str(llm.invoke(chat(state["question"])).content)
+        return {"query": extract_sql(reply) or reply.strip(), "num_turns": 1}
 
     def execute_query(state: State) -> State:
         try:  # a LangChain tool, as the write-ups' QuerySQLDatabaseTool: the tracer records each call
@@ -120,12 +146,14 @@ def build_langgraph_sql_agent(database_path: str, openai_base_url: str, model: s
         return {"feedback": str(reply.content)[:truncate_length]}
 
     def rewrite_query(state: State) -> State:
-        reply = llm.invoke([HumanMessage(REWRITE_PROMPT.format(schema=schema, question=state["question"], query=state["query"],
-                                                               result=state["execution"], feedback=state["feedback"]))])
+        reply = llm.invoke([*chat(state["question"]), AIMessage(state["query"]),
+                            HumanMessage(REWRITE_PROMPT.format(result=state["execution"], feedback=state["feedback"]))])
         return {"query": extract_sql(str(reply.content)) or state["query"], "num_turns": state.get("num_turns", 1) + 1}
 
     def after_check(state: State) -> str:
-        if "THE QUERY IS CORRECT" in state.get("feedback", "") or state.get("num_turns", 1) >= max_turns:
+        # A query that failed is not correct whatever the check says (a 135M model's check often says it is).
+        failed = state.get("execution", "").startswith("Error:")
+        if (verdict(state.get("feedback", "")) and not failed) or state.get("num_turns", 1) >= max_turns:
             return END
         return "rewrite_query"
 

@@ -2,6 +2,7 @@
 transitions (``agent_match="write|rewrite"``); check_query's are recorded and stored, never trained on.
 
     python examples/sql_langgraph/train_sql_agent.py                 # smollm2-135m-instruct, 10 minutes
+    python examples/sql_langgraph/train_sql_agent.py --engine vllm   # served by vLLM (`make vllm` once): faster rollouts
     python examples/sql_langgraph/train_sql_agent.py --model tiny --minutes 1.5 --train 16   # a smoke run
 
 The policy is a packaged model (``rolloutbus model import``: nothing comes from a model hub) or ``tiny``;
@@ -28,6 +29,8 @@ def main() -> None:
     p.add_argument("--truncate-length", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--train-layers", type=int, default=10, help="train the top N decoder layers (0: all)")
+    p.add_argument("--engine", choices=("torch", "vllm"), default="torch",
+                   help="the policy server: the project's (torch) or vLLM's, installed once by `make vllm` (not with tiny)")
     p.add_argument("--out", default="sql-langgraph-output")
     p.add_argument("--keep-store", action="store_true", help="leave the local store up to query the run")
     args = p.parse_args()
@@ -43,6 +46,7 @@ def main() -> None:
         initial_resources={"main_llm": agl.LLM(model=args.model, sampling_parameters={"temperature": 0.7, "max_tokens": args.max_tokens})},
         out=args.out,
         keep_store=args.keep_store,
+        engine=args.engine,
     )
     train_data, val_data, _ = datasets(validation=args.validation)
     if args.train:

@@ -22,14 +22,15 @@ from sql_agent import LitSQLAgent  # noqa: E402
 
 
 def reply(gold: dict[str, str]) -> Any:
-    """Writes a wrong query, finds it wrong once, rewrites it to the gold one, then finds it correct."""
+    """Writes a wrong query, finds it wrong once, rewrites it to the gold one, then finds it correct (in a small
+    model's capitals)."""
     def answer(messages: list[dict[str, Any]]) -> str:
         text = " ".join(str(m.get("content")) for m in messages)
         question = next(q for q in gold if q in text)
         if text.startswith("You check"):
-            return "THE QUERY IS CORRECT" if gold[question] in text else "Wrong table."
-        if text.startswith("You fix"):
-            return f"```sql\n{gold[question]}\n```"
+            return "The QUERY is CORRECT." if gold[question] in text else "Wrong table. THE QUERY IS INCORRECT"
+        if "Reply with a corrected SQL query only" in str(messages[-1].get("content")):
+            return f"Here it is:\n```sql\n{gold[question]}\n```"
         return "SELECT 1"
     return answer
 
@@ -51,6 +52,14 @@ def test_dev_traces_each_node_and_marks_transitions(tmp_path: Path) -> None:
         assert [(s.kind, s.name, s.ok) for s in r.steps] == [
             ("llm", "chat.completions", True), ("tool", "sql_db_query", True), ("llm", "chat.completions", True),
             ("llm", "chat.completions", True), ("tool", "sql_db_query", True), ("llm", "chat.completions", True)]
+    # write_query's chat: the schema, the database's worked examples (data.py's file) as turns, the question;
+    # rewrite_query's goes on from it: the query, its result and the check's feedback.
+    write, rewrite = seen[0]["body"]["messages"], seen[2]["body"]["messages"]
+    assert write[0]["role"] == "system" and "CREATE TABLE" in write[0]["content"]
+    assert [m["role"] for m in write[1:]] == ["user", "assistant"] * 3 + ["user"] and write[2]["content"].startswith("SELECT")
+    assert write[-1]["content"] == rows[0]["question"]
+    assert rewrite[: len(write)] == write and rewrite[len(write)]["content"] == "SELECT 1"
+    assert "That query returned: [(1,)]" in rewrite[-1]["content"] and "THE QUERY IS INCORRECT" in rewrite[-1]["content"]
     out = "\n".join(lines)
     assert "-> stored, not trained" in out and "-> transition" in out and "tool  sql_db_query     ok  SELECT 1 -> [(1,)]" in out
     assert "transitions: 2 of 4 LLM calls (agent_match 'write|rewrite')" in out
@@ -63,10 +72,22 @@ def test_dev_says_when_agent_match_selects_nothing(tmp_path: Path) -> None:
     with fake_openai(lambda messages: "THE QUERY IS CORRECT" if "You check" in str(messages) else "SELECT * FROM nowhere") as (url, _):
         results = Trainer(adapter={"agent_match": "^planner$"}, say=lines.append,
                           initial_resources={"main_llm": LLM(endpoint=url)}).dev(LitSQLAgent(), dev_dataset=val[:1])
-    # A query that fails is a failed tool call; the reward is 0.
-    assert [(s.name, s.ok) for s in results[0].steps if s.kind == "tool"] == [("sql_db_query", False)]
+    # A query that fails is a failed tool call, rewritten whatever the check says, up to max_turns; the reward is 0.
+    assert [(s.name, s.ok) for s in results[0].steps if s.kind == "tool"] == [("sql_db_query", False)] * 3
     assert results[0].reward == 0.0
-    assert any("agent_match '^planner$' matches none of the agents that called the LLM (check_query, write_query)" in x for x in lines), lines
+    assert any("agent_match '^planner$' matches none of the agents that called the LLM (check_query, rewrite_query, write_query)"
+               in x for x in lines), lines
+
+
+def test_sql_extraction_and_the_checks_verdict() -> None:
+    from sql_agent import extract_sql, verdict
+
+    assert extract_sql("```sql\nSELECT a FROM t;\n```") == "SELECT a FROM t"
+    assert extract_sql("Sure: select a from t; -- done") == "select a from t"
+    assert extract_sql("The answer is 2022.") == ""  # no query: rewrite_query keeps the one it was given
+    assert verdict("The QUERY is CORRECT.") and verdict("THE QUERY IS INCORRECT. Fixed: THE QUERY IS CORRECT")
+    assert not verdict("The QUERY is not CORRECT.") and not verdict("THE QUERY IS CORRECT? No: THE QUERY IS INCORRECT")
+    assert not verdict("Looks fine.")
 
 
 def test_calls_outside_the_trainers_rollouts_are_left_as_written(tmp_path: Path) -> None:
