@@ -55,24 +55,27 @@ def check_agent(agent: Any) -> None:
 class Adapted(AttemptRunner):
     """A write-ups-style agent as the runners run agents. ``resources``: the Trainer's initial resources;
     ``proxy``: the LLM proxy's base URL (``fit``), so ``main_llm`` points there; None (``dev``): as given.
-    ``val_temperature``: the LLMs' temperature in validation rollouts (mode ``val`` / ``test``; None: as given)."""
+    ``served``: the model name the policy server answers to under ``fit`` (vLLM's knows no other), given to the
+    agent as ``LLM.model``. ``val_temperature``: the LLMs' temperature in validation rollouts (mode ``val`` /
+    ``test``; None: as given)."""
 
     def __init__(self, agent: Any, resources: Mapping[str, Any], proxy: str | None = None,
-                 val_temperature: float | None = None) -> None:
+                 val_temperature: float | None = None, served: str | None = None) -> None:
         check_agent(agent)
         self.agent = agent
         self.resources = dict(resources)
         self.proxy = proxy
         self.val_temperature = val_temperature
+        self.served = served
         self.name = getattr(agent, "name", None) or type(agent).__name__
 
     def named_resources(self, runner_resources: Mapping[str, Any], mode: str = "train") -> dict[str, Any]:
-        """The Trainer's resources, each LLM pointed at the proxy under ``fit`` (at ``val_temperature`` in a
-        validation rollout); then the runner's (bus) resources."""
+        """The Trainer's resources, each LLM pointed at the proxy and named as served under ``fit`` (at
+        ``val_temperature`` in a validation rollout); then the runner's (bus) resources."""
         named: dict[str, Any] = {}
         for key, value in self.resources.items():
             if isinstance(value, LLM) and self.proxy:
-                value = replace(value, endpoint=self.proxy, proxied=True)
+                value = replace(value, endpoint=self.proxy, proxied=True, model=self.served or value.model)
             if isinstance(value, LLM) and mode in VALIDATION_MODES and self.val_temperature is not None:
                 value = replace(value, sampling_parameters={**value.sampling_parameters, "temperature": self.val_temperature})
             named[key] = value

@@ -141,8 +141,11 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
         reset_local_state(settings, say)
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
-        ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature),
-             out / "agent.pickle")
+        from trainer.settings import ServeSettings
+
+        served = load_settings(ServeSettings, {}).resource_name  # the name `serve` answers to (vLLM: no other)
+        ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature,
+                     served=served), out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
         script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
         env = dict(process_env(settings), ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),

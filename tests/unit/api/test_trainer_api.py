@@ -66,6 +66,10 @@ def test_fit_resources_point_llms_at_the_proxy() -> None:
     adapted = Adapted(Echo(), {"main_llm": LLM(model="m", sampling_parameters={"temperature": 0.3}), "k": 1}, proxy="http://p:9")
     named = adapted.named_resources({"policy": "rv", "k": 2})
     assert named["main_llm"] == LLM(endpoint="http://p:9", model="m", sampling_parameters={"temperature": 0.3}, proxied=True)
+    # under fit, the name the policy server answers to (vLLM's answers 404 to the model's path)
+    served = Adapted(Echo(), {"main_llm": LLM(model="/models/smollm2")}, proxy="http://p:9", served="policy")
+    assert served.named_resources({})["main_llm"].model == "policy"
+    assert Adapted(Echo(), {"main_llm": LLM(model="gpt-4.1-nano")}, served="policy").named_resources({})["main_llm"].model == "gpt-4.1-nano"
     assert named["k"] == 1 and named["policy"] == "rv"
     assert adapted.name == "Echo"
 
