@@ -359,7 +359,7 @@ def faust_worker(worker: Worker, loglevel: str = "warning") -> Any:
             async def flush() -> None:
                 worker.stop_stage()
                 await worker.groups.commit_point()
-                await worker.feedback.checkpoint.commit(final=True)
+                await worker.feedback.commit_final()
                 await worker.app.commit(None)
 
             self._rb_hard_stop.arm()  # armed at the signal already, unless it came some other way

@@ -52,8 +52,22 @@ TRANSITION_COLUMNS = ("rollout_id", "attempt_id", "turn", "task_id", "span_id", 
                       "advantage", "trained", "group_id", "credit", "updated_ns")
 
 
+# Records decided together (their ClickHouse reads shared): at most this many wait for the next commit point.
+FEEDBACK_BATCH = 64
+
+
 def feedback_topic_name(prefix: str) -> str:
     return f"{prefix}feedback"
+
+
+@dataclass
+class _Known:
+    """What a batch of feedback records needs from ClickHouse: rollout id → its stored row (latest attempt), the
+    GRPO groups among theirs that are emitted, and rollout id → its ``transitions`` rows (every attempt, by turn)."""
+
+    rollouts: dict[str, StoredRollout]
+    emitted: set[str] = field(default_factory=set)
+    steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,8 +79,8 @@ class _Point:
 class FeedbackStage:
     """Decides and applies feedback; its commit point is :class:`Checkpoint`'s (:class:`Committing` here).
 
-    Each record costs up to three ClickHouse reads on the event loop (the rollout, its group, its steps): sized
-    for feedback (a fraction of the rollouts, minutes apart), not for span rates.
+    The records the agent has at hand are decided together (:meth:`on_feedbacks`): up to three ClickHouse reads on
+    the event loop for them all (their rollouts, their groups, their steps), then each in order as if alone.
 
     ``baseline``: ``none`` (advantage = the reward), ``loo`` (the reward minus the agent's running
     leave-one-out mean over the last ``baseline_window`` feedback rewards of its partition) or ``prompt``
@@ -76,13 +90,17 @@ class FeedbackStage:
 
     def __init__(self, app: Any, *, sink: Any, health: StreamHealth, batches_topic: Any, dlq_topic: Any, table: Any,
                  flush: Callable[[], None], submit: Callable[[], int], window_s: float, baseline: str = "loo",
-                 baseline_window: int = 64, pipelined: bool = True) -> None:
+                 baseline_window: int = 64, pipelined: bool = True, batch: int = FEEDBACK_BATCH) -> None:
         if baseline not in ESTIMATORS:
             raise ValueError(f"feedback baseline must be one of {', '.join(ESTIMATORS)}, got {baseline!r}")
         self.app, self.sink, self.health = app, sink, health
         self.batches_topic, self.dlq_topic, self.table = batches_topic, dlq_topic, table
         self.window_s, self.baseline, self.baseline_window = window_s, baseline, baseline_window
         self._pending: list[tuple[Any, Any]] = []
+        self.batch = batch
+        self._waiting: list[Any] = []  # records not decided yet, in their order
+        self._held: dict[int, tuple[Any, Any]] = {}  # id(event) → its ack, while the event waits
+        self._draining = asyncio.Lock()
         self._out: list[tuple[Any, bytes | None, bytes, Any]] = []
         self._dirty: dict[bytes, int] = {}  # table key → partition, changed since the last commit point
         self.stats = {"feedback_applied": 0, "feedback_redelivered": 0, "feedback_dead": 0}
@@ -91,17 +109,63 @@ class FeedbackStage:
     # ------------------------------------------------------------------ the agent
 
     async def on_feedback(self, event: Any) -> None:
-        """One Feedback record: decided, applied or dead-lettered."""
+        """One Feedback record: decided with those that came with it (:meth:`on_feedbacks`) once ``batch`` wait or at
+        the next commit point (:meth:`try_commit`), whichever comes first. Its ack waits for that (:meth:`ack_later`)."""
+        self._waiting.append(event)
+        if len(self._waiting) >= self.batch:
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Decide the records waiting, in their order; their acks go with the next commit point."""
+        async with self._draining:  # one batch at a time, in order (the agent's and a commit point's)
+            events, self._waiting = self._waiting, []
+            if not events:
+                return
+            try:
+                await self.on_feedbacks(events)
+            finally:
+                for event in events:
+                    ack = self._held.pop(id(event), None)
+                    if ack is not None:
+                        self._pending.append(ack)
+
+    async def on_feedbacks(self, events: list[Any]) -> None:
+        """Feedback records in their order, each decided, applied or dead-lettered as if alone: what they need
+        from ClickHouse is read first, one query per table for them all (a record costs a round trip less
+        than its own reads). A record that fails is dead-lettered (``processing_error``), the others go on."""
+        decoded: list[tuple[Any, Feedback | Exception]] = []
+        for event in events:
+            try:
+                decoded.append((event, codec.decode(event.message.value, "rolloutbus.Feedback")))  # type: ignore[arg-type]
+            except (DecodeError, ValidationError) as exc:
+                decoded.append((event, exc))
+        ids = [fb.rollout_id for _, fb in decoded if isinstance(fb, Feedback)]
+        known: _Known | None = None
+        if len(ids) > 1:
+            try:
+                known = await self._read(ids)
+            except Exception:  # noqa: BLE001 - each record reads on its own then, and fails (or not) alone
+                log.exception("reading %d feedback records' rollouts at once failed; reading them one by one", len(ids))
+        for event, fb in decoded:
+            if not isinstance(fb, Feedback):
+                await self.dead_letter(event, dead_letter_reason(fb), str(fb))
+                continue
+            try:
+                await self._decide(event, fb, known)
+            except Exception:  # noqa: BLE001 - one bad record must not stop the others
+                msg = event.message
+                log.exception("processing %s[%s]@%s failed", msg.topic, msg.partition, msg.offset)
+                await self.dead_letter(event, "processing_error", "see worker log")
+
+    async def _decide(self, event: Any, fb: Feedback, known: _Known | None) -> None:
         msg = event.message
-        try:
-            fb = codec.decode(msg.value, "rolloutbus.Feedback")
-        except (DecodeError, ValidationError) as exc:
-            await self.dead_letter(event, dead_letter_reason(exc), str(exc))
-            return
-        assert isinstance(fb, Feedback)
         entry = self._entry(fb.rollout_id)
-        rollout = await self._stored(fb.rollout_id)
-        emitted = rollout is None or not rollout.grpo_group or await self._group_emitted(rollout.grpo_group)
+        if known is not None:
+            rollout = known.rollouts.get(fb.rollout_id)
+            emitted = rollout is None or not rollout.grpo_group or rollout.grpo_group in known.emitted
+        else:
+            rollout = await self._stored(fb.rollout_id)
+            emitted = rollout is None or not rollout.grpo_group or await self._group_emitted(rollout.grpo_group)
         what = verdict(fb, rollout, entry.get("feedback_id"), self.window_s, emitted)
         if what == AGAIN and entry:
             # Its entry is here: applied in this worker's life (its rows and batch go with an earlier commit
@@ -113,7 +177,12 @@ class FeedbackStage:
             await self.dead_letter(event, what, self._detail(what, fb, rollout, entry))
             return
         assert rollout is not None
-        steps = await self._steps(rollout) if rollout.trains else []
+        if not rollout.trains:
+            steps = []
+        elif known is not None:
+            steps = [s for s in known.steps.get(rollout.rollout_id, []) if s["attempt_id"] == rollout.row["attempt_id"]]
+        else:
+            steps = await self._steps(rollout)
         key = prompt_key(steps) if self.baseline == "prompt" else agent_of(steps)
         advantage = self._advantage(msg.partition, key, fb.value) if what == APPLY and steps else 0.0
         done = apply(fb, rollout, steps, advantage)
@@ -165,6 +234,26 @@ class FeedbackStage:
             await asyncio.sleep(0.005)
         return list(self.sink.client.query(sql, parameters=params).named_results())
 
+    async def _read(self, rollout_ids: list[str]) -> _Known:
+        """What :meth:`_stored`, :meth:`_group_emitted` and :meth:`_steps` read, for many rollouts in three queries."""
+        ids = sorted(set(rollout_ids))
+        rows = await self._query(
+            f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts FINAL WHERE rollout_id IN {{ids:Array(String)}} "
+            "ORDER BY rollout_id, attempt DESC, finished_ns DESC LIMIT 1 BY rollout_id", {"ids": ids})
+        known = _Known({str(r["rollout_id"]): StoredRollout(r) for r in rows})
+        groups = sorted({r.grpo_group for r in known.rollouts.values() if r.grpo_group})
+        if groups:
+            found = await self._query("SELECT DISTINCT group_id FROM groups FINAL WHERE group_id IN {gids:Array(String)}",
+                                      {"gids": groups})
+            known.emitted = {str(r["group_id"]) for r in found}
+        trains = sorted(rid for rid, r in known.rollouts.items() if r.trains)
+        if trains:
+            for step in await self._query(
+                    f"SELECT {', '.join(TRANSITION_COLUMNS)} FROM transitions FINAL WHERE rollout_id IN {{ids:Array(String)}} "
+                    "ORDER BY rollout_id, attempt_id, turn", {"ids": trains}):
+                known.steps.setdefault(str(step["rollout_id"]), []).append(step)
+        return known
+
     async def _stored(self, rollout_id: str) -> StoredRollout | None:
         rows = await self._query(
             f"SELECT {', '.join(ROLLOUT_COLUMNS)} FROM rollouts FINAL WHERE rollout_id = {{rid:String}} "
@@ -201,15 +290,25 @@ class FeedbackStage:
     # ------------------------------------------------------------------ commit point (streams.checkpoint.Committing)
 
     def ack_later(self, stream: Any, event: Any) -> None:
-        self._pending.append((stream, event))
+        if any(e is event for e in self._waiting):  # acked once it is decided (drain), never before
+            self._held[id(event)] = (stream, event)
+        else:
+            self._pending.append((stream, event))
 
     async def maybe_commit(self) -> None:
         if self.sink.due() or len(self._pending) >= self.sink.batch_size:
             await self.try_commit()
 
+    async def commit_final(self) -> None:
+        """The last commit point (a stop): the records waiting decided, then everything written and acked."""
+        await self.drain()
+        await self.checkpoint.commit(final=True)
+
     async def try_commit(self) -> None:
-        """A commit point; a failure is logged and tried again at the next one (as the group stage's)."""
+        """A commit point, after the records waiting are decided; a failure is logged and tried again at the next
+        one (as the group stage's)."""
         try:
+            await self.drain()
             await self.checkpoint.commit()
         except (ClickHouseError, KafkaUnavailable) as exc:
             log.error("feedback stage commit point failed (retrying; nothing is acked past what was written): %s", exc)

@@ -120,3 +120,48 @@ def test_the_prompt_baseline_compares_a_rollout_with_the_earlier_feedback_on_its
     with pytest.raises(ValueError, match="none, loo, prompt"):
         FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
                       flush=lambda: None, submit=lambda: 0, window_s=60, baseline="group")
+
+
+def test_records_wait_for_their_batch_and_their_acks_for_their_decision() -> None:
+    """Records are decided in batches, in order (a commit point's drain and the agent's never interleave), and a
+    record's ack is released only once it is decided: a commit point never acks a record not yet applied."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from streams.feedback_stage import FeedbackStage
+
+    async def run() -> None:
+        sink = SimpleNamespace(written=0, submitted=0, pending=0, buffered=0)
+        stage = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None,  # type: ignore[arg-type]
+                              table=SimpleNamespace(data={}), flush=lambda: None, submit=lambda: 0, window_s=60, batch=3)
+        decided: list[list[int]] = []
+
+        async def on_feedbacks(events: list) -> None:
+            await asyncio.sleep(0.01)  # its ClickHouse reads
+            decided.append([e.n for e in events])
+
+        stage.on_feedbacks = on_feedbacks  # type: ignore[method-assign]
+        ev, stream = [SimpleNamespace(n=i) for i in range(5)], object()
+
+        def acked() -> list[int]:
+            return [e.n for _, e in stage._pending]
+
+        for e in ev[:2]:
+            await stage.on_feedback(e)
+            stage.ack_later(stream, e)
+        assert decided == [] and acked() == []
+        commit_point = asyncio.ensure_future(stage.drain())
+        await asyncio.sleep(0)  # it took records 0 and 1 and reads
+        await stage.on_feedback(ev[2])
+        stage.ack_later(stream, ev[2])
+        await commit_point
+        assert decided == [[0, 1]] and acked() == [0, 1], "record 2 waits for its own batch, and so does its ack"
+        await stage.on_feedback(ev[3])
+        stage.ack_later(stream, ev[3])
+        await stage.on_feedback(ev[4])  # the third waiting: decided at once
+        stage.ack_later(stream, ev[4])
+        assert decided == [[0, 1], [2, 3, 4]] and acked() == [0, 1, 2, 3, 4]
+        await stage.drain()
+        assert decided == [[0, 1], [2, 3, 4]], "nothing waits"
+
+    asyncio.run(run())
