@@ -121,24 +121,26 @@ class FeedbackStage:
             events, self._waiting = self._waiting, []
             if not events:
                 return
-            try:
-                await self.on_feedbacks(events)
-            finally:
-                for event in events:
-                    ack = self._held.pop(id(event), None)
-                    if ack is not None:
-                        self._pending.append(ack)
+            # Not in a finally: a stop that cancels this leaves their acks held, and the next worker reads them again.
+            await self.on_feedbacks(events)
+            for event in events:
+                ack = self._held.pop(id(event), None)
+                if ack is not None:
+                    self._pending.append(ack)
 
     async def on_feedbacks(self, events: list[Any]) -> None:
         """Feedback records in their order, each decided, applied or dead-lettered as if alone: what they need
         from ClickHouse is read first, one query per table for them all (a record costs a round trip less
         than its own reads). A record that fails is dead-lettered (``processing_error``), the others go on."""
-        decoded: list[tuple[Any, Feedback | Exception]] = []
+        decoded: list[tuple[Any, Feedback | tuple[str, str]]] = []  # a record, or why it is dead-lettered
         for event in events:
             try:
                 decoded.append((event, codec.decode(event.message.value, "rolloutbus.Feedback")))  # type: ignore[arg-type]
             except (DecodeError, ValidationError) as exc:
-                decoded.append((event, exc))
+                decoded.append((event, (dead_letter_reason(exc), str(exc))))
+            except Exception:  # noqa: BLE001 - one bad record must not stop the others
+                log.exception("decoding %s[%s]@%s failed", event.message.topic, event.message.partition, event.message.offset)
+                decoded.append((event, ("processing_error", "see worker log")))
         ids = [fb.rollout_id for _, fb in decoded if isinstance(fb, Feedback)]
         known: _Known | None = None
         if len(ids) > 1:
@@ -148,7 +150,7 @@ class FeedbackStage:
                 log.exception("reading %d feedback records' rollouts at once failed; reading them one by one", len(ids))
         for event, fb in decoded:
             if not isinstance(fb, Feedback):
-                await self.dead_letter(event, dead_letter_reason(fb), str(fb))
+                await self.dead_letter(event, *fb)
                 continue
             try:
                 await self._decide(event, fb, known)
