@@ -2,9 +2,10 @@
 looping until the check says the query is correct or ``max_turns``), wrapped in a ``LitSQLAgent`` whose
 reward is ``evaluate_query`` (execution match with the gold query).
 
-Agent Lightning's ``examples/spider/sql_agent.py`` with only the imports changed (``rolloutbus`` for
-``agentlightning``) and the data: Spider cannot be downloaded here, so the tasks are the project's
-generated SQLite databases (``data.py``). Run it as a dry run against any OpenAI-compatible endpoint:
+Agent Lightning's ``examples/spider/sql_agent.py`` with the imports changed (``rolloutbus`` for
+``agentlightning``), prompts a 135M model follows (below), and the data: Spider cannot be downloaded here, so
+the tasks are the project's generated SQLite databases (``data.py``). Run it as a dry run against any
+OpenAI-compatible endpoint:
 
     OPENAI_API_BASE=http://127.0.0.1:8000/v1 OPENAI_MODEL=policy python examples/sql_langgraph/sql_agent.py
 """
