@@ -33,8 +33,8 @@ class ProductionConfig:
     """What the simulated deployment does (``rolloutbus demo --production``'s flags)."""
 
     feedback_fraction: float = 0.5  # of the requests served, the share the user gives feedback on
-    rate: float = 8.0  # requests a second, at most (0: as fast as the agents answer); the worker's feedback stage
-    # applies a few a second on 2 loaded cores (3 ClickHouse reads each), so faster traffic leaves feedback waiting
+    rate: float = 8.0  # requests a second, at most (0: as fast as the agents answer): what the demo's 2 cores serve
+    # and train on in its minutes (the feedback stage, since it reads for a batch at once, applies hundreds a second)
     delay_min_s: float = 2.0  # the feedback's delay after the answer: log-uniform in [min, max]
     delay_max_s: float = 90.0
     window_s: float = 600.0  # the stream worker's --feedback-window
