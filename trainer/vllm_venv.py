@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from foundation.errors import RolloutbusError
-from foundation.venvs import CACHE, ensure_venv
+from foundation.venvs import CACHE, ensure_venv, marker
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"  # the torch the wheel was built against (its pin, less the +cpu PyPI lacks)
@@ -71,6 +71,15 @@ def _has_vllm(python: Path) -> bool:
     return out.returncode == 0 and out.stdout.strip().startswith(VLLM_VERSION)
 
 
+def installed(venv: Path = VENV) -> bool:
+    """Whether vLLM is there without installing it: ``$ROLLOUTBUS_VLLM_PYTHON`` names an interpreter that exists, or
+    the venv carries its marker (made by :func:`vllm_python`, ``make vllm``, ``make test``). The demo's default engine."""
+    explicit = os.environ.get(PYTHON_ENV)
+    if explicit:
+        return Path(explicit).exists()
+    return marker(venv, PINS).exists()
+
+
 def vllm_python(venv: Path = VENV, say: bool = True) -> Path:
     """The interpreter that runs vLLM: ``$ROLLOUTBUS_VLLM_PYTHON``, else the venv (made on first use, ~6 GB,
     minutes). Raises :class:`VllmUnavailable`."""
@@ -98,5 +107,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["PINS", "PYTHON_ENV", "VENV", "VLLM_VERSION", "VllmUnavailable", "install", "requirement_name",
+__all__ = ["PINS", "PYTHON_ENV", "VENV", "VLLM_VERSION", "VllmUnavailable", "install", "installed", "requirement_name",
            "requirements_less_torch", "vllm_python"]

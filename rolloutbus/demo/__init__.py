@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a .gguf or HF directory works too)")
     p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help="--task sql: top decoder layers trained (default 10, 0 = all)")
     p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
-    p.add_argument("--engine", choices=["torch", "vllm"], default=None, help="--task sql: the policy server's engine: torch "
-                   "(rolloutbus serve's own, default) or vllm (vLLM's CPU build, installed once by `make vllm`)")
+    p.add_argument("--engine", choices=["torch", "vllm"], default=None, help="--task sql: the policy server's engine: vllm (vLLM's CPU "
+                   "build, installed once by `make vllm`; the default where it is installed, but for --algorithm apo and "
+                   "--production) or torch (rolloutbus serve's own; the default elsewhere)")
     p.add_argument("--single-turn", action="store_true", help="--task sql: one SQL answer per question, no rewrite after an error "
                    "(the form TRL's GRPOTrainer runs in the learning bench)")
     p.add_argument("--validation", type=Bounded(int, ge=0), default=None, help="--task sql: validation questions scored greedily "

@@ -99,7 +99,11 @@ class DemoConfig:
         if args.quick and cfg.task == "sql":
             cfg.validation = 8
         cfg.single_turn = bool(getattr(args, "single_turn", False))
-        cfg.engine = getattr(args, "engine", None) or "torch"
+        # --task sql's GRPO run serves with vLLM wherever `make vllm` (or `make test`) installed it; APO and
+        # --production keep torch's server (they were not run on vLLM), as does a machine without it.
+        cfg.engine = getattr(args, "engine", None) or (
+            "vllm" if cfg.task == "sql" and cfg.algorithm == "grpo" and not getattr(args, "production", False)
+            and _vllm_installed() else "torch")
         if cfg.engine == "vllm" and cfg.task != "sql":
             raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
         for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
@@ -118,6 +122,13 @@ class DemoConfig:
         if cfg.group_size < 2:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         return cfg
+
+
+def _vllm_installed() -> bool:
+    """vLLM's venv is made (its marker) or ``$ROLLOUTBUS_VLLM_PYTHON`` names one: nothing is installed or imported here."""
+    from trainer.vllm_venv import installed
+
+    return installed()
 
 
 def _wait_http(url: str, timeout: float, sup: Supervisor) -> None:

@@ -132,7 +132,7 @@ def test_the_demo_hands_its_engine_to_every_policy_server() -> None:
     add_arguments(p)
     vllm = DemoConfig.from_args(p.parse_args(["--task", "sql", "--engine", "vllm"]))
     assert vllm.serve_args() == ["--engine", "vllm"] and vllm.serve_start_s > 180
-    assert DemoConfig.from_args(p.parse_args(["--task", "sql"])).serve_args() == []
+    assert DemoConfig.from_args(p.parse_args(["--task", "sql", "--engine", "torch"])).serve_args() == []
     with pytest.raises(ConfigError, match="--task sql"):
         DemoConfig.from_args(p.parse_args(["--engine", "vllm"]))
 
@@ -144,3 +144,31 @@ def test_an_engine_that_exits_while_starting_is_one_error_and_leaves_nothing(tmp
     with pytest.raises(EngineFailed, match="exited with 1 while starting.*No module named 'vllm'"):
         engine.start(timeout=60)
     assert not engine._ext.exists(), "the extension's link folder is removed"
+
+
+def test_the_sql_demo_serves_with_vllm_where_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --engine: vLLM for --task sql's GRPO run where its venv is made (or named), torch elsewhere and for APO,
+    --production and calc; --engine always wins."""
+    import argparse
+
+    from rolloutbus.demo import add_arguments
+    from rolloutbus.demo.driver import DemoConfig
+    from trainer import vllm_venv
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    venv = tmp_path / "vllm-venv"
+    monkeypatch.delenv(vllm_venv.PYTHON_ENV, raising=False)
+    monkeypatch.setattr(vllm_venv, "VENV", venv)
+    monkeypatch.setattr(vllm_venv.installed, "__defaults__", (venv,))
+
+    def engine(*argv: str) -> str:
+        return DemoConfig.from_args(p.parse_args(list(argv))).engine
+
+    assert not vllm_venv.installed() and engine("--task", "sql") == "torch"
+    vllm_venv.marker(venv, vllm_venv.PINS).parent.mkdir(parents=True)
+    vllm_venv.marker(venv, vllm_venv.PINS).touch()
+    assert vllm_venv.installed() and engine("--task", "sql") == "vllm" and engine("--task", "sql", "--engine", "torch") == "torch"
+    assert engine() == engine("--task", "sql", "--algorithm", "apo") == engine("--task", "sql", "--production") == "torch"
+    monkeypatch.setenv(vllm_venv.PYTHON_ENV, str(tmp_path / "missing" / "python"))
+    assert not vllm_venv.installed() and engine("--task", "sql") == "torch"
