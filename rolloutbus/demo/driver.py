@@ -32,6 +32,16 @@ from rolloutbus.localproc import free_port
 from foundation.errors import ConfigError, RolloutbusError
 
 
+def engine_args(engine: str) -> list[str]:
+    """The engine flag for ``rolloutbus serve``; none for torch (today's command line). The demo's and fit's."""
+    return ["--engine", engine] if engine != "torch" else []
+
+
+def engine_start_s(engine: str) -> float:
+    """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores)."""
+    return 600.0 if engine == "vllm" else 180.0
+
+
 @dataclass
 class DemoConfig:
     task: str = "calc"
@@ -67,13 +77,11 @@ class DemoConfig:
     production: Any = None  # --production: a rolloutbus.demo.production.ProductionConfig (task-less traffic, late feedback)
 
     def serve_args(self) -> list[str]:
-        """The engine flag for ``rolloutbus serve``; none for torch (today's command line)."""
-        return ["--engine", "vllm"] if self.engine == "vllm" else []
+        return engine_args(self.engine)
 
     @property
     def serve_start_s(self) -> float:
-        """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores)."""
-        return 600.0 if self.engine == "vllm" else 180.0
+        return engine_start_s(self.engine)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
-from rolloutbus.demo.driver import DemoConfig, Live, TaskFeeder, _say_stack, _wait_http, follow, reset_local_state
+from rolloutbus.demo.driver import (DemoConfig, Live, TaskFeeder, _say_stack, _wait_http, engine_args, engine_start_s, follow,
+                                    reset_local_state)
 from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
@@ -85,13 +86,11 @@ def _model(llm: Any, settings: CommonSettings) -> str:
 def serve_command(port: int, engine: str = "torch", model: str | None = None) -> list[str]:
     """The policy server's ``rolloutbus`` command: the demo's, with ``--engine vllm`` for vLLM's engine (``make
     vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0). Pure."""
-    return ["serve", "--port", str(port), "--threads", "1", "--max-batch", "32",
-            *(["--engine", engine] if engine != "torch" else []), *(["--model", model] if model else [])]
+    return ["serve", "--port", str(port), "--threads", "1", "--max-batch", "32", *engine_args(engine),
+            *(["--model", model] if model else [])]
 
 
-def serve_start_s(engine: str) -> float:
-    """How long the policy server may take to answer: vLLM starts its engine first (the demo's 600 s)."""
-    return 600.0 if engine == "vllm" else 180.0
+serve_start_s = engine_start_s  # how long the policy server may take to answer (the demo's)
 
 
 def first_rollouts_warning(agent_match: str | None, rollouts: int, failed: int, error: str | None, trained: int,
