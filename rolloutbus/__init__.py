@@ -7,7 +7,7 @@ the error tree, settings, the Kafka and ClickHouse plumbing, and the ``rolloutbu
 
 __version__ = "0.1.0"
 
-_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "NamedResources", "Rollout", "agent_scope")
+_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "PromptTemplate", "NamedResources", "Rollout", "agent_scope")
 
 
 def __getattr__(name: str) -> object:

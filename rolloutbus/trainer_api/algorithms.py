@@ -1,5 +1,6 @@
 """The algorithms ``Trainer`` takes: ``GRPO(...)``, the settings of ``rolloutbus train`` and the stream worker's groups;
-``SFT(...)``, rejection-sampling fine-tuning by ``rolloutbus train --algorithm sft``."""
+``SFT(...)``, rejection-sampling fine-tuning by ``rolloutbus train --algorithm sft``; ``APO(...)``, automatic prompt
+optimization of a ``prompt_template`` resource by ``rolloutbus optimize-prompt``."""
 
 from __future__ import annotations
 
@@ -76,4 +77,53 @@ class SFT:
                 *(["--sft-where", self.where] if self.where else []), *self.train_args]
 
 
-__all__ = ["GRPO", "SFT"]
+@dataclass
+class APO:
+    """Automatic prompt optimization of the ``prompt_template`` resource (a :class:`~rolloutbus.trainer_api.resources.
+    PromptTemplate`; ``resource`` names it when there are several) by ``rolloutbus optimize-prompt``, Agent
+    Lightning's names: ``beam_rounds`` rounds of critique and rewrite, ``branch_factor`` rewrites per beam member,
+    ``beam_width`` kept. The policy is served as given and does not change. Candidates are scored on the first
+    ``val_batch_size`` validation rows (None: all) at ``val_temperature``; before the search the first
+    ``gradient_batch_size`` training rows run once under the initial prompt (version 0), so the first critiques
+    read training trajectories (later rounds critique the validation rollouts of the candidate they rewrite).
+    The optimizer LLM is ``optimizer_url`` / ``optimizer_model`` (None: the policy server fit starts, by the name
+    it serves). ``candidates``: prompts of your own (templates) scored beside the initial one. A candidate is
+    published as the next version only when it scores more than ``min_gain`` above the initial prompt."""
+
+    beam_width: int = 2
+    branch_factor: int = 2
+    beam_rounds: int = 2
+    val_batch_size: int | None = None
+    gradient_batch_size: int = 8
+    val_temperature: float | None = 0.0
+    optimizer_url: str | None = None
+    optimizer_model: str | None = None
+    optimizer_temperature: float = 0.8
+    candidates: list[str] = field(default_factory=list)
+    min_gain: float = 0.0
+    resource: str | None = None
+    score_timeout_s: float = 1800.0
+    rollout_timeout_s: float = 900.0
+    apo_args: list[str] = field(default_factory=list)  # more ``rolloutbus optimize-prompt`` flags, as given
+
+    def __post_init__(self) -> None:
+        if self.beam_width < 1 or self.branch_factor < 1 or (self.val_batch_size is not None and self.val_batch_size < 1):
+            raise ConfigError("APO(beam_width=, branch_factor=, val_batch_size=) must each be at least 1")
+        if self.beam_rounds < 0 or self.gradient_batch_size < 0 or self.min_gain < 0:
+            raise ConfigError("APO(beam_rounds=, gradient_batch_size=, min_gain=) must not be negative")
+        if self.score_timeout_s <= 0 or self.rollout_timeout_s <= 0:
+            raise ConfigError("APO(score_timeout_s=, rollout_timeout_s=) must be greater than 0")
+
+    def command(self, val_tasks: str, resource: str, llm_url: str, llm_model: str, run_id: str, out: str,
+                candidates: str | None = None) -> list[str]:
+        """The ``rolloutbus optimize-prompt`` command line: ``val_tasks`` a JSONL file, ``candidates`` the file
+        holding :attr:`candidates` (JSON), ``out`` where its summary goes. Pure."""
+        return ["optimize-prompt", val_tasks, "--resource", resource, "--llm-url", self.optimizer_url or llm_url,
+                "--llm-model", self.optimizer_model or llm_model, "--llm-temperature", str(self.optimizer_temperature),
+                "--beam-width", str(self.beam_width), "--branch", str(self.branch_factor), "--rounds", str(self.beam_rounds),
+                "--score-timeout", str(self.score_timeout_s), "--min-gain", str(self.min_gain), "--run-id", run_id,
+                "--out", out, *(["--max-val-tasks", str(self.val_batch_size)] if self.val_batch_size else []),
+                *(["--candidates", candidates] if candidates else []), *self.apo_args]
+
+
+__all__ = ["APO", "GRPO", "SFT"]

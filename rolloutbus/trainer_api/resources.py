@@ -1,5 +1,5 @@
-"""What a write-ups-style agent's ``rollout(task, resources, rollout)`` receives: the ``LLM`` resource and a
-view of the rollout with Agent Lightning's field names. Pure.
+"""What a write-ups-style agent's ``rollout(task, resources, rollout)`` receives: the ``LLM`` resource, the
+``PromptTemplate`` resource (what ``APO`` optimizes) and a view of the rollout with Agent Lightning's field names. Pure.
 
 ``LLM.get_base_url(rollout_id, attempt_id)`` is the OpenAI base URL an agent points its client at: under
 ``Trainer.fit`` the LLM proxy's per-attempt URL (every call recorded with its token ids), under
@@ -35,6 +35,31 @@ class LLM:
         return f"{base.removesuffix('/v1')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
 
 
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A prompt template, as Agent Lightning's: ``template`` in the ``engine``'s syntax; ``format(**task)`` fills it
+    (the ``f-string`` engine only, as Agent Lightning's ``format``). Under ``APO`` the agent gets the version the
+    runners use (published on ``rb.resources``, or a candidate being scored)."""
+
+    template: str
+    engine: str = "f-string"
+
+    def format(self, **kwargs: Any) -> str:
+        if self.engine != "f-string":
+            raise NotImplementedError(f"PromptTemplate.format fills f-string templates only, not {self.engine!r}: "
+                                      "render .template yourself")
+        return self.template.format(**kwargs)
+
+    def config(self) -> dict[str, str]:
+        """The resource version's config (``rb.resources``; what ``optimize-prompt`` rewrites: ``template``)."""
+        return {"template": self.template, "engine": self.engine}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, str], engine: str = "f-string") -> PromptTemplate:
+        """A version's config as the agent sees it; a config without an engine keeps ``engine``."""
+        return cls(template=config.get("template", ""), engine=config.get("engine") or engine)
+
+
 NamedResources = Mapping[str, Any]
 
 
@@ -59,4 +84,4 @@ class Rollout:
         return cls(ctx.rollout_id, Attempt(ctx.attempt_id, ctx.attempt), ctx.mode, ctx.task_id, ctx)
 
 
-__all__ = ["LLM", "NamedResources", "Rollout", "Attempt"]
+__all__ = ["LLM", "NamedResources", "PromptTemplate", "Rollout", "Attempt"]
