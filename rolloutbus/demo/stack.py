@@ -45,14 +45,14 @@ def process_env(settings: CommonSettings) -> dict[str, str]:
 
 @contextlib.contextmanager
 def local_stack(settings: CommonSettings, log_dir: Path, *, keep_running: bool = False) -> Iterator[LocalStack]:
-    """The local broker and, where ``settings`` use it, the local store, started unless they run; the demo's
+    """The local broker and the local store, each where ``settings`` use it, started unless it runs; the demo's
     processes are started through ``stack.procs`` (logs under ``log_dir``). Everything started here is stopped
     on exit, as the module says."""
     from rolloutbus.local_kafka import LocalKafka
 
     with contextlib.ExitStack() as on_exit:  # runs in reverse: processes, store, broker; each also if one before fails
         stack = LocalStack(LocalKafka(settings.data_dir, settings.kafka_port), Supervisor(log_dir, process_env(settings)))
-        stack.started_broker = stack.broker.start()
+        stack.started_broker = settings.uses_local_broker and stack.broker.start()  # a given broker (fit) is not ours
         if stack.started_broker and not keep_running:
             on_exit.callback(stack.broker.stop)
         if settings.uses_local_store:
