@@ -25,6 +25,9 @@ def main() -> None:
     p.add_argument("--runners", type=int, default=10)
     p.add_argument("--train", type=int, default=0, help="use only the first N training tasks (0: all)")
     p.add_argument("--validation", type=int, default=30, help="validation tasks scored for each version")
+    p.add_argument("--held-out", type=int, default=60,
+                   help="test tasks answered by version 0 and the version kept, after training (0: none); a third on the "
+                        "training databases, the rest on databases never trained on")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--truncate-length", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -48,10 +51,18 @@ def main() -> None:
         keep_store=args.keep_store,
         engine=args.engine,
     )
-    train_data, val_data, _ = datasets(validation=args.validation)
+    train_data, val_data, test_data = datasets(validation=args.validation, test=args.held_out)
+    trained_dbs = {row["db_id"] for row in train_data}
     if args.train:
         train_data = train_data[: args.train]
-    trainer.fit(agent, train_dataset=train_data, val_dataset=val_data)
+    result = trainer.fit(agent, train_dataset=train_data, val_dataset=val_data, test_dataset=test_data if args.held_out else None)
+    held = result.held_out
+    if held is not None:
+        for name, seen in (("new questions on the training databases", True), ("databases never trained on", False)):
+            idx = [i for i, row in enumerate(test_data) if (row["db_id"] in trained_dbs) == seen]
+            if idx:
+                before, after = (sum(s[i] for i in idx) / len(idx) for s in (held.first_scores, held.chosen_scores))
+                print(f"held-out   {name} ({len(idx)}): {before:.1%} -> {after:.1%}")
 
 
 if __name__ == "__main__":

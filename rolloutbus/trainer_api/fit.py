@@ -63,6 +63,36 @@ class Row:
 
 
 @dataclass
+class HeldOut:
+    """``test_dataset`` answered greedily by version ``first`` (0: the policy as given) and version ``chosen`` (the
+    best validated, else the last): the reward per task, in the dataset's order."""
+
+    first: int
+    chosen: int
+    first_scores: list[float]
+    chosen_scores: list[float]
+
+    @property
+    def first_mean(self) -> float:
+        return sum(self.first_scores) / max(1, len(self.first_scores))
+
+    @property
+    def chosen_mean(self) -> float:
+        return sum(self.chosen_scores) / max(1, len(self.chosen_scores))
+
+    def difference(self) -> tuple[float, float]:
+        """(mean of chosen - first over the same tasks, its paired standard error)."""
+        from trainer.apo import paired_difference
+
+        return paired_difference(self.first_scores, self.chosen_scores)
+
+    def line(self) -> str:
+        d, se = self.difference()
+        return (f"v{self.first} {self.first_mean:.1%} -> v{self.chosen} {self.chosen_mean:.1%} on {len(self.first_scores)} tasks "
+                f"({d * 100:+.1f} points, paired standard error {se * 100:.1f})")
+
+
+@dataclass
 class FitResult:
     steps: list[dict[str, Any]]
     versions: dict[int, dict[str, Any]]
@@ -71,6 +101,8 @@ class FitResult:
     seconds: float
     warnings: list[str] = field(default_factory=list)
     validation: dict[int, float] = field(default_factory=dict)  # version -> mean validation reward (fully validated)
+    chosen: int | None = None  # the version fit keeps: the best validated (GRPO with val_dataset), else the last
+    held_out: HeldOut | None = None  # test_dataset before/after (fit's ``test_dataset``)
 
 
 def _model(llm: Any, settings: CommonSettings) -> str:
@@ -123,7 +155,7 @@ def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int
     return int(rollouts), int(failed), error or None, trained
 
 
-def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> FitResult:
+def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test: list[str] | None = None) -> FitResult:
     algo = trainer.algorithm or GRPO()
     if not isinstance(algo, (GRPO, SFT)):
         raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...) or SFT(...)")
@@ -187,6 +219,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str]) -> F
                 f"{trainer.n_runners} runners (logs in {out / 'logs'})")
             result = _sft(trainer, algo, settings, sup, live, train, model, t_start) if sft else \
                 _loop(trainer, algo, settings, sup, live, train, val, t_start)
+            if test:
+                result.held_out = _held_out(trainer, agent, algo, settings, sup, result, model, served, test)
             if trainer.keep_store and stack.store is not None:
                 stack.keep_store = True
                 say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM v_reward_by_version\" "
@@ -236,13 +270,13 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
         versions = dict(live.versions)
     if not versions:
         raise RolloutbusError("no resource version was published: the trainer never started (see its log)")
-    validation = _validation(settings, sup, versions, val, say) if val else {}
+    validation, winner = _validation(settings, sup, versions, val, say) if val else ({}, None)
     sup.stop("runners", grace=30)
     time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
     with live.lock:
         result = FitResult(list(live.steps), versions, {k: list(v) for k, v in live.rewards_by_version.items()},
                            sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings,
-                           validation)
+                           validation, winner if winner is not None else max(versions))
     say(f"done       {len(result.steps)} steps, {result.rollouts} rollouts in groups, {result.seconds:.0f}s")
     return result
 
@@ -278,15 +312,16 @@ def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: 
     time.sleep(2.0)  # the follower reads the versions it published
     with live.lock:
         result = FitResult(list(live.steps), dict(live.versions), {k: list(v) for k, v in live.rewards_by_version.items()},
-                           len(rewards), time.monotonic() - t_start)
+                           len(rewards), time.monotonic() - t_start, chosen=max(live.versions) if live.versions else None)
     say(f"done       SFT published version(s) {sorted(result.versions)}; {result.rollouts} rollouts collected, {result.seconds:.0f}s")
     return result
 
 
 def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str, Any]], val: list[str],
-                say: Any, wait_s: float = 90.0) -> dict[int, float]:
+                say: Any, wait_s: float = 90.0) -> tuple[dict[int, float], int | None]:
     """Each fully validated version's mean validation reward, the last version's waited for as the demo waits
-    (its tasks published again once the trainer has stopped: :func:`rolloutbus.demo.driver._final_validator`)."""
+    (its tasks published again once the trainer has stopped: :func:`rolloutbus.demo.driver._final_validator`);
+    and the best of them (None: none fully validated)."""
     from types import SimpleNamespace
 
     from rolloutbus.demo.driver import _final_validator
@@ -308,7 +343,38 @@ def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str
     winner = best(scores, len(val))
     say("validate   " + (", ".join(f"v{v} {m:.1%}" for v, m in sorted(done.items())) or "no version fully validated")
         + (f" — version {winner.version} is the best ({versions.get(winner.version, {}).get('uri', '')})" if winner else ""))
-    return done
+    return done, winner.version if winner else None
 
 
-__all__ = ["FitResult", "first_rollouts_warning", "run_fit", "serve_command", "serve_start_s"]
+def _held_out(trainer: Trainer, agent: Any, algo: Any, settings: CommonSettings, sup: Any, result: FitResult, model: str,
+              served: str, test: list[str]) -> HeldOut:
+    """``test`` answered by version 0 and by the version kept, each served alone from its weights (the demo's
+    :func:`~rolloutbus.demo.driver.evaluate`: its own server and proxy, rollouts recorded as mode ``test``), the
+    agent in this process at the validation temperature (greedy by default)."""
+    from types import SimpleNamespace
+
+    from rolloutbus.demo.driver import _version_uri, evaluate
+
+    say = trainer.say
+    first, chosen = min(result.versions), result.chosen if result.chosen is not None else max(result.versions)
+    for name in ("runners", "proxy", "serve"):  # the cores go to the evaluation's server
+        sup.stop(name, grace=30)
+    temperature = getattr(algo, "val_temperature", 0.0)
+    task = SimpleNamespace(eval_threads=2, serve_args=engine_args(trainer.engine), serve_start_s=serve_start_s(trainer.engine),
+                           eval_agent=lambda url: Adapted(agent, trainer.resources, proxy=url, val_temperature=temperature,
+                                                          served=served))
+    problems = [Row(t) for t in test]
+    threads = max(1, trainer.n_runners)
+    say(f"held-out   version {first} and version {chosen} on the same {len(test)} test tasks"
+        + (" (greedy)" if temperature == 0 else ""))
+    # Version 0 is the model as given (its checkpoint may be pruned by now).
+    first_scores = evaluate(settings, sup, model if first == 0 else _version_uri(result.versions, first, trainer.out),
+                            first, problems, "first", task, threads=threads)
+    chosen_scores = list(first_scores) if chosen == first and temperature == 0 else \
+        evaluate(settings, sup, _version_uri(result.versions, chosen, trainer.out), chosen, problems, "final", task, threads=threads)
+    held = HeldOut(first, chosen, first_scores, chosen_scores)
+    say(f"held-out   {held.line()}")
+    return held
+
+
+__all__ = ["FitResult", "HeldOut", "first_rollouts_warning", "run_fit", "serve_command", "serve_start_s"]

@@ -93,10 +93,13 @@ class Trainer:
             raise ConfigError("dev calls the main_llm's endpoint: LLM(endpoint='http://.../v1', model=...)")
         return run_dev(Adapted(agent, self.resources), tasks, self.agent_match, self.llm_call_match, self.say)
 
-    def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None) -> Any:
+    def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None,
+            test_dataset: Sequence[Any] | None = None) -> Any:
         """Train: the local stack, the stream worker, the policy server, the proxy, the trainer and the runners
         (``rolloutbus`` commands, logs under ``out/logs``), tasks fed from ``train_dataset``; the validation
-        tasks scored for each version. Everything started is stopped on return, an error or Ctrl-C."""
+        tasks scored for each version, the best kept. ``test_dataset``: answered afterwards by version 0 and the
+        version kept, with the paired difference (``result.held_out``). Everything started is stopped on return,
+        an error or Ctrl-C."""
         from rolloutbus.localproc import restore_sigterm, stop_on_sigterm
         from rolloutbus.trainer_api.fit import run_fit
 
@@ -106,12 +109,13 @@ class Trainer:
         if not train:
             raise ConfigError("fit needs a train_dataset: a list of dicts, one per task")
         val = [row_json(row, i) for i, row in enumerate(val_dataset or [])]
+        test = [row_json(row, i) for i, row in enumerate(test_dataset or [])]
         if self.engine == "vllm" and (getattr(self.resources.get("main_llm"), "model", None) or "tiny") == "tiny":
             raise ConfigError("engine='vllm' serves a Hugging Face model: give LLM(model=...) a model directory or a "
                               "packaged model's name, not 'tiny' (the project's own)")
         previous = stop_on_sigterm()  # a SIGTERM to the script stops what fit started, as Ctrl-C does
         try:
-            return run_fit(self, agent, train, val)
+            return run_fit(self, agent, train, val, test)
         finally:
             restore_sigterm(previous)
 

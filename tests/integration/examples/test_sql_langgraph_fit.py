@@ -29,7 +29,7 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))
     env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "1.5", "--runners", "4", "--train", "8", "--validation", "4",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--minutes", "1.5", "--runners", "4", "--train", "8", "--validation", "4", "--held-out", "3",
                            "--max-turns", "2", "--truncate-length", "80", "--max-tokens", "8", "--out", str(out), "--keep-store"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((out / "logs").glob("*.log"))) \
@@ -38,6 +38,9 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
         assert proc.returncode == 0, f"fit failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\n{logs}"
         assert "started    stream processor" in proc.stdout and "done " in proc.stdout, proc.stdout
         assert "validate   v0 " in proc.stdout, proc.stdout  # the first version scored on the validation tasks
+        # test_dataset: version 0 and the version kept answered the same 3 tasks afterwards, paired
+        assert "held-out   v0 " in proc.stdout and "on 3 tasks (" in proc.stdout, proc.stdout
+        assert "held-out   databases never trained on (2): " in proc.stdout, proc.stdout
 
         def query(sql: str) -> list[list[str]]:
             q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "--format", "TabSeparated", sql], env=env,
@@ -56,6 +59,8 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
         assert steps.get(("check_query", "false"), 0) > 0, steps  # stored, for analysis
         assert steps.get(("write_query", "true"), 0) > 0, steps
         assert all(t == "false" for (a, t) in steps if not a.startswith(("write", "rewrite"))), steps
+        held = query("SELECT count(DISTINCT task_id), countIf(mode != 'test') FROM rollouts FINAL WHERE task_id LIKE 'heldout-%'")
+        assert held == [["3", "0"]], held  # recorded as test rollouts, never trained on
         tokens = query("SELECT min(length(prompt_token_ids)), min(length(response_token_ids)) FROM transitions FINAL "
                        "WHERE agent_name = 'write_query'")
         assert int(tokens[0][0]) > 0 and int(tokens[0][1]) > 0, tokens

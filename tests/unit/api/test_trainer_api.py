@@ -160,3 +160,13 @@ def test_fit_says_once_when_the_first_rollouts_cannot_teach() -> None:
     line = warn(None, 4, 4, "KeyError: 'question'", 0, 4)
     assert line == ("every one of the first 4 rollouts failed, the first with: KeyError: 'question' "
                     "(a dataset row the agent cannot read? the runners' log says more)")
+
+
+def test_held_out_pairs_the_same_tasks() -> None:
+    from rolloutbus.trainer_api.fit import HeldOut
+
+    held = HeldOut(0, 3, [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0])
+    d, se = held.difference()
+    assert (held.first_mean, held.chosen_mean, d) == (0.25, 0.75, 0.5)
+    assert abs(se - (1 / 3) ** 0.5 / 2) < 1e-12  # differences 1, 0, 0, 1: sample sd sqrt(1/3) over sqrt(4)
+    assert held.line() == "v0 25.0% -> v3 75.0% on 4 tasks (+50.0 points, paired standard error 28.9)"
