@@ -1,5 +1,6 @@
 """``Trainer.fit``: the demo's loop for the user's agent. The same commands the demo starts
-(:mod:`rolloutbus.demo.driver`) on the same local stack (:func:`rolloutbus.demo.stack.local_stack`): the
+(:mod:`rolloutbus.demo.driver`) on the same local stack (:func:`rolloutbus.demo.stack.local_stack`), or on given
+Kafka / ClickHouse addresses in a namespace of the run's own (:mod:`rolloutbus.trainer_api.run_scope`): the
 stream worker with the Trainer's ``agent_match`` / ``llm_call_match``, the policy server, the LLM proxy,
 the trainer (GRPO, validation on ``val_dataset``), and ``n_runners`` rollouts at once running the agent,
 shipped to them pickled (:mod:`rolloutbus.trainer_api.shipped`). Tasks are published a few steps ahead of
@@ -28,6 +29,7 @@ from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
 from rolloutbus.trainer_api.algorithms import GRPO, SFT
+from rolloutbus.trainer_api.run_scope import check_given, prepare, run_scope, where_lines
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
 
@@ -162,14 +164,21 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     sft = isinstance(algo, SFT)
     say = trainer.say
     settings = load_settings(CommonSettings, {})
-    if not settings.uses_local_broker:
-        raise ConfigError("fit resets its topics and database, so it runs on the local stack: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted
+    if scope.run:
+        check_given(settings)  # one line for a given address that does not answer, before anything starts
     out = trainer.out
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     with local_stack(settings, out / "logs") as stack:
-        _say_stack(stack, say)
-        reset_local_state(settings, say)
+        if scope.run:
+            for line in where_lines(scope, stack):
+                say(line)
+            prepare(scope, say)
+            settings = scope.settings
+        else:
+            _say_stack(stack, say)
+            reset_local_state(settings, say)
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
         from trainer.settings import ServeSettings
@@ -179,7 +188,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
                      served=served), out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
         script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
-        env = dict(process_env(settings), ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
+        env = dict(process_env(settings), **scope.env, ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
                    ROLLOUTBUS_TRAIN_TEMPERATURE=str(algo.temperature),
                    PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
         sup = stack.procs
