@@ -53,6 +53,6 @@ def test_fit_takes_grpo_or_sft_and_refuses_anything_else() -> None:
         pass
 
     t = Trainer(algorithm=Other())  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"is not one fit runs: GRPO\(...\) or SFT\(...\)"):
+    with pytest.raises(ConfigError, match=r"is not one fit runs: GRPO\(...\), SFT\(...\) or APO\(...\)"):
         run_fit(t, object(), ["{}"], [])
     assert isinstance(GRPO(), GRPO) and isinstance(SFT(), SFT)
