@@ -17,7 +17,7 @@ from typing import Any
 
 from foundation.errors import ConfigError
 from rolloutbus.trainer_api.agent import Adapted, check_agent
-from rolloutbus.trainer_api.algorithms import GRPO, SFT
+from rolloutbus.trainer_api.algorithms import APO, GRPO, SFT
 from rolloutbus.trainer_api.resources import LLM
 from rolloutbus.trainer_api.shipped import CHILD_ENV
 
@@ -46,7 +46,7 @@ def row_json(row: Any, index: int) -> str:
 class Trainer:
     """Runs an agent: ``dev`` once per task against an endpoint, ``fit`` in a training loop."""
 
-    def __init__(self, n_runners: int | None = None, algorithm: GRPO | SFT | None = None, adapter: Mapping[str, str] | None = None,
+    def __init__(self, n_runners: int | None = None, algorithm: GRPO | SFT | APO | None = None, adapter: Mapping[str, str] | None = None,
                  initial_resources: Mapping[str, Any] | None = None, *, n_workers: int | None = None,
                  out: str | Path = "rolloutbus-output", keep_store: bool = False, engine: str = "torch",
                  say: Callable[[str], None] | None = None) -> None:
