@@ -28,7 +28,7 @@ from rolloutbus.demo.driver import (DemoConfig, Live, TaskFeeder, _say_stack, _w
 from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
-from rolloutbus.trainer_api.algorithms import APO, GRPO, SFT
+from rolloutbus.trainer_api.algorithms import GRPO, SFT
 from rolloutbus.trainer_api.run_scope import check_given, prepare, run_scope, where_lines
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
@@ -159,12 +159,8 @@ def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int
 
 def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test: list[str] | None = None) -> FitResult:
     algo = trainer.algorithm or GRPO()
-    if not isinstance(algo, (GRPO, SFT, APO)):
+    if not isinstance(algo, (GRPO, SFT)):  # APO(...) runs in fit_apo.run_apo (Trainer.fit chooses)
         raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...), SFT(...) or APO(...)")
-    if isinstance(algo, APO):  # the prompt optimized, the policy as given: rolloutbus/trainer_api/fit_apo.py
-        from rolloutbus.trainer_api.fit_apo import run_apo
-
-        return run_apo(trainer, agent, train, val, test)
     sft = isinstance(algo, SFT)
     say = trainer.say
     settings = load_settings(CommonSettings, {})

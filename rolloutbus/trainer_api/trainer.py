@@ -102,6 +102,7 @@ class Trainer:
         an error or Ctrl-C."""
         from rolloutbus.localproc import restore_sigterm, stop_on_sigterm
         from rolloutbus.trainer_api.fit import run_fit
+        from rolloutbus.trainer_api.fit_apo import run_apo
 
         self._guard()
         check_agent(agent)
@@ -115,7 +116,8 @@ class Trainer:
                               "packaged model's name, not 'tiny' (the project's own)")
         previous = stop_on_sigterm()  # a SIGTERM to the script stops what fit started, as Ctrl-C does
         try:
-            return run_fit(self, agent, train, val, test)
+            run = run_apo if isinstance(self.algorithm, APO) else run_fit  # APO: the prompt optimized, the policy as given
+            return run(self, agent, train, val, test)
         finally:
             restore_sigterm(previous)
 

@@ -79,14 +79,13 @@ def test_the_agent_reads_the_version_the_runner_uses() -> None:
 
 
 def test_fit_refuses_apo_without_a_prompt_template_before_starting_anything(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from rolloutbus.trainer_api.fit import run_fit
-
+    rows = [{"question": "2 3 gain"}]
     t = Trainer(algorithm=APO(), initial_resources={"main_llm": LLM(model="tiny")}, out=tmp_path / "out")
     with pytest.raises(ConfigError, match=r"APO optimizes a prompt template: give initial_resources=\{\"prompt_template\""):
-        run_fit(t, Echo(), ["{}"], [])
+        t.fit(Echo(), rows)
     two = {"a": PromptTemplate(template="a"), "b": PromptTemplate(template="b")}
     with pytest.raises(ConfigError, match=r"holds 2 \(a, b\): say which with APO\(resource=...\)"):
-        run_fit(Trainer(algorithm=APO(), initial_resources=two, out=tmp_path / "out"), Echo(), ["{}"], [])
+        Trainer(algorithm=APO(), initial_resources=two, out=tmp_path / "out").fit(Echo(), rows)
     with pytest.raises(ConfigError, match=r"APO\(resource='c'\) names no PromptTemplate"):
-        run_fit(Trainer(algorithm=APO(resource="c"), initial_resources=two, out=tmp_path / "out"), Echo(), ["{}"], [])
+        Trainer(algorithm=APO(resource="c"), initial_resources=two, out=tmp_path / "out").fit(Echo(), rows)
     assert not (tmp_path / "out").exists()
