@@ -223,8 +223,9 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     name, initial = prompt_resource(trainer.resources, algo.resource)
     say = trainer.say
     settings = load_settings(CommonSettings, {})
-    if not settings.uses_local_broker:
-        raise ConfigError("fit resets its topics and database, so it runs on the local stack: unset ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    if not settings.uses_local_broker or not settings.uses_local_store:
+        raise ConfigError("fit with APO resets its topics and database, so it runs on the local stack only: unset "
+                          "ROLLOUTBUS_KAFKA_BOOTSTRAP and ROLLOUTBUS_CLICKHOUSE_DSN (GRPO and SFT run on given addresses)")
     out = trainer.out
     out.mkdir(parents=True, exist_ok=True)
     val_rows = val or train
