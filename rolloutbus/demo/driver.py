@@ -275,7 +275,9 @@ def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, 
     try:
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", task.serve_start_s, sup)
         _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
-        transport = SpanTransport.from_settings(AgentSettings(data_dir=settings.data_dir), spool_name=f"demo-eval-{name}")
+        # The run's topics (fit on given addresses has its own prefix; the environment holds the user's)
+        transport = SpanTransport.from_settings(AgentSettings(data_dir=settings.data_dir, topic_prefix=settings.topic_prefix),
+                                                spool_name=f"demo-eval-{name}")
         agent = task.eval_agent(f"http://127.0.0.1:{proxy_port}")
         try:
             def one(i_p: tuple[int, Any]) -> float:
