@@ -5,6 +5,7 @@ optimization of a ``prompt_template`` resource by ``rolloutbus optimize-prompt``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from foundation.errors import ConfigError
 
@@ -87,9 +88,11 @@ class APO:
     ``gradient_batch_size`` training rows run once under the initial prompt (version 0), so the first critiques
     read training trajectories (later rounds critique the validation rollouts of the candidate they rewrite).
     The optimizer LLM is ``optimizer_url`` / ``optimizer_model`` (None: the policy server fit starts, by the name
-    it serves). ``candidates``: prompts of your own (templates) scored beside the initial one. A candidate is
+    it serves), or, as Agent Lightning's first argument, ``client``: an ``OpenAI`` / ``AsyncOpenAI`` client, whose
+    ``base_url`` and ``api_key`` are used (with ``optimizer_model``). ``candidates``: prompts of your own (templates) scored beside the initial one. A candidate is
     published as the next version only when it scores more than ``min_gain`` above the initial prompt."""
 
+    client: Any = None
     beam_width: int = 2
     branch_factor: int = 2
     beam_rounds: int = 2
@@ -113,6 +116,17 @@ class APO:
             raise ConfigError("APO(beam_rounds=, gradient_batch_size=, min_gain=) must not be negative")
         if self.score_timeout_s <= 0 or self.rollout_timeout_s <= 0:
             raise ConfigError("APO(score_timeout_s=, rollout_timeout_s=) must be greater than 0")
+        if self.client is not None:
+            if getattr(self.client, "base_url", None) is None:
+                raise ConfigError(f"APO's first argument is the optimizer LLM's OpenAI or AsyncOpenAI client, not a "
+                                  f"{type(self.client).__name__}")
+            if not self.optimizer_model:
+                raise ConfigError("APO(client) calls that client's endpoint: name the model, APO(client, optimizer_model=...)")
+            self.optimizer_url = self.optimizer_url or str(self.client.base_url).rstrip("/")
+
+    def optimizer_key(self) -> str | None:
+        """The ``client``'s API key (given to ``optimize-prompt`` as ``ROLLOUTBUS_APO_LLM_KEY``, not on its command line)."""
+        return getattr(self.client, "api_key", None) or None
 
     def command(self, val_tasks: str, resource: str, llm_url: str, llm_model: str, run_id: str, out: str,
                 candidates: str | None = None) -> list[str]:

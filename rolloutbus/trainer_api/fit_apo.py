@@ -270,6 +270,8 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         gradient = train[: algo.gradient_batch_size]
         ran = _run_train_rows(settings, sup, gradient, algo.score_timeout_s, say) if gradient else 0
         summary_path = out / f"{run_id}.json"
+        key = algo.optimizer_key()
+        sup.env = dict(env, ROLLOUTBUS_APO_LLM_KEY=key) if key else env
         _optimize(sup, "optimize", algo.command(str(out / "validation.jsonl"), name, f"http://127.0.0.1:{serve_port}/v1", served,
                                                 run_id, str(summary_path), str(out / "candidates.json") if algo.candidates else None),
                   say)

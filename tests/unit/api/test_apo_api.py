@@ -44,6 +44,20 @@ def test_apo_becomes_the_optimize_prompt_command() -> None:
     assert (own.llm_url, own.llm_model, own.candidates, own.max_val_tasks) == ("http://x:1/v1", "big", None, None)
 
 
+def test_an_openai_client_as_agent_lightnings_first_argument_is_the_optimizer() -> None:
+    from openai import AsyncOpenAI
+
+    algo = APO(AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-test"), optimizer_model="gpt-4.1-mini", beam_rounds=1)
+    a = _args(algo.command("v", "p", "http://served/v1", "policy", "r", "o")[1:])
+    assert (a.llm_url, a.llm_model, a.rounds) == ("http://127.0.0.1:9/v1", "gpt-4.1-mini", 1)
+    assert algo.optimizer_key() == "sk-test" and "sk-test" not in algo.command("v", "p", "u", "m", "r", "o")
+    assert APO().optimizer_key() is None
+    with pytest.raises(ConfigError, match=r"name the model, APO\(client, optimizer_model=...\)"):
+        APO(AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k"))
+    with pytest.raises(ConfigError, match="first argument is the optimizer LLM's OpenAI or AsyncOpenAI client, not a str"):
+        APO("http://127.0.0.1:9/v1")  # type: ignore[arg-type]
+
+
 def test_bad_apo_settings_are_one_line() -> None:
     for bad in (dict(beam_width=0), dict(branch_factor=0), dict(val_batch_size=0)):
         with pytest.raises(ConfigError, match="at least 1"):
