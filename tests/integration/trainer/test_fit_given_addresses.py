@@ -1,7 +1,8 @@
 """``Trainer.fit`` on given addresses: a broker (the session's) and a ClickHouse store (``rolloutbus store``, the
 real engine behind HTTP) that fit did not start, holding another run's topics, consumer group offsets and rows.
 fit starts neither, trains in a namespace of its own (topics ``<prefix>fit-<run>.*``, database
-``<database>_fit_<run>``) and leaves every record of the other run as it found it."""
+``<database>_fit_<run>``), evaluates ``test_dataset`` there, and leaves every record of the other run as it found
+it."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ if __name__ == "__main__":
     rows = [json.loads(p.to_json()) for p in problems(6, seed=1)]
     trainer = agl.Trainer(n_runners=2, algorithm=agl.GRPO(group_size=2, groups_per_step=1, max_steps=2, minutes=4,
                           skip_zero_variance=False), initial_resources={"main_llm": agl.LLM(model="tiny")}, out=sys.argv[1])
-    result = trainer.fit(Calc(), rows)
-    print("RESULT " + json.dumps({"versions": sorted(result.versions), "steps": len(result.steps)}))
+    result = trainer.fit(Calc(), rows, test_dataset=rows[:2])
+    print("RESULT " + json.dumps({"versions": sorted(result.versions), "held_out": len(result.held_out.first_scores)}))
 '''
 
 
@@ -72,7 +73,9 @@ def _kafka_state(conf: dict[str, Any], prefix: str) -> dict[str, Any]:
     topics = Topics(prefix)
     consumer = Consumer({**conf, "group.id": f"{prefix}streams", "enable.auto.commit": False})
     try:
-        marks = {name: consumer.get_watermark_offsets(TopicPartition(name, 0), timeout=10) for name in topics.all()}
+        meta = consumer.list_topics(timeout=10).topics
+        marks = {(name, p): consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                 for name in topics.all() for p in meta[name].partitions}
         committed = [tp.offset for tp in consumer.committed([TopicPartition(topics.spans, 0)], timeout=10)]
     finally:
         consumer.close()
@@ -122,6 +125,7 @@ def test_fit_on_given_addresses_trains_in_its_own_namespace_and_leaves_the_other
         assert run, head
         result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
         assert result["versions"][0] == 0 and max(result["versions"]) > 0, result  # its own numbering: from 0
+        assert result["held_out"] == 2, result  # the held-out evaluation's spans: on the run's topics too (checked below)
 
         # The run trained, in its own database ...
         own = connect(store.url, database=f"{database}_fit_{run.group(1)}", create_database=False)
