@@ -1,6 +1,7 @@
 """``Trainer(algorithm=APO(...)).fit``: the user's prompt template optimized on the local stack.
 
-The stack of :func:`rolloutbus.trainer_api.fit.run_fit` without a trainer: the stream worker, the policy server
+The stack of :func:`rolloutbus.trainer_api.fit.run_fit` without a trainer (the local one, reset; or given
+addresses, in a namespace of the run's own: :mod:`rolloutbus.trainer_api.run_scope`): the stream worker, the policy server
 (the model as given; its weights do not change), the LLM proxy and ``n_runners`` rollouts at once running the
 agent, whose ``prompt_template`` resource is the version the runners use (:class:`PromptAdapted`). The initial
 template is published on ``rb.resources`` as version 0; the first ``gradient_batch_size`` training rows run once
@@ -216,6 +217,7 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     from rolloutbus.demo.driver import _say_stack, _wait_http, reset_local_state
     from rolloutbus.demo.stack import local_stack, process_env
     from rolloutbus.localproc import free_port
+    from rolloutbus.trainer_api.run_scope import check_given, prepare, run_scope, where_lines
     from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
     from schemas import ResourceVersion, encode
 
@@ -223,9 +225,9 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     name, initial = prompt_resource(trainer.resources, algo.resource)
     say = trainer.say
     settings = load_settings(CommonSettings, {})
-    if not settings.uses_local_broker or not settings.uses_local_store:
-        raise ConfigError("fit with APO resets its topics and database, so it runs on the local stack only: unset "
-                          "ROLLOUTBUS_KAFKA_BOOTSTRAP and ROLLOUTBUS_CLICKHOUSE_DSN (GRPO and SFT run on given addresses)")
+    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted (as run_fit)
+    if scope.run:
+        check_given(settings)
     out = trainer.out
     out.mkdir(parents=True, exist_ok=True)
     val_rows = val or train
@@ -237,8 +239,14 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     run_id = f"apo-{uuid.uuid4().hex[:8]}"
     t_start = time.monotonic()
     with local_stack(settings, out / "logs") as stack:
-        _say_stack(stack, say)
-        reset_local_state(settings, say)
+        if scope.run:
+            for line in where_lines(scope, stack):
+                say(line)
+            prepare(scope, say)
+            settings = scope.settings
+        else:
+            _say_stack(stack, say)
+            reset_local_state(settings, say)
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
         served = load_settings(ServeSettings, {}).resource_name  # the name `serve` answers to (vLLM: no other)
@@ -246,7 +254,7 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
              out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
         script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
-        env = dict(process_env(settings),
+        env = dict(process_env(settings), **scope.env,
                    PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
         sup = stack.procs
         sup.env = env

@@ -2,7 +2,8 @@
 the initial template is published as version 0, ``rolloutbus optimize-prompt`` scores it and a prompt of the
 user's through the runners running the user's agent (which reads ``resources["prompt_template"]``), the served
 ``tiny`` model writes a rewrite, every candidate lands in ``prompt_candidates`` and the best is published as
-version 1, as fit's result says; the test rows are answered under version 0 and version 1 afterwards.
+version 1, as fit's result says; the test rows are answered under version 0 and version 1 afterwards. On the
+local stack, and on given addresses (a namespace of the run's own there).
 
 The agent's reward depends on the prompt it was handed only (the tiny model's answers are noise), so which
 prompt wins is known: the user's, which starts as the reward wants."""
@@ -13,14 +14,17 @@ import json
 import os
 import subprocess
 import sys
+import re
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import free_port_run
+from tests.integration.store.conftest import start_store
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600),
-              pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="fit runs on the local stack only")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SCRIPT = '''
 import json, sys
@@ -54,19 +58,23 @@ if __name__ == "__main__":
 '''
 
 
-def test_fit_with_apo_scores_candidates_through_the_runners_and_publishes_the_best(tmp_path: Path) -> None:
-    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(free_port_run((0, 1))),
-               PYTHONUNBUFFERED="1", ROLLOUTBUS_STORE_PORT=str(free_port_run()))
-    env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
-    script = tmp_path / "apo.py"
+def _run(script_dir: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    script, out = script_dir / "apo.py", script_dir / "out"
     script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=script_dir, capture_output=True, text=True, timeout=540)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((out / "logs").glob("*.log"))) \
         if (out / "logs").exists() else ""
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}"
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    return proc, json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="the local stack: no broker given")
+def test_fit_with_apo_scores_candidates_through_the_runners_and_publishes_the_best(tmp_path: Path) -> None:
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(free_port_run((0, 1))),
+               PYTHONUNBUFFERED="1", ROLLOUTBUS_STORE_PORT=str(free_port_run()))
+    env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
+    proc, r = _run(tmp_path, env)
     # version 0 is the initial template; the user's prompt (the only one the reward likes) is published as version 1
     assert r["initial"] == ["{question}", 0.0]
     assert r["chosen"] == [1, "Answer with one number. {question}", 1.0], proc.stdout[-3000:]
@@ -91,3 +99,36 @@ def test_fit_with_apo_scores_candidates_through_the_runners_and_publishes_the_be
     assert "held-out   v0 0.0% -> v1 100.0% on 3 tasks (+100.0 points" in proc.stdout
     assert "gradient   3 training rows once each under version 0" in proc.stdout
     assert "published  prompt_template version 1" in proc.stdout
+
+
+def test_fit_with_apo_on_given_addresses_runs_in_its_own_topics_and_database(tmp_path: Path, kafka_bootstrap: str) -> None:
+    """A broker and a ClickHouse store fit did not start: nothing is reset there, the prompt's versions are on the
+    run's own topics and its candidates in the run's own database."""
+    from confluent_kafka.admin import AdminClient
+
+    from foundation.clickhouse import connect
+
+    prefix, database = f"apo{uuid.uuid4().hex[:6]}.", f"apo_{uuid.uuid4().hex[:6]}"
+    store = start_store(tmp_path / "store")
+    try:
+        env = dict(os.environ, ROLLOUTBUS_KAFKA_BOOTSTRAP=kafka_bootstrap, ROLLOUTBUS_TOPIC_PREFIX=prefix,
+                   ROLLOUTBUS_CLICKHOUSE_DSN=store.url, ROLLOUTBUS_CLICKHOUSE_DATABASE=database,
+                   ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+        proc, r = _run(tmp_path, env)
+        head = proc.stdout.splitlines()[:3]
+        assert head[0] == f"kafka      {kafka_bootstrap} (ROLLOUTBUS_KAFKA_BOOTSTRAP): nothing started or deleted there", head
+        run = re.match(r"run        (\w+): ", head[2])
+        assert run, head
+        assert r["chosen"] == [1, "Answer with one number. {question}", 1.0] and r["held_out"][1] == 1, proc.stdout[-3000:]
+        own = connect(store.url, database=f"{database}_fit_{run.group(1)}", create_database=False)
+        try:
+            cands = own.query(f"SELECT count(), countIf(published_version = 1) FROM prompt_candidates FINAL "
+                              f"WHERE run_id = '{r['run_id']}'").result_rows[0]
+            versions = own.query("SELECT max(version) FROM resource_versions FINAL WHERE name = 'prompt_template'").result_rows[0][0]
+        finally:
+            own.close()
+        assert tuple(cands) == (3, 1) and versions == 1, (cands, versions)
+        assert f"{prefix}fit-{run.group(1)}.resources" in set(AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics)
+    finally:
+        store.proc.terminate()
+        store.proc.wait(30)

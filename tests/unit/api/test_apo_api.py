@@ -105,11 +105,9 @@ def test_fit_refuses_apo_without_a_prompt_template_before_starting_anything(tmp_
     assert not (tmp_path / "out").exists()
 
 
-def test_fit_with_apo_refuses_given_addresses_before_starting_anything(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_fit_with_apo_on_given_addresses_takes_run_scope_s_checks_before_starting_anything(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     t = Trainer(algorithm=APO(), initial_resources={"prompt_template": PromptTemplate(template="{question}")}, out=tmp_path / "out")
-    for var, value in (("ROLLOUTBUS_KAFKA_BOOTSTRAP", "kafka.example:9092"), ("ROLLOUTBUS_CLICKHOUSE_DSN", "http://ch.example:8123")):
-        with monkeypatch.context() as m:
-            m.setenv(var, value)
-            with pytest.raises(ConfigError, match="fit with APO resets its topics and database, so it runs on the local stack only"):
-                t.fit(Echo(), [{"question": "2 3 gain"}])
+    monkeypatch.setenv("ROLLOUTBUS_CLICKHOUSE_DSN", f"chdb://{tmp_path / 'chdb'}")
+    with pytest.raises(ConfigError, match="chdb:// opens the engine in one process"):
+        t.fit(Echo(), [{"question": "2 3 gain"}])
     assert not (tmp_path / "out").exists()
