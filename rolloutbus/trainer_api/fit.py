@@ -17,6 +17,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -29,7 +31,7 @@ from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
 from rolloutbus.trainer_api.agent import Adapted
 from rolloutbus.trainer_api.algorithms import GRPO, SFT
-from rolloutbus.trainer_api.run_scope import check_given, prepare, run_scope, where_lines
+from rolloutbus.trainer_api.run_scope import RunScope, check_given, prepare, run_scope, where_lines
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
 
@@ -157,28 +159,50 @@ def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int
     return int(rollouts), int(failed), error or None, trained
 
 
+@contextmanager
+def fit_stack(trainer: Trainer) -> Iterator[tuple[CommonSettings, Any, RunScope]]:
+    """The stack a fit run uses, said in its first lines: the local one, reset for a fresh run; or the given
+    addresses (checked before anything starts), in a namespace of the run's own, created, nothing reset.
+    Yields the run's settings, the stack (its supervisor: ``stack.procs``) and the scope."""
+    settings = load_settings(CommonSettings, {})
+    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted
+    if scope.run:
+        check_given(settings)  # one line for a given address that does not answer, before anything starts
+    trainer.out.mkdir(parents=True, exist_ok=True)
+    with local_stack(settings, trainer.out / "logs") as stack:
+        if scope.run:
+            for line in where_lines(scope, stack):
+                trainer.say(line)
+            prepare(scope, trainer.say)
+        else:
+            _say_stack(stack, trainer.say)
+            reset_local_state(settings, trainer.say)
+        yield scope.settings, stack, scope
+
+
+def process_env_of(settings: CommonSettings, scope: RunScope, **extra: str) -> dict[str, str]:
+    """The environment of fit's processes: the stack's, the run's scope, ``extra``, and the script's directory
+    and the working directory on PYTHONPATH (the runners unpickle the agent's class from there)."""
+    script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
+    return dict(process_env(settings), **scope.env, **extra,
+                PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def match_args(trainer: Trainer) -> list[str]:
+    """The stream worker's flags for the Trainer's ``adapter``. Pure."""
+    return (["--agent-match", trainer.agent_match] if trainer.agent_match else []) + \
+        (["--llm-call-match", trainer.llm_call_match] if trainer.llm_call_match else [])
+
+
 def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test: list[str] | None = None) -> FitResult:
     algo = trainer.algorithm or GRPO()
     if not isinstance(algo, (GRPO, SFT)):  # APO(...) runs in fit_apo.run_apo (Trainer.fit chooses)
         raise ConfigError(f"algorithm {type(algo).__name__} is not one fit runs: GRPO(...), SFT(...) or APO(...)")
     sft = isinstance(algo, SFT)
     say = trainer.say
-    settings = load_settings(CommonSettings, {})
-    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted
-    if scope.run:
-        check_given(settings)  # one line for a given address that does not answer, before anything starts
     out = trainer.out
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    with local_stack(settings, out / "logs") as stack:
-        if scope.run:
-            for line in where_lines(scope, stack):
-                say(line)
-            prepare(scope, say)
-            settings = scope.settings
-        else:
-            _say_stack(stack, say)
-            reset_local_state(settings, say)
+    with fit_stack(trainer) as (settings, stack, scope):
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
         from trainer.settings import ServeSettings
@@ -187,14 +211,11 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature,
                      served=served), out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
-        script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
-        env = dict(process_env(settings), **scope.env, ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
-                   ROLLOUTBUS_TRAIN_TEMPERATURE=str(algo.temperature),
-                   PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = process_env_of(settings, scope, ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
+                             ROLLOUTBUS_TRAIN_TEMPERATURE=str(algo.temperature))
         sup = stack.procs
         sup.env = env
-        match = (["--agent-match", trainer.agent_match] if trainer.agent_match else []) + \
-                (["--llm-call-match", trainer.llm_call_match] if trainer.llm_call_match else [])
+        match = match_args(trainer)
         validate: list[str] = []
         if val and sft:
             say("validate   SFT(...) does not score val_dataset (only GRPO's trainer validates each version)")

@@ -16,8 +16,6 @@ and version 0 side by side on it (:func:`_held_out`).
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -29,7 +27,8 @@ from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
 from rolloutbus.trainer_api.agent import Adapted
 from rolloutbus.trainer_api.algorithms import APO
-from rolloutbus.trainer_api.fit import AGENT_SPEC, FitResult, HeldOut, Trainer, _model, serve_command, serve_start_s
+from rolloutbus.trainer_api.fit import (AGENT_SPEC, FitResult, HeldOut, Trainer, _model, fit_stack, match_args, process_env_of,
+                                        serve_command, serve_start_s)
 from rolloutbus.trainer_api.resources import PromptTemplate
 
 
@@ -214,56 +213,37 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     """fit under ``APO(...)``: see the module's docstring."""
     from trainer.settings import ServeSettings
 
-    from rolloutbus.demo.driver import _say_stack, _wait_http, reset_local_state
-    from rolloutbus.demo.stack import local_stack, process_env
+    from rolloutbus.demo.driver import _wait_http
     from rolloutbus.localproc import free_port
-    from rolloutbus.trainer_api.run_scope import check_given, prepare, run_scope, where_lines
     from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
     from schemas import ResourceVersion, encode
 
     algo: APO = trainer.algorithm
     name, initial = prompt_resource(trainer.resources, algo.resource)
     say = trainer.say
-    settings = load_settings(CommonSettings, {})
-    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted (as run_fit)
-    if scope.run:
-        check_given(settings)
     out = trainer.out
-    out.mkdir(parents=True, exist_ok=True)
     val_rows = val or train
-    if not val:
-        say("validate   no val_dataset: APO scores the prompts on the training rows")
-    (out / "validation.jsonl").write_text("".join(json.dumps({"input": v}) + "\n" for v in val_rows))
-    if algo.candidates:
-        (out / "candidates.json").write_text(json.dumps([{**initial.config(), "template": t} for t in algo.candidates]))
     run_id = f"apo-{uuid.uuid4().hex[:8]}"
     t_start = time.monotonic()
-    with local_stack(settings, out / "logs") as stack:
-        if scope.run:
-            for line in where_lines(scope, stack):
-                say(line)
-            prepare(scope, say)
-            settings = scope.settings
-        else:
-            _say_stack(stack, say)
-            reset_local_state(settings, say)
+    with fit_stack(trainer) as (settings, stack, scope):  # as run_fit's: given addresses checked before anything
+        if not val:
+            say("validate   no val_dataset: APO scores the prompts on the training rows")
+        (out / "validation.jsonl").write_text("".join(json.dumps({"input": v}) + "\n" for v in val_rows))
+        if algo.candidates:
+            (out / "candidates.json").write_text(json.dumps([{**initial.config(), "template": t} for t in algo.candidates]))
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
         served = load_settings(ServeSettings, {}).resource_name  # the name `serve` answers to (vLLM: no other)
         ship(PromptAdapted(agent, trainer.resources, name, proxy=proxy, val_temperature=algo.val_temperature, served=served),
              out / "agent.pickle")
         model = _model(trainer.resources.get("main_llm"), settings)
-        script_dirs = [str(Path.cwd())] + ([str(Path(sys.argv[0]).resolve().parent)] if sys.argv and sys.argv[0] else [])
-        env = dict(process_env(settings), **scope.env,
-                   PYTHONPATH=os.pathsep.join([*script_dirs, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = process_env_of(settings, scope)
         sup = stack.procs
         sup.env = env
         _publish(settings, [(settings.topics.resources, name, encode(ResourceVersion(
             name=name, version=0, kind="prompt_template", created_ns=time.time_ns(), config=initial.config())))])
         say(f"published  {name} version 0: the initial template")
-        match = (["--agent-match", trainer.agent_match] if trainer.agent_match else []) + \
-                (["--llm-call-match", trainer.llm_call_match] if trainer.llm_call_match else [])
-        sup.start("process", ["process", "--sink-interval", "0.5", *match])
+        sup.start("process", ["process", "--sink-interval", "0.5", *match_args(trainer)])
         sup.start("serve", serve_command(serve_port, trainer.engine, model))
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         _wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
