@@ -174,7 +174,14 @@ class Trainer:
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
         if latest is not None:
             opt = self.store.load_optimizer(latest[0])
-            if opt is not None:
+            trained = str(latest[1].config.get("train_layers", settings.train_layers))
+            if opt is not None and trained != str(settings.train_layers):
+                # Another trainable set (an SFT over every layer, then GRPO over the top N): AdamW's moments are
+                # per trained parameter, so they cannot carry over; the weights do.
+                log.warning("checkpoint %s trained --train-layers %s, this run --train-layers %d: its optimizer state does "
+                            "not carry over, the optimizer starts afresh on its weights", latest[0].name, trained,
+                            settings.train_layers)
+            elif opt is not None:
                 self.backend.load_optimizer_state(opt)
         self.counters = Counters()
         self.pending: list[tuple[GroupBatch, float]] = []

@@ -49,6 +49,13 @@ def test_sft_trains_on_the_filtered_transitions_and_publishes_versions(kafka_con
     first = float(losses[0].split("loss ")[1].split(" ")[0])
     last = float(losses[-1].split("→ ")[1].split(" ")[0])
     assert last < first, losses
+    # GRPO goes on from the SFT's checkpoint training fewer layers (the SQL task's --train-layers): the weights carry
+    # over, AdamW's moments (per trained parameter) cannot, so it starts them afresh instead of stopping
+    grpo = subprocess.run([sys.executable, "-m", "trainer.cli", "--train-layers", "1", "--idle-exit", "3", "--metrics-port", "0"],
+                          env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert grpo.returncode == 0, (grpo.stdout + grpo.stderr)[-3000:]
+    assert "trained --train-layers 0, this run --train-layers 1: its optimizer state does not carry over" in grpo.stderr
+    assert "resuming from" in grpo.stderr and "step-2 " in grpo.stderr
     # a bad WHERE is one line and a non-zero exit, nothing published
     bad = subprocess.run([sys.executable, "-m", "trainer.cli", "--algorithm", "sft", "--sft-where", "1; DROP TABLE rollouts",
                           "--metrics-port", "0"], env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
