@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
                    help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4; --quick 4)")
     p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16; --task sql --algorithm apo 32; --quick 8)")
-    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2; --quick 2)")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2; --quick 2); with --production the judged rollouts per step "
+                   "(default 32; --task sql 8; --quick 4)")
     p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150, of the calculator's 486 problems or the SQL task's questions; --quick 24, with --task sql 16)")
     p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help="trainer learning rate (default 5e-4; --task sql 1e-4)")
     p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05; --task sql 0.02)")
@@ -27,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help="--task sql: top decoder layers trained (default 10, 0 = all)")
     p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
     p.add_argument("--engine", choices=["torch", "vllm"], default=None, help="--task sql: the policy server's engine: vllm (vLLM's CPU "
-                   "build, installed once by `make vllm`; the default where it is installed, but for --algorithm apo and "
-                   "--production) or torch (rolloutbus serve's own; the default elsewhere)")
+                   "build, installed once by `make vllm`; the default where it is installed, but for --algorithm apo) "
+                   "or torch (rolloutbus serve's own; the default elsewhere)")
     p.add_argument("--single-turn", action="store_true", help="--task sql: one SQL answer per question, no rewrite after an error "
                    "(the form TRL's GRPOTrainer runs in the learning bench)")
     p.add_argument("--validation", type=Bounded(int, ge=0), default=None, help="--task sql: validation questions scored greedily "

@@ -107,11 +107,10 @@ class DemoConfig:
         if args.quick and cfg.task == "sql":
             cfg.validation = 8
         cfg.single_turn = bool(getattr(args, "single_turn", False))
-        # --task sql's GRPO run serves with vLLM wherever `make vllm` (or `make test`) installed it; APO and
-        # --production keep torch's server (they were not run on vLLM), as does a machine without it.
+        # --task sql's GRPO run (and --production's) serves with vLLM wherever `make vllm` (or `make test`) installed
+        # it; APO keeps torch's server (it was not run on vLLM), as does a machine without it.
         cfg.engine = getattr(args, "engine", None) or (
-            "vllm" if cfg.task == "sql" and cfg.algorithm == "grpo" and not getattr(args, "production", False)
-            and _vllm_installed() else "torch")
+            "vllm" if cfg.task == "sql" and cfg.algorithm == "grpo" and _vllm_installed() else "torch")
         if cfg.engine == "vllm" and cfg.task != "sql":
             raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
         for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
@@ -126,7 +125,7 @@ class DemoConfig:
             if cfg.algorithm != "grpo":
                 raise ConfigError("--production trains the weights on feedback: use it without --algorithm apo")
 
-            cfg.production = ProductionConfig.from_args(args)
+            cfg.production = ProductionConfig.from_args(args, cfg.task)
         if cfg.group_size < 2:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         return cfg

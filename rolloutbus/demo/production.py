@@ -52,9 +52,15 @@ class ProductionConfig:
         return cls(feedback_fraction=0.7, delay_min_s=2.0, delay_max_s=8.0, groups_per_step=4, rate=10.0)
 
     @classmethod
-    def from_args(cls, args: Any) -> ProductionConfig:
-        """The defaults (``--quick``'s for a smoke run) with the flags given."""
+    def from_args(cls, args: Any, task: str = "calc") -> ProductionConfig:
+        """The defaults (``--quick``'s for a smoke run) with the flags given; ``--groups-per-step`` is the judged
+        rollouts per step here. The SQL task steps every 8: its rollouts are long (schema, worked examples, about
+        800 tokens), and a step over 32 of them took the trainer's one core most of a run."""
         cfg = cls.quick() if getattr(args, "quick", False) else cls()
+        if task == "sql" and not getattr(args, "quick", False):
+            cfg.groups_per_step = 8
+        if getattr(args, "groups_per_step", None) is not None:
+            cfg.groups_per_step = args.groups_per_step
         for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline", "sft_first", "rate"):
             value = getattr(args, name, None)
             if value is not None:
@@ -181,9 +187,12 @@ class SFTFirst:
         return (self.ended or time.monotonic()) - self.started if self.started else 0.0
 
     def command(self) -> list[str]:
+        """The SFT's command line: the feedback trainer's ``--train-layers`` too (the SQL task trains the top 10), since
+        that trainer goes on from this checkpoint: the same layers trained, the same optimizer state."""
+        layers = [a for flag, a in zip(self.train_argv, self.train_argv[1:]) if flag == "--train-layers"][-1:]
         return ["train", "--algorithm", "sft", "--model", self.base, "--threads", "1", "--sft-where", "r.task_id = ''",
                 "--sft-min-reward", "1", "--sft-key", "prompt", "--sft-top-k", "1", "--sft-epochs", str(self.prod.sft_epochs),
-                "--sft-lr", str(self.prod.sft_lr)]
+                "--sft-lr", str(self.prod.sft_lr), *(["--train-layers", *layers] if layers else [])]
 
     def poll(self) -> None:
         import subprocess

@@ -88,3 +88,32 @@ def test_demo_config_takes_the_production_flags() -> None:
         DemoConfig.from_args(_args(production=True, delay_min_s=10.0, delay_max_s=5.0))
     with pytest.raises(ConfigError, match="production"):
         DemoConfig.from_args(_args(production=True, task="sql", algorithm="apo"))
+
+
+def test_production_steps_every_32_judged_rollouts_on_calc_8_on_sql_or_as_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: False)
+    assert DemoConfig.from_args(_args(production=True)).production.groups_per_step == 32
+    sql = DemoConfig.from_args(_args(production=True, task="sql"))
+    assert sql.production.train_args() == ["--groups-per-step", "8", "--max-staleness", "8"]
+    assert DemoConfig.from_args(_args(production=True, task="sql", quick=True)).production.groups_per_step == 4
+    told = DemoConfig.from_args(_args(production=True, task="sql", groups_per_step=5))
+    assert told.production.groups_per_step == 5
+    assert DemoConfig.from_args(_args(production=True, groups_per_step=12)).production.groups_per_step == 12
+
+
+def test_sql_production_serves_with_vllm_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: True)
+    assert DemoConfig.from_args(_args(production=True, task="sql")).engine == "vllm"
+    assert DemoConfig.from_args(_args(production=True, task="sql", engine="torch")).engine == "torch"
+    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: False)
+    assert DemoConfig.from_args(_args(production=True, task="sql")).engine == "torch"
+
+
+def test_the_sft_trains_the_layers_the_feedback_trainer_will_resume_with() -> None:
+    from rolloutbus.demo.production import SFTFirst
+
+    sql_train = ["train", "--model", "m", "--groups-per-step", "2", "--train-layers", "10", "--micro-batch-tokens", "2048"]
+    cmd = SFTFirst(ProductionConfig(sft_first=True), None, sql_train, "m", 60.0, print).command()
+    assert cmd[:2] == ["train", "--algorithm"] and cmd[-2:] == ["--train-layers", "10"]
+    calc_cmd = SFTFirst(ProductionConfig(sft_first=True), None, ["train", "--model", "m"], "m", 60.0, print).command()
+    assert "--train-layers" not in calc_cmd  # the calculator trains every layer in both

@@ -147,8 +147,8 @@ def test_an_engine_that_exits_while_starting_is_one_error_and_leaves_nothing(tmp
 
 
 def test_the_sql_demo_serves_with_vllm_where_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No --engine: vLLM for --task sql's GRPO run where its venv is made (or named), torch elsewhere and for APO,
-    --production and calc; --engine always wins."""
+    """No --engine: vLLM for --task sql's GRPO run (--production's too) where its venv is made (or named), torch
+    elsewhere and for APO and calc; --engine always wins."""
     import argparse
 
     from rolloutbus.demo import add_arguments
@@ -169,6 +169,7 @@ def test_the_sql_demo_serves_with_vllm_where_it_is_installed(tmp_path: Path, mon
     vllm_venv.marker(venv, vllm_venv.PINS).parent.mkdir(parents=True)
     vllm_venv.marker(venv, vllm_venv.PINS).touch()
     assert vllm_venv.installed() and engine("--task", "sql") == "vllm" and engine("--task", "sql", "--engine", "torch") == "torch"
-    assert engine() == engine("--task", "sql", "--algorithm", "apo") == engine("--task", "sql", "--production") == "torch"
+    assert engine("--task", "sql", "--production") == "vllm"
+    assert engine() == engine("--production") == engine("--task", "sql", "--algorithm", "apo") == "torch"
     monkeypatch.setenv(vllm_venv.PYTHON_ENV, str(tmp_path / "missing" / "python"))
     assert not vllm_venv.installed() and engine("--task", "sql") == "torch"
