@@ -43,6 +43,7 @@ class ProductionConfig:
     sft_at: float = 0.4  # --sft-first: the share of the training minutes served before the SFT
     sft_epochs: int = 2
     sft_lr: float = 1e-3
+    sft_batch_size: int = 16
     groups_per_step: int = 32  # one feedback = one one-rollout batch: rollouts per optimiser step
     max_staleness: int = 8  # feedback trains a rollout served some versions ago
 
@@ -59,6 +60,8 @@ class ProductionConfig:
         cfg = cls.quick() if getattr(args, "quick", False) else cls()
         if task == "sql" and not getattr(args, "quick", False):
             cfg.groups_per_step = 8
+        if task == "sql":  # a pretrained 135M model, not the tiny one: its RL learning rate, and a step every 4 answers
+            cfg.sft_lr, cfg.sft_batch_size = 1e-4, 4  # (a few dozen are judged right before the SFT)
         if getattr(args, "groups_per_step", None) is not None:
             cfg.groups_per_step = args.groups_per_step
         for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline", "sft_first", "rate"):
@@ -192,7 +195,7 @@ class SFTFirst:
         layers = [a for flag, a in zip(self.train_argv, self.train_argv[1:]) if flag == "--train-layers"][-1:]
         return ["train", "--algorithm", "sft", "--model", self.base, "--threads", "1", "--sft-where", "r.task_id = ''",
                 "--sft-min-reward", "1", "--sft-key", "prompt", "--sft-top-k", "1", "--sft-epochs", str(self.prod.sft_epochs),
-                "--sft-lr", str(self.prod.sft_lr), *(["--train-layers", *layers] if layers else [])]
+                "--sft-lr", str(self.prod.sft_lr), "--sft-batch-size", str(self.prod.sft_batch_size), *(["--train-layers", *layers] if layers else [])]
 
     def poll(self) -> None:
         import subprocess

@@ -115,5 +115,8 @@ def test_the_sft_trains_the_layers_the_feedback_trainer_will_resume_with() -> No
     sql_train = ["train", "--model", "m", "--groups-per-step", "2", "--train-layers", "10", "--micro-batch-tokens", "2048"]
     cmd = SFTFirst(ProductionConfig(sft_first=True), None, sql_train, "m", 60.0, print).command()
     assert cmd[:2] == ["train", "--algorithm"] and cmd[-2:] == ["--train-layers", "10"]
+    sql_prod = DemoConfig.from_args(_args(production=True, task="sql", sft_first=True, engine="torch")).production
+    sql_cmd = SFTFirst(sql_prod, None, sql_train, "m", 60.0, print).command()
+    assert sql_cmd[sql_cmd.index("--sft-lr") + 1] == "0.0001" and sql_cmd[sql_cmd.index("--sft-batch-size") + 1] == "4"
     calc_cmd = SFTFirst(ProductionConfig(sft_first=True), None, ["train", "--model", "m"], "m", 60.0, print).command()
     assert "--train-layers" not in calc_cmd  # the calculator trains every layer in both
