@@ -23,6 +23,7 @@ _FLAGS: dict[str, str] = {
     "group": "train_group",
     "groups_per_step": "groups_per_step",
     "max_staleness": "max_staleness",
+    "min_version": "min_version",
     "stale_weight": "stale_weight",
     "lr": "lr",
     "loss_agg": "loss_agg",
@@ -60,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", help="consumer group on rb.batches (env ROLLOUTBUS_TRAIN_GROUP, default <prefix>trainer.<name>)")
     p.add_argument("--groups-per-step", type=int, help="GRPO groups per optimiser step (env ROLLOUTBUS_GROUPS_PER_STEP, default 8)")
     p.add_argument("--max-staleness", type=int, help="max version lag trained on (env ROLLOUTBUS_MAX_STALENESS, default 4)")
+    p.add_argument("--min-version", type=int, help="drop batches served by a version below this one, whatever their lag: the "
+                   "policy that served them was replaced (env ROLLOUTBUS_MIN_VERSION, default 0)")
     p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag (env ROLLOUTBUS_STALE_WEIGHT, default 0.5)")
     p.add_argument("--lr", type=float, help="AdamW learning rate (env ROLLOUTBUS_LR, default 5e-4)")
     p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation (env ROLLOUTBUS_LOSS_AGG, default grpo)")

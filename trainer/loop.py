@@ -42,14 +42,18 @@ CRASH_POINTS = ("before_step", "after_checkpoint", "after_publish")
 SEEN_LIMIT = 100_000
 
 
-def staleness_weight(batch_version: int | None, current_version: int, max_staleness: int, stale_weight: float) -> float | None:
+def staleness_weight(batch_version: int | None, current_version: int, max_staleness: int, stale_weight: float,
+                     min_version: int = 0) -> float | None:
     """Loss weight for a batch sampled under ``batch_version``; None means drop it.
 
-    Lag ``< max_staleness`` → 1; lag ``== max_staleness`` (> 0) → ``stale_weight``; beyond → drop.
+    Lag ``< max_staleness`` → 1; lag ``== max_staleness`` (> 0) → ``stale_weight``; beyond → drop. A version
+    below ``min_version`` is dropped whatever its lag (the policy that served it was replaced: an SFT ran since).
     A batch without a version (sampled outside the loop) is trained on at full weight.
     """
     if batch_version is None:
         return 1.0
+    if batch_version < min_version:
+        return None
     lag = current_version - batch_version
     if lag > max_staleness:
         return None
@@ -366,7 +370,8 @@ class Trainer:
         if batch.group_id in self.state.seen or any(b.group_id == batch.group_id for b, _ in self.pending):
             self.counters.duplicates += 1
             return
-        w = staleness_weight(batch.resource_version, self.current_version, self.s.max_staleness, self.s.stale_weight)
+        w = staleness_weight(batch.resource_version, self.current_version, self.s.max_staleness, self.s.stale_weight,
+                             self.s.min_version)
         if batch.resource_version is None:
             self.counters.unversioned += 1
         self.state.seen[batch.group_id] = None

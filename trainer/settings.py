@@ -33,6 +33,7 @@ class TrainerSettings(CommonSettings):
     train_group: str | None = Field(default=None, description="Consumer group on rb.batches; default <topic prefix>trainer.<resource name>.")
     groups_per_step: int = Field(default=8, ge=1, description="GRPO groups per optimiser step.")
     max_staleness: int = Field(default=4, ge=0, description="Drop batches sampled more than this many versions ago.")
+    min_version: int = Field(default=0, ge=0, description="Drop batches served by a version below this one.")
     stale_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="Loss weight of batches exactly max_staleness old.")
     lr: float = Field(default=5e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0.0)

@@ -197,6 +197,14 @@ class SFTFirst:
                 "--sft-min-reward", "1", "--sft-key", "prompt", "--sft-top-k", "1", "--sft-epochs", str(self.prod.sft_epochs),
                 "--sft-lr", str(self.prod.sft_lr), "--sft-batch-size", str(self.prod.sft_batch_size), *(["--train-layers", *layers] if layers else [])]
 
+    @staticmethod
+    def first_version(said: list[str]) -> int | None:
+        """The first version the SFT published (its ``SFT epoch N: ... policy version V`` lines). The feedback trainer
+        trains on answers served from it on: the batches that waited were answered by the warm-up the SFT replaced,
+        and its right ones are what the SFT trained on (run 1 of --task sql took them first and fell to 0%)."""
+        versions = [int(line.rsplit(" ", 1)[1]) for line in said if line.startswith("SFT epoch") and line.rsplit(" ", 1)[1].isdigit()]
+        return min(versions) if versions else None
+
     def poll(self) -> None:
         import subprocess
         import sys
@@ -219,8 +227,10 @@ class SFTFirst:
                 raise RolloutbusError(f"the SFT exited with {self.proc.returncode}: " + " / ".join((said or log)[-4:]))
             for line in said:
                 self.say(f"sft        {line}")
-            self.say("sft        done: the feedback trainer starts from its checkpoint")
-            self.sup.start("train", self.train_argv)
+            first = self.first_version(said)
+            self.say("sft        done: the feedback trainer starts from its checkpoint" + (
+                f", on answers served from version {first} on" if first is not None else ""))
+            self.sup.start("train", [*self.train_argv, *(["--min-version", str(first)] if first is not None else [])])
             self.state = "rl"
 
     def close(self) -> None:

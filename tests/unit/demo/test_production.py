@@ -120,3 +120,12 @@ def test_the_sft_trains_the_layers_the_feedback_trainer_will_resume_with() -> No
     assert sql_cmd[sql_cmd.index("--sft-lr") + 1] == "0.0001" and sql_cmd[sql_cmd.index("--sft-batch-size") + 1] == "4"
     calc_cmd = SFTFirst(ProductionConfig(sft_first=True), None, ["train", "--model", "m"], "m", 60.0, print).command()
     assert "--train-layers" not in calc_cmd  # the calculator trains every layer in both
+
+
+def test_after_the_sft_the_feedback_trainer_skips_what_the_warm_up_answered() -> None:
+    from rolloutbus.demo.production import SFTFirst
+
+    said = ["SFT: 12 transitions pass the filter SFTFilter(top_k=1)", "SFT epoch 1: loss 0.3033 → 0.1571 over 3 steps; policy version 1",
+            "SFT epoch 2: loss 0.0302 → 0.0601 over 3 steps; policy version 2"]
+    assert SFTFirst.first_version(said) == 1
+    assert SFTFirst.first_version(said[:1]) is None

@@ -21,6 +21,13 @@ def test_staleness_weight(batch_version: int | None, current: int, expected: flo
     assert staleness_weight(batch_version, current, max_staleness=2, stale_weight=0.5) == expected
 
 
+def test_a_version_below_the_minimum_is_dropped_whatever_its_lag() -> None:
+    assert staleness_weight(2, 3, 8, 0.5, min_version=3) is None
+    assert staleness_weight(3, 3, 8, 0.5, min_version=3) == 1.0
+    assert staleness_weight(4, 9, 8, 0.5, min_version=3) == 1.0  # lag 5 within the bound
+    assert staleness_weight(None, 3, 8, 0.5, min_version=3) == 1.0  # unversioned: as before
+
+
 def test_zero_bound_only_trains_on_policy() -> None:
     assert staleness_weight(5, 5, 0, 0.5) == 1.0
     assert staleness_weight(4, 5, 0, 0.5) is None
@@ -34,7 +41,7 @@ def _admitted(skip_zero_variance: bool) -> tuple[list[str], dict[str, float], di
     from trainer.loop import Counters, LoopState, Trainer
 
     trainer = Trainer.__new__(Trainer)
-    trainer.s = SimpleNamespace(max_staleness=4, stale_weight=0.5, skip_zero_variance=skip_zero_variance)
+    trainer.s = SimpleNamespace(max_staleness=4, min_version=0, stale_weight=0.5, skip_zero_variance=skip_zero_variance)
     trainer.state, trainer.pending, trainer.counters, trainer.published_version = LoopState(0, 0, "run"), [], Counters(), None
     for offset, (gid, rewards, zero) in enumerate([("flat", [0.0, 0.0], True), ("mixed", [1.0, 0.0], False)]):
         batch = GroupBatch(group_id=gid, task_id="t", resource_version=0, created_ns=1, group_size=2, rollout_ids=["a", "b"],
