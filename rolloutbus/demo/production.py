@@ -358,11 +358,11 @@ def production_report(settings: Any, say: Any, steps: list[dict[str, Any]] | Non
     say("[bold]feedback[/bold] (task-less rollouts, as recorded in ClickHouse):")
     say(f"  {stored} rollouts without a task id stored; {judged} got the user's feedback, applied once; "
         f"{trained} trained on it (one-rollout batches, served by {versions} versions); {n_steps} optimiser steps")
-    if steps:
-        last = steps[-1]
+    if steps:  # a step's counters are what came since the step before
         took = int(sum(float(s.get("groups", 0)) for s in steps))
-        say(f"  the trainer's steps took {took} of those batches; {int(last.get('batches_dropped_stale', 0))} came more than "
-            "--max-staleness versions late and were dropped (a trainer slower than the traffic: the rest were still waiting)")
+        stale = int(sum(float(s.get("batches_dropped_stale", 0)) for s in steps))
+        say(f"  the trainer's steps took {took} of those batches; {stale} came more than --max-staleness versions late (or "
+            "before --min-version) and were dropped (a trainer slower than the traffic: the rest were still waiting)")
     if sent is not None and sent > judged + sum(int(n) for _, n in dead):
         say(f"  {sent - judged - sum(int(n) for _, n in dead)} feedback sent were not applied yet when the worker stopped "
             "(its feedback stage behind the traffic)")
