@@ -161,8 +161,9 @@ class ResourceFollower:
                 return
             # Read to the end first and load only the newest version: on a restart the topic replays old
             # versions (compaction is lazy) whose checkpoints were pruned long ago.
-            ends = {p: hi for p in parts
-                    for lo, hi in [consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10.0)] if hi > lo}
+            ends = self._ends(consumer, parts)
+            if ends is None:
+                return
             pending: ResourceVersion | None = None
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
             while not self._stop.is_set():
@@ -183,6 +184,21 @@ class ResourceFollower:
                     self._switch(rec)
         finally:
             consumer.close()
+
+    def _ends(self, consumer: Consumer, parts: list[int]) -> dict[int, int] | None:
+        """Each non-empty partition's end offset; None when stopped first. A topic just created has no leader
+        for a moment (NOT_LEADER_FOR_PARTITION): that is retried, not the end of the follower."""
+        while not self._stop.is_set():
+            try:
+                return {p: hi for p in parts
+                        for lo, hi in [consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10.0)] if hi > lo}
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if err is not None and _fatal(err):
+                    raise kafka_failure(self.conf, err, f"read topic {self.topic}") from exc
+                log.warning("reading the end of %s: %s; retrying", self.topic, exc)
+                self._stop.wait(1.0)
+        return None
 
     def _switch(self, rec: ResourceVersion) -> None:
         if "://" not in rec.uri and not Path(rec.uri).exists():
