@@ -4,7 +4,7 @@ transitions (``agent_match="write|rewrite"``); check_query's are recorded and st
     python examples/sql_langgraph/train_sql_agent.py                 # smollm2-135m-instruct, 10 minutes
     python examples/sql_langgraph/train_sql_agent.py --engine vllm   # served by vLLM (`make vllm` once): faster rollouts
     python examples/sql_langgraph/train_sql_agent.py --engine vllm --runners 4 --validation 0 --minutes 15 --held-out 150
-        # the runs docs/training.md reports: held-out +3.3, +4.0, +2.7, -2.0 points, the last version kept
+        # the runs docs/training.md reports: held-out +3.3, +4.0, +2.7, -2.0, +2.7 points, the last version kept
     python examples/sql_langgraph/train_sql_agent.py --model tiny --minutes 1.5 --train 16   # a smoke run
 
 The policy is a packaged model (``rolloutbus model import``: nothing comes from a model hub) or ``tiny``;
