@@ -7,6 +7,7 @@ or a moved file would leave a reader at a dead link without this.
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,11 @@ FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+    """GitHub's anchor for a heading: lower case, punctuation dropped (``_`` kept), spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@cache
 def anchors(page: Path) -> set[str]:
     text = FENCE.sub("", page.read_text())
     return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
@@ -37,6 +37,8 @@ def test_slug_follows_github() -> None:
     assert slug("The write-ups' LangGraph SQL agent under `Trainer.fit`") == "the-write-ups-langgraph-sql-agent-under-trainerfit"
     assert slug("Learning from production traffic: `rolloutbus demo --production`") == \
         "learning-from-production-traffic-rolloutbus-demo---production"
+    assert slug("What ran here (`make test-deploy`, tests/deploy/test_deploy_compose.py)") == \
+        "what-ran-here-make-test-deploy-testsdeploytest_deploy_composepy"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
