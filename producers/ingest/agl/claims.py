@@ -39,6 +39,13 @@ def new_attempt_id() -> str:
     return "at-" + uuid.uuid4().hex[:8]
 
 
+def may_be_minted(attempt_id: str) -> bool:
+    """Whether ``attempt_id`` has the shape :func:`new_attempt_id` gives (``at-`` + 8 hex digits): every attempt
+    0.3's API hands out (dequeue, start_rollout, start_attempt) has it, so an attempt without it was never one of
+    the control records'. ``'at-3f9c01ab'`` → True; ``'at-7-000001-0'`` → False."""
+    return len(attempt_id) == 11 and attempt_id.startswith("at-") and all(c in "0123456789abcdef" for c in attempt_id[3:])
+
+
 def rollout_count(task: Task) -> int:
     """Rollouts a task makes: a train task ``group_size`` (one GRPO group), any other one."""
     return max(1, task.group_size) if task.mode == "train" else 1

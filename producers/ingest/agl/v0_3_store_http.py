@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from foundation.errors import EncodeError, KafkaUnavailable
-from producers.ingest.agl.claims import new_attempt_id
+from producers.ingest.agl.claims import may_be_minted, new_attempt_id
 from producers.ingest.agl.v0_3_queue_records import (
     EnqueueError,
     attempted_rollout,
@@ -223,7 +223,7 @@ class LightningStoreRoutes:
             if self.queue is not None:
                 self.queue.finished(attempt_id, event.status or "succeeded")
         reply = attempt_reply(rollout_id, attempt_id, body, now=time.time())
-        if self.control is not None:
+        if self.control is not None and await self._controls(rollout_id, attempt_id):
             status = event.status if event is not None and event.status else body.get("status")
             known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
                                                       if a["attempt_id"] == attempt_id), None))
@@ -238,6 +238,24 @@ class LightningStoreRoutes:
                 reply.update(sequence_id=known["sequence_id"], start_time=known["start_time"],
                              worker_id=reply["worker_id"] or known.get("worker_id"))
         return web.json_response(reply)
+
+    async def _controls(self, rollout_id: str, attempt_id: str) -> bool:
+        """Whether the attempt's status belongs in the control records: its rollout is one of theirs (enqueued or
+        started through this API, on any replica). An attempt this API never handed out (its spans and its end come
+        through OTLP and this call only) is the data plane's: its end is the Finished event on the spans topic, and
+        a status record of it would change nothing when applied, so none is written and no round trip is made.
+        This replica's view answers at once when it knows the rollout; an attempt id of the shape this API mints,
+        on a rollout it does not know yet, takes one linearizable read (another replica may have handed it out)."""
+        assert self.control is not None
+        if self.control.peek(lambda s: rollout_id in s.rollouts_v03):
+            return True
+        if not may_be_minted(attempt_id):
+            return False
+        try:
+            return bool(await self._controlled(lambda s: rollout_id in s.rollouts_v03))
+        except KafkaUnavailable as exc:  # written, as before: applying it changes nothing if the rollout is not theirs
+            log.warning("the control records could not be read for %s: %s", rollout_id, exc)
+            return True
 
     async def _record(self, record: dict[str, Any]) -> None:
         """A control record of what was just answered; not recorded (Kafka down), it is read back later from

@@ -288,3 +288,63 @@ def test_0_3_an_older_resources_set_a_rollout_was_enqueued_under_answers_after_a
     listed = call(routes, "GET", "/v1/agl/resources")[1]
     assert [u["resources_id"] for u in listed["items"]] == ["policy=2", "policy=3"]
     assert call(routes, "GET", "/v1/agl/statistics")[1]["total_resources"] == 2
+
+
+class _Counted(LocalControl):
+    """A replica whose own view (``peek``) may lag what a linearizable ``read`` sees; counts reads and writes."""
+
+    def __init__(self, lagging: bool = False) -> None:
+        super().__init__()
+        self.lagging, self.reads, self.writes = lagging, 0, []  # type: ignore[var-annotated]
+
+    def write(self, record: Any) -> Any:
+        self.writes.append(record["op"])
+        return super().write(record)
+
+    def read(self, fn: Any) -> Any:
+        self.reads += 1
+        return super().read(fn)
+
+    def peek(self, fn: Any) -> Any:
+        return fn(ControlState()) if self.lagging else super().read(fn)
+
+
+def test_0_3_an_attempt_update_records_control_state_only_for_rollouts_of_the_control_records() -> None:
+    """An attempt this API never handed out (OTLP spans, then update_attempt: the e2e bench's load) ends through its
+    Finished event alone: no control record, no round trip. One this API handed out is recorded, also through a
+    replica whose own view has not applied the rollout yet (one linearizable read tells)."""
+    from producers.ingest.agl.claims import may_be_minted, new_attempt_id
+    from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
+    from tests.unit.producers.test_agl_store_routes import call
+
+    assert may_be_minted(new_attempt_id()) and not may_be_minted("at-7-000001-0") and not may_be_minted("at-3F9C01AB")
+
+    transport = MemoryTransport()
+    routes = LightningStoreRoutes(transport, lambda: {})  # type: ignore[arg-type]
+    routes.control = control = _Counted()
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-7-000001/attempts/at-7-000001-0", {"status": "succeeded"})[0] == 200
+    finished = [decode(v) for _k, v in transport.records]
+    assert [(e.rollout_id, e.status) for e in finished if isinstance(e, RolloutEvent)] == [("ro-7-000001", "succeeded")]
+    assert control.writes == [] and control.reads == 0, "a data-plane attempt costs no control round trip"
+
+    # A minted-shape id on a rollout nobody recorded: one read, still nothing written.
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-x/attempts/at-0123abcd", {"status": "succeeded"})[0] == 200
+    assert control.writes == [] and control.reads == 1
+
+    # Started through this API: its end is a control record and reads back as ended.
+    status, started = call(routes, "POST", "/v1/agl/rollouts", {"input": {"q": 1}})
+    assert status == 201 and control.writes == ["v03_rollouts"]
+    rid, aid = started["rollout_id"], started["attempt"]["attempt_id"]
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts/{aid}", {"status": "succeeded"})[0] == 200
+    assert control.writes == ["v03_rollouts", "v03_status"]
+    assert call(routes, "GET", f"/v1/agl/rollouts/{rid}")[1]["status"] == "succeeded"
+
+    # Through a replica that has not applied the rollout yet: the read finds it, and the end is recorded.
+    lagging = _Counted(lagging=True)
+    lagging.state = control.state
+    routes.control = lagging
+    second = call(routes, "POST", "/v1/agl/rollouts", {"input": {"q": 2}})[1]
+    assert call(routes, "POST", f"/v1/agl/rollouts/{second['rollout_id']}/attempts/{second['attempt']['attempt_id']}",
+                {"status": "failed"})[0] == 200
+    assert lagging.writes == ["v03_rollouts", "v03_status"] and lagging.reads == 1
+    assert control.state.rollouts_v03[second["rollout_id"]]["status"] == "failed"
