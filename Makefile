@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-learning validate-deploy up down status clean gpu-check gpu-wheels vllm
+.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-check bench-learning validate-deploy up down status clean gpu-check gpu-wheels vllm
 
 setup: system-deps $(STAMP) native kafka-jars dashboard-assets
 
@@ -101,6 +101,14 @@ test-faults: setup
 
 bench: setup
 	$(BIN)/rolloutbus bench $(BENCH_ARGS)
+
+# The data plane's guard (bench/check.py): the e2e bench at 100k spans, rolloutbus alone, this checkout against the
+# commit recorded in bench/results/bench-check.json, alternately (three runs each as fast as the gateway takes them, two
+# at 3,300 spans/s); fails when CPU per span or p99 regressed past the stated tolerance. Not part of `make test` (a
+# bench, not a timed test): about 11 minutes. Run it before a data-plane change lands; BENCH_CHECK_ARGS="--record"
+# re-baselines on purpose.
+bench-check: setup
+	$(BIN)/python -m bench.check $(BENCH_CHECK_ARGS)
 
 # Learning side by side with TRL's GRPOTrainer (its own virtualenv, installed on first use): three systems x three
 # runs of LEARNING_ARGS' minutes each, one after the other, about 25 minutes a round on 2 cores.

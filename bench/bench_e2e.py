@@ -164,11 +164,20 @@ def otlp_chunks(spec: WorkloadSpec, ids: dict[str, list[str]] | None = None,
         yield body()
 
 
-def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, connections: int) -> dict[str, Any]:
+def paced_at(started: float, index: int, rate: float | None, per_item: int = BODY_ROLLOUTS * SPANS_PER_ROLLOUT) -> float:
+    """When body ``index`` may go at ``rate`` spans per second offered (body 0 at ``started``); ``started`` when
+    unpaced. ``paced_at(100.0, 10, 5120.0)`` → 101.0 (ten bodies of 512 spans at 5,120 spans/s)."""
+    return started if not rate else started + index * per_item / rate
+
+
+def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, connections: int,
+            rate: float | None = None) -> dict[str, Any]:
     """Build the bodies (untimed), say ``ready``, wait for a line on stdin, post them; after each body's
-    200, end its rollouts' attempts. Returns counts and the wall time of each attempt update's reply."""
+    200, end its rollouts' attempts. Returns counts and the wall time of each attempt update's reply.
+    ``rate``: spans per second offered (body i goes no earlier than i bodies' worth after the first), so
+    latency is measured at a load the machine keeps up with; None: as fast as the gateway takes them."""
     tokens = [0]
-    chunks = list(otlp_chunks(spec, ids, tokens))
+    chunks = [(i, *c) for i, c in enumerate(otlp_chunks(spec, ids, tokens))]
     print("ready", flush=True)
     sys.stdin.readline()
     lock = threading.Lock()
@@ -181,8 +190,15 @@ def loadgen(url: str, spec: WorkloadSpec, ids: dict[str, list[str]] | None, conn
             out["http_errors"] += 1
             out["first_error"] = out["first_error"] or msg
 
-    def send(conn: http.client.HTTPConnection, item: tuple[bytes, list[tuple[str, str]]]) -> None:
-        data, attempts = item
+    t0: list[float] = []
+
+    def send(conn: http.client.HTTPConnection, item: tuple[int, bytes, list[tuple[str, str]]]) -> None:
+        index, data, attempts = item
+        with lock:
+            t0[:] = t0 or [time.time()]
+        wait = paced_at(t0[0], index, rate) - time.time()
+        if wait > 0:
+            time.sleep(wait)
         status, raw = post(conn, "/v1/traces", data, "application/x-protobuf")
         if status != 200:
             fail(f"/v1/traces HTTP {status}: {raw[:200]!r}")
@@ -209,10 +225,12 @@ class LoadGen:
     :meth:`go`, so their building is never in anyone's CPU window."""
 
     def __init__(self, url: str, spec: WorkloadSpec, scratch: Path, ids: dict[str, list[str]] | None = None,
-                 cmd: list[str] | None = None) -> None:
+                 cmd: list[str] | None = None, rate: float | None = None) -> None:
         if cmd is None:
             cmd = [sys.executable, "-m", "bench.bench_e2e", "--loadgen", url, "--rollouts", str(spec.rollouts),
                    "--llm-fraction", str(spec.llm_fraction), "--seed", str(spec.seed)]
+            if rate:
+                cmd += ["--rate", str(rate)]
             if ids:
                 path = scratch / "ids.json"
                 path.write_text(json.dumps(ids))
@@ -287,7 +305,7 @@ def al1_driver(url: str, spec: WorkloadSpec, *, setup: bool, finish: bool) -> li
 
 
 def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, scratch: Path, timeout: float,
-                   events: bool = False) -> dict[str, Any]:
+                   events: bool = False, rate: float | None = None) -> dict[str, Any]:
     """``events``: fed as Agent Lightning 1.0.2's client feeds its server (one event per span, 16 runners,
     ``PATCH`` to succeeded after each rollout) instead of OTLP bodies."""
     from foundation.clickhouse import connect, migrate
@@ -321,7 +339,7 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
                    scratch / "gateway.log", error=BenchError)
 
         gw_url = f"http://127.0.0.1:{gw_port}"
-        lg = LoadGen(gw_url, spec, scratch, cmd=al1_driver(gw_url, spec, setup=False, finish=True) if events else None)
+        lg = LoadGen(gw_url, spec, scratch, cmd=al1_driver(gw_url, spec, setup=False, finish=True) if events else None, rate=rate)
         time.sleep(1.0)  # let start-up work settle before the window opens
         cpu0 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
         broker0 = tree_cpu_s(broker_pid) if broker_pid else None
@@ -371,7 +389,7 @@ def run_rolloutbus(spec: WorkloadSpec, bootstrap: str, broker_pid: int | None, s
             "finished_to_queryable_p50_s": pct(lat, 0.5), "finished_to_queryable_p99_s": pct(lat, 0.99),
             "finished_to_queryable_max_s": max(lat) if lat else float("nan"),
             "last_reply_to_all_queryable_s": t1 - res["ended"], "peak_rss_mib": rss,
-            "finish_grace_s": FINISH_GRACE_S,
+            "finish_grace_s": FINISH_GRACE_S, "offered_spans_per_s": rate,
         }
         return out
     finally:
@@ -454,7 +472,9 @@ def run_al03(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any
 # --------------------------------------------------------------------------- orchestration and table
 
 
-def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: float) -> dict[str, Any]:
+def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: float, rate: float | None = None) -> dict[str, Any]:
+    """Each system at each size and mix, one after the other on one broker; ``rate``: rolloutbus's load paced (see
+    :func:`loadgen`)."""
     from bench.common import broker
 
     results: list[dict[str, Any]] = []
@@ -473,7 +493,7 @@ def run_all(sizes: list[int], mixes: list[str], systems: list[str], timeout: flo
                         log(f"{LABELS[system]}: {spec.total_spans:,} spans, mix {mix} (load {load0[0]:.1f})")
                         try:
                             if system in ("rolloutbus", "rbev"):
-                                r = run_rolloutbus(spec, bootstrap, broker_pid, scratch, timeout, events=system == "rbev")
+                                r = run_rolloutbus(spec, bootstrap, broker_pid, scratch, timeout, events=system == "rbev", rate=rate)
                             elif system == "al1":
                                 r = run_al1(spec, scratch, timeout)
                             else:
@@ -514,7 +534,8 @@ def table(out: dict[str, Any]) -> str:
             by += f"; broker {r['broker_cpu_s']:.1f} not incl."
         lat = (f"{_f(r.get('finished_to_queryable_p50_s'), 2)} / {_f(r.get('finished_to_queryable_p99_s'), 2)}"
                if r["system"] in ("rolloutbus", "rbev") else "at the reply (memory)")
-        lines.append(f"| {r['spans']:,} | {r['mix']} | {LABELS[r['system']]} | {_f(r['spans_per_cpu_s'])} | "
+        label = LABELS[r["system"]] + (f", {r['offered_spans_per_s']:,.0f} spans/s offered" if r.get("offered_spans_per_s") else "")
+        lines.append(f"| {r['spans']:,} | {r['mix']} | {label} | {_f(r['spans_per_cpu_s'])} | "
                      f"{_f(r['us_per_span'], 1)} | {_f(r['cpu_s'], 1)}{' (' + by + ')' if by else ''} | "
                      f"{r['queryable']:,} / {r['spans']:,} ({r['prompt_tokens'] / 1e6:.2f} M prompt tokens) | {lat} | {_f(r['wall_s'], 1)} | "
                      f"{r['load_1min'][0]:.1f} → {r['load_1min'][1]:.1f} |")
@@ -553,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixes", default="default,llm", help=f"comma-separated: {', '.join(MIXES)}")
     ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated: {', '.join(SYSTEMS)}")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one system may take at one size")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="spans per second offered to rolloutbus (paced bodies); unset: as fast as the gateway takes them")
     ap.add_argument("--json", action="store_true", help="print one JSON object after the table")
     ap.add_argument("--loadgen", help=argparse.SUPPRESS)
     ap.add_argument("--rollouts", type=int, help=argparse.SUPPRESS)
@@ -564,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = WorkloadSpec(seed=args.seed, rollouts=args.rollouts, spans_per_rollout=SPANS_PER_ROLLOUT,
                             llm_fraction=args.llm_fraction)
         ids = json.loads(args.ids.read_text()) if args.ids else None
-        print(json.dumps(loadgen(args.loadgen, spec, ids, CONNECTIONS)))
+        print(json.dumps(loadgen(args.loadgen, spec, ids, CONNECTIONS, args.rate)))
         return 0
     sizes = [args.spans] if args.spans else [int(x) for x in args.sizes.split(",") if x.strip()]
     mixes = [m for m in args.mixes.split(",") if m]
@@ -573,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"bench_e2e: unknown mix or system {', '.join(bad)}", file=sys.stderr)
         return 2
-    out = run_all(sizes, mixes, systems, args.timeout)
+    out = run_all(sizes, mixes, systems, args.timeout, args.rate)
     print(table(out))
     if args.json:
         metrics: dict[str, Any] = {}

@@ -59,3 +59,13 @@ def test_rolloutbus_bench_spans_runs_the_e2e_bench_at_smaller_sizes_too() -> Non
     assert bench_cli.sized_args(by["e2e"], False, 100_000) == ["--json", "--sizes", "1000,10000,100000", "--mixes", "default,llm"]
     assert bench_cli.sized_args(by["e2e"], True, 5000) == ["--json", "--sizes", "1000,5000", "--mixes", "default"]
     assert bench_cli.sized_args(by["e2e"], True, None) == by["e2e"].quick_args
+
+
+def test_a_paced_load_offers_each_body_at_its_slot_and_an_unpaced_one_sends_at_once() -> None:
+    from bench.bench_e2e import paced_at
+
+    assert paced_at(100.0, 10, 5120.0) == 101.0
+    assert paced_at(100.0, 0, 5120.0) == 100.0
+    assert paced_at(100.0, 10, None) == 100.0
+    # 100k spans at 3,300 spans/s: the last of 196 bodies goes about 30 s after the first
+    assert abs(paced_at(0.0, 195, 3300.0) - 195 * 512 / 3300) < 1e-9
