@@ -7,14 +7,21 @@ the error tree, settings, the Kafka and ClickHouse plumbing, and the ``rolloutbu
 
 __version__ = "0.1.0"
 
-_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "PromptTemplate", "NamedResources", "Rollout", "agent_scope")
+_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "PromptTemplate", "NamedResources", "Rollout", "agent_scope",
+        "emit_state", "emit_action", "emit_reward", "emit_message", "emit_object", "emit_exception", "emit_tool_call",
+        "emit_span")
 
 
 def __getattr__(name: str) -> object:
-    """The write-ups' API (``from rolloutbus import Trainer, LitAgent, LLM``), imported on first use so
-    ``import rolloutbus`` stays light for the command."""
+    """The write-ups' API (``import rolloutbus as agl``; ``from rolloutbus import Trainer, LitAgent, LLM``), imported
+    on first use so ``import rolloutbus`` stays light for the command."""
     if name in _API:
         from rolloutbus import trainer_api
 
         return getattr(trainer_api, name)
     raise AttributeError(f"module 'rolloutbus' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What ``dir(rolloutbus)`` (and an editor's completion) lists: the API above with the module's own names."""
+    return sorted({*globals(), *_API})
