@@ -26,13 +26,18 @@ $(STAMP): pyproject.toml
 
 # The compiled hot paths (native/: the Span writer, the span stage's decoder; a Rust extension built
 # by maturin from PyPI), installed into the venv. cargo is looked for on PATH, then in ~/.cargo/bin
-# (where rustup puts it). Without cargo, or when the build fails, nothing stale stays installed and
-# the Python paths run (the span stage says so once in its log); `make native` again once Rust is
-# installed.
+# (where rustup puts it); where neither has it, as root, Debian's cargo-web (Rust 1.96 from
+# bookworm-security; Debian's plain cargo is Rust 1.63, below pyo3 0.26's 1.74) is installed, as Java is.
+# Without cargo, or when the build fails, nothing stale stays installed and the Python paths run (the
+# span stage says so once in its log; in CI the native tests fail, naming it); `make native` again once
+# Rust is installed.
 NATIVE_STAMP := $(VENV)/.native
 native: $(NATIVE_STAMP)
 $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
 	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
+	if ! command -v cargo >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing cargo (apt-get: Debian's cargo-web), to build native/"; \
+	  apt-get update -qq && apt-get install -y -qq cargo-web >/dev/null || echo "cargo-web did not install (above)" >&2; fi; \
 	if ! command -v cargo >/dev/null; then \
 	  $(PIP) uninstall -q -y rolloutbus-native 2>/dev/null; \
 	  echo "cargo not found (PATH, ~/.cargo/bin): native/ not built, the Python paths run (install a Rust toolchain with cargo, then make native)" >&2; \

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from tests.installs import missing
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "deploy" / "containers"))
 
@@ -275,16 +277,16 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     if os.environ.get("ROLLOUTBUS_SKIP_DEPLOY"):
-        pytest.skip("ROLLOUTBUS_SKIP_DEPLOY is set: the container topology test is switched off")
+        missing("the container topology test (ROLLOUTBUS_SKIP_DEPLOY is set)", "unset ROLLOUTBUS_SKIP_DEPLOY")
     if not sys.platform.startswith("linux"):
         pytest.skip(f"containers run on Linux only with podman; this is {sys.platform}")
     try:
         host.ensure_tools(say)
     except host.HostError as exc:
-        pytest.skip(f"containers cannot run on this host: {exc}")
+        missing(f"a container host ({exc})", "make containers-host (podman, runc, debootstrap; as root)")
     why = host.probe()
     if why:
-        pytest.skip(f"containers cannot run on this host: {why}")
+        missing(f"a container host ({why})", "make containers-host (podman, runc, debootstrap; as root)")
     # One run at a time on a host: a second session's run waits here instead of taking the project down
     # under the first (and both would measure a machine twice as busy).
     import fcntl
@@ -308,7 +310,7 @@ def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     TIMINGS["images_s"] = round(time.monotonic() - t0, 1)
     why = host.probe(images["RB_BASE_IMAGE"])
     if why:
-        pytest.skip(f"containers cannot run on this host: {why}")
+        missing(f"a container host that runs the built images ({why})", "make containers-host")
 
     from lifecycle import Stack, engine
     from stack import _project_env, local_project

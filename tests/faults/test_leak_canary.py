@@ -195,11 +195,13 @@ def test_no_secret_reaches_an_answer_or_a_log(secret_env: dict[str, str], the_st
     # ---- a worker given a wrong ClickHouse password: it fails, and says so without the password it tried
     bad = worker({**env, "ROLLOUTBUS_CLICKHOUSE_PASSWORD": CANARY["ch-wrong"]}, "--metrics-port", "0", "-v")
     try:
-        bad.wait(60)
+        own_rc: int | None = bad.wait(60)
     except subprocess.TimeoutExpired:
-        pass
+        own_rc = None
     _rc, out = stop_worker(bad)
     SEEN.append(("worker with a wrong password", out))
+    # It stops by itself, status 1 (a refused login is the project's error, one line), not held up until stopped.
+    assert own_rc == 1, f"a worker ClickHouse refused exited with {own_rc} (None: still running after 60 s)\n{out[-2000:]}"
     assert "AUTHENTICATION" in out.upper() or "password" in out.lower(), out[-2000:]
     q = subprocess.run([*_cli(), "query", "SELECT 1"], env={**env, "ROLLOUTBUS_CLICKHOUSE_PASSWORD": CANARY["ch-wrong"]},
                        capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -94,6 +94,22 @@ def test_rebuild_from_the_topics_into_an_empty_store(kafka_conf: dict[str, Any],
     assert [g[0] for g in rebuilt["groups"]] == [g[0] for g in original["groups"]]
 
 
+# What a stop with the broker gone may take beyond the worker's --shutdown-timeout before the test calls it stuck: a
+# busy 2-core machine delays the exit by seconds (the measured time is in the FIGURES line). The failure these tests
+# guard against is a stop that never ends, or one armed only when the stage next yields (~30 s late), not a slow one.
+SLACK_S = 15
+
+
+def _ended_by_itself(rc: int | None, log: str, shutdown_s: int) -> None:
+    """The worker exited on its own after SIGTERM: cleanly, or by its hard stop at the shutdown timeout, saying so
+    (status 1 with the line that names what the next worker replays), never killed and never another failure."""
+    assert rc is not None, f"still running {shutdown_s + SLACK_S}s after SIGTERM (shutdown timeout {shutdown_s}s):\n" + log[-3000:]
+    if rc == 1:
+        assert f"still stopping {shutdown_s}s after the signal" in log and "the next worker replays it" in log, log[-3000:]
+    else:
+        assert rc == 0, f"exited {rc}:\n" + log[-3000:]
+
+
 def test_sigterm_with_the_broker_gone_still_ends(kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str],
                                                  local_broker: Any, tmp_path: Path) -> None:
     """A stop must end: with Kafka unreachable the flush cannot commit, and the worker exits anyway within
@@ -115,12 +131,15 @@ def test_sigterm_with_the_broker_gone_still_ends(kafka_conf: dict[str, Any], top
         time.sleep(2)
         started = time.monotonic()
         wk.send_signal(signal.SIGTERM)
-        rc = wk.wait(30)
+        try:
+            rc = wk.wait(10 + SLACK_S)
+        except subprocess.TimeoutExpired:
+            rc = None
         took = time.monotonic() - started
     finally:
         local_broker.start()
     print("FIGURES " + json.dumps({"test": "sigterm_broker_gone", "exit_code": rc, "seconds": round(took, 1)}))
-    assert took <= 12, wk.output()[-3000:]
+    _ended_by_itself(rc, wk.output(), 10)
 
 
 def test_sigterm_while_the_stage_waits_on_a_gone_broker_ends_in_time(kafka_conf: dict[str, Any], topics: Any,
@@ -155,11 +174,11 @@ def test_sigterm_while_the_stage_waits_on_a_gone_broker_ends_in_time(kafka_conf:
         started = time.monotonic()
         wk.send_signal(signal.SIGTERM)
         try:
-            rc = wk.wait(45)
+            rc = wk.wait(6 + SLACK_S)
         except subprocess.TimeoutExpired:
             rc = None
         took = time.monotonic() - started
     finally:
         local_broker.start()
     print("FIGURES " + json.dumps({"test": "sigterm_stage_waiting_broker_gone", "exit_code": rc, "seconds": round(took, 1)}))
-    assert rc is not None and took <= 6 + 3, f"exited {rc} after {took:.1f}s\n" + wk.output()[-3000:]
+    _ended_by_itself(rc, wk.output(), 6)

@@ -23,10 +23,14 @@ import pytest
 from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis import strategies as st
 
+from tests.installs import installed
+
 from tests.integration.serverprocs import assert_memory_bounded, rss_mib
 
-pytest.importorskip("chdb")
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.integration
+
+installed("chdb", "pip install -e '.[all,test]'")
+torch = installed("torch", "pip install -e '.[all,test]'")
 
 TOKEN = "fuzz-token-0123"
 EXAMPLES = 300

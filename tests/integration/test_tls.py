@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.installs import missing
 import requests
 
 from tests.integration.serverprocs import free_port as _free_port
@@ -37,7 +39,8 @@ def self_signed(folder: Path, name: str = "server") -> tuple[Path, Path]:
         from cryptography.x509.oid import NameOID
     except ImportError:
         if shutil.which("openssl") is None:
-            pytest.skip("neither the cryptography package nor the openssl command is here to make a certificate")
+            missing("the cryptography package and the openssl command (one makes the test's certificate)",
+                    "pip install -e '.[all,test]' (cryptography) or apt-get install openssl")
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
                         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)

@@ -193,7 +193,11 @@ def _flag_cases() -> tuple[list[Case], list[str]]:
 
 
 FLAG_CASES, UNRULED = _flag_cases()
-ENV_CASES = [Case(tuple(_base_argv(path, p)), (var,), ((var, value),)) for path, p in LEAVES for var, value in COMMON_ENV]
+# Commands that read no ROLLOUTBUS_* settings, so a bad value in the environment is not theirs to refuse. None today:
+# a command added here is one whose test below would fail otherwise, named on purpose (no silent skip).
+READS_NO_SETTINGS: frozenset[tuple[str, ...]] = frozenset()
+ENV_CASES = [Case(tuple(_base_argv(path, p)), (var,), ((var, value),)) for path, p in LEAVES for var, value in COMMON_ENV
+             if tuple(path) not in READS_NO_SETTINGS]
 
 
 # --------------------------------------------------------------------------- running one case
@@ -309,8 +313,8 @@ def test_a_bad_flag_value_is_one_line_exit_2(case: Case, guarded: dict[str, int]
 def test_a_bad_environment_value_is_one_line_exit_2(case: Case, guarded: dict[str, int], monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     code, err, started = _run(case, monkeypatch, capsys)
-    if guarded["settings"] == 0 and code != 2:
-        pytest.skip(f"`rolloutbus {case.argv[0]}` reads no ROLLOUTBUS_* settings")
+    assert guarded["settings"] > 0 or code == 2, (f"`rolloutbus {' '.join(case.argv)}` read no ROLLOUTBUS_* settings, so "
+                                                  f"{case.env[0][0]} went unchecked: name it in READS_NO_SETTINGS if that is meant")
     _assert_one_line(case, code, err, started)
 
 

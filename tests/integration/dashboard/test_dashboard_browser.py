@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.installs import missing
 import requests
 
 from schemas import codec
@@ -170,7 +172,7 @@ def dashboard(pipeline: tuple[Store, dict[str, str]], gateway: str, tmp_path: Pa
 @pytest.fixture
 def browser() -> Iterator[Any]:
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip("Debian's chromium and chromium-driver are not installed: run `make browser-deps`")
+        missing("Debian's chromium and chromium-driver", "make browser-deps")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

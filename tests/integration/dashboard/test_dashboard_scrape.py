@@ -11,6 +11,8 @@ import pytest
 
 from rolloutbus.dashboard.app import scrape
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "scrape-tok-7Qz"
 METRICS = b'rolloutbus_gateway_requests_total{code="200"} 5.0\nrolloutbus_gateway_spool_pending 2.0\n'
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.installs import installed
+
 from tests.conftest import free_port_run
 from tests.integration.serverprocs import kill_processes_with, processes_with, start_until_line
 
@@ -21,7 +23,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "sql_langgraph" / "t
 
 
 def test_ctrl_c_stops_everything_fit_started(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
+    installed("langgraph", "pip install -e '.[test]' (the SQL example's agent)")
     data, kafka_port = tmp_path / "data", free_port_run((0, 1))  # broker, controller
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(data), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.installs import installed
+
 from tests.conftest import free_port_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600),
@@ -23,7 +25,7 @@ SCRIPT = ROOT / "examples" / "sql_langgraph" / "train_sql_agent.py"
 
 
 def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
-    pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
+    installed("langgraph", "pip install -e '.[test]' (the SQL example's agent)")
     kafka_port = free_port_run((0, 1))  # the broker and, at + 1, its controller
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT=str(kafka_port), PYTHONUNBUFFERED="1",
                ROLLOUTBUS_STORE_PORT=str(free_port_run()))

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from tests.installs import installed
+
 from schemas import codec
 from schemas.models import LLMCall, Reward, Span, SpanEvent, ToolCall
 from streams import rowbinary
@@ -69,7 +71,7 @@ def test_varint(n: int, encoded: bytes) -> None:
 
 def test_compiled_decoder_rows_read_back_as_the_python_rows(ch: Any) -> None:
     """The span stage's compiled path (native/): ClickHouse reads its rows as it reads the Python path's."""
-    pytest.importorskip("rolloutbus_native", reason="the compiled decoder is not built (make setup builds it)")
+    installed("rolloutbus_native", "make native (needs cargo; make setup builds it)")
     from streams.spans_stage import native_decoder
 
     dec = native_decoder()

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from trainer.validation import VersionScore, read_scores
+
+pytestmark = pytest.mark.integration
 
 
 def _row(rid: str, version: int | None, reward: float | None, meta: dict[str, str], mode: str = "test",

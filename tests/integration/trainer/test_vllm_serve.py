@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.installs import missing
 import requests
 
 from realmodel import REPO, import_smollm2, port, start, stop_all, wait_http
@@ -33,7 +35,7 @@ def vllm_python() -> Path:
     try:
         return vllm_python()
     except VllmUnavailable as exc:
-        pytest.skip(f"vLLM's virtualenv cannot be made here: {exc}")
+        missing(f"vLLM's virtualenv ({exc})", "make vllm")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.installs import installed
+
 from foundation.errors import ConfigError
 from rolloutbus import GRPO, LLM, LitAgent, Trainer
 from rolloutbus.trainer_api.agent import Adapted
@@ -50,7 +52,7 @@ def test_bad_rows_and_settings_are_one_line() -> None:
 
 
 def test_numpy_values_from_pandas_rows_are_plain_json() -> None:
-    np = pytest.importorskip("numpy")
+    np = installed("numpy", "pip install -e '.[all,test]'")
     assert row_json({"a": np.int64(3), "b": np.array([1.5, 2.0])}, 0) == '{"a": 3, "b": [1.5, 2.0]}'
 
 

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from tests.installs import installed
+
 from rolloutbus import LLM, Trainer
 from tests.unit.api.fake_openai import fake_openai
 
-pytest.importorskip("langgraph", reason="the SQL example needs langgraph (pip install -e '.[test]')")
+installed("langgraph", "pip install -e '.[test]' (the SQL example's agent)")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sql_langgraph"
 sys.path.insert(0, str(EXAMPLE))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "deploy" / "containers"))
 
 from compose import ComposeError, Project, Reset, interpolate, merge  # noqa: E402

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.installs import installed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import bench_paths  # noqa: E402 - the bench's OTLP bodies
 import workload  # noqa: E402
 
-native = pytest.importorskip("rolloutbus_native", reason="the compiled mapping is not built (make setup builds it)")
+native = installed("rolloutbus_native", "make native (needs cargo; make setup builds it)")
 COMPILED = otlp._OTLP_COMPILED
 PB = "application/x-protobuf"
 

@@ -9,6 +9,8 @@ import math
 
 import fastavro
 import pytest
+
+from tests.installs import missing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -295,7 +297,13 @@ def _paths(d: dict, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-needs_compiled = pytest.mark.skipif(span_avro.write_span_compiled is None, reason="native/ is not built (make setup builds it)")
+@pytest.fixture
+def needs_compiled_writer() -> None:
+    if span_avro.write_span_compiled is None:
+        missing("the compiled Span writer (rolloutbus_native)", "make native (needs cargo; make setup builds it)")
+
+
+needs_compiled = pytest.mark.usefixtures("needs_compiled_writer")
 
 
 @needs_compiled

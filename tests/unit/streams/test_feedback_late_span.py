@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.installs import missing
+
 from producers.ingest.agl.v1_events import event_to_span
 from producers.mapping import otel_to_span
 from schemas import codec
@@ -120,7 +122,7 @@ def test_the_span_stage_sends_a_late_reward_span_as_feedback_once_its_rows_are_w
                   state_topic="c", sink=ClickHouseSink(client=None), flush_sink=lambda: None, core=Settings(), native=native,
                   feedback_topic="rb.feedback")
     if native and s.decoder is None:
-        pytest.skip("the compiled decoder is not installed")
+        missing("the compiled decoder (rolloutbus_native)", "make native (needs cargo; make setup builds it)")
     s.consumer.close()
     reward = {"agentlightning.reward.0.value": 1.0}
     values = [

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.installs import installed
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +39,7 @@ from tests.unit.schemas.test_span_avro import BASE, hostile, spans
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import bench_paths  # noqa: E402 - its stand-ins for a consumed record and the consumer
 
-native = pytest.importorskip("rolloutbus_native", reason="the compiled decoder is not built (make setup builds it)")
+native = installed("rolloutbus_native", "make native (needs cargo; make setup builds it)")
 
 SPAN = "rolloutbus.Span"
 EVENT = "rolloutbus.RolloutEvent"
