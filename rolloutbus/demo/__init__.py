@@ -12,6 +12,9 @@ from foundation.flags import Bounded
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --task sql 9; --quick: 0.6, with --task sql 1.5)")
+    p.add_argument("--max-steps", type=Bounded(int, ge=0), default=None,
+                   help="stop training after this many optimiser steps, or when --minutes are up if that comes first "
+                        "(default 0: the minutes alone); a step budget makes a run depend less on the machine's speed")
     p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
                    help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4; --quick 4)")
     p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16; --task sql --algorithm apo 32; --quick 8)")

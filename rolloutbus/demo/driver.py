@@ -46,6 +46,7 @@ def engine_start_s(engine: str) -> float:
 class DemoConfig:
     task: str = "calc"
     minutes: float = 6.0
+    max_steps: int = 0  # 0: train for ``minutes``; else stop after this many optimiser steps (or the minutes, first)
     group_size: int = 8
     runners: int = 16
     groups_per_step: int = 8
@@ -113,7 +114,7 @@ class DemoConfig:
             "vllm" if cfg.task == "sql" and cfg.algorithm == "grpo" and _vllm_installed() else "torch")
         if cfg.engine == "vllm" and cfg.task != "sql":
             raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
-        for name in ("minutes", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
+        for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience"):
             value = getattr(args, name, None)
@@ -551,7 +552,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                       "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
-                      *task.train_args, *validate_args]
+                      *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)
         follower.start()
@@ -579,7 +580,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         while time.monotonic() - t_train < train_for + getattr(feeder, "paused_s", 0.0):  # --sft-first: the SFT's time added
             if sup.returncode("train") == 0:
                 early_stopped = True
-                say("training   the trainer stopped early: validation stopped improving")
+                say(f"training   the trainer took its {cfg.max_steps} optimiser steps (--max-steps)"
+                    if cfg.max_steps and not cfg.early_stop_patience else "training   the trainer stopped early: validation stopped improving")
                 break
             sup.check()
             feeder.top_up()
