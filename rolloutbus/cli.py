@@ -32,6 +32,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "serve": ("trainer.serve_cli", "serve the policy over an OpenAI-compatible API, hot-reloading new versions"),
     "demo": ("rolloutbus.demo", "watch an agent learn, end to end, on the local stack"),
     "bench": ("rolloutbus.bench_cli", "measure the whole pipeline"),
+    "runs": ("rolloutbus.runs.cli", "list the fit runs kept on this broker and store, or remove one (runs rm RUN)"),
     "dashboard": ("rolloutbus.dashboard.cli", "serve a live web dashboard: learning curves, pipeline health, trajectories, SQL"),
 }
 
@@ -41,7 +42,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 COMMAND_EXTRAS: dict[str, str] = {
     "store": "store", "up": "store", "query": "query", "migrate": "query", "process": "streams",
     "gateway": "gateway", "proxy": "gateway", "train": "trainer", "optimize-prompt": "trainer", "serve": "trainer",
-    "model": "trainer", "dashboard": "dashboard", "demo": "all", "bench": "all",
+    "model": "trainer", "dashboard": "dashboard", "demo": "all", "bench": "all", "runs": "query",
 }
 OUR_PACKAGES = ("foundation", "rolloutbus", "producers", "streams", "schemas", "trainer")
 
@@ -284,6 +285,10 @@ def cmd_query(args: argparse.Namespace) -> int:
     from rolloutbus.store.sqltext import output_format
 
     s = settings_from_args(QuerySettings, args, {"format": "query_format"})
+    if args.run:
+        from rolloutbus.runs.scope import run_database
+
+        s = s.model_copy(update={"clickhouse_database": run_database(s, args.run)})
     name = s.query_format
     fmt = QUERY_FORMATS.get(name, name)
     if not args.trajectory and not args.sql:
@@ -374,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="run analyst SQL (read-only) or print one trajectory")
     p.add_argument("sql", nargs="?", help="SQL to run against the rolloutbus database; a FORMAT clause in it is honoured")
     p.add_argument("--trajectory", metavar="ROLLOUT_ID", help="print one rollout's spans in order, with rewards")
+    p.add_argument("--run", metavar="RUN", help="query a fit run's own database (`rolloutbus runs` lists them)")
     p.add_argument("--format", default=None, metavar="FORMAT",
                    help="table (default), csv, tsv (both with a header row), jsonl, or any ClickHouse output format "
                         "(JSON, Markdown, Parquet, ...) passed through (env ROLLOUTBUS_QUERY_FORMAT)")

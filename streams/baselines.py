@@ -11,10 +11,9 @@ says which to use when):
   the mean of the last ``window`` rewards of the same agent, itself left out (RLOO: Kool et al. 2019,
   "Buy 4 REINFORCE samples, get a baseline for free"; Ahmadian et al. 2024, "Back to basics"). Over a
   window rather than a group: the others are earlier rollouts of the same agent, not replays;
-* :func:`truncated_importance_weights` — off-policy correction for a rollout served by an older policy
-  version: per-token ratio of the current to the behaviour probability (the behaviour log-probs travel
-  in the spans), truncated at ``clip`` (truncated importance sampling, as IMPALA's V-trace truncates its
-  ρ: Espeholt et al. 2018; Yao et al. 2025 for LLM rollouts served by another engine).
+
+The off-policy correction of a rollout served by an older version lives in the trainer's loss (the
+``decoupled`` policy loss of :mod:`trainer.grpo`: a truncated importance weight per token).
 """
 
 from __future__ import annotations
@@ -100,14 +99,4 @@ def leave_one_out(rewards: Sequence[float]) -> list[float]:
     return [r - (total - r) / (n - 1) for r in rewards]
 
 
-def truncated_importance_weights(behaviour_logprobs: Sequence[float], current_logprobs: Sequence[float],
-                                 clip: float = 2.0) -> list[float]:
-    """Per token ``min(exp(current − behaviour), clip)``: the weight of a token sampled by an older policy."""
-    if len(behaviour_logprobs) != len(current_logprobs):
-        raise ValueError(f"{len(behaviour_logprobs)} behaviour log-probs beside {len(current_logprobs)} current ones")
-    if clip <= 0:
-        raise ValueError(f"clip must be > 0, got {clip}")
-    return [min(math.exp(c - b), clip) for b, c in zip(behaviour_logprobs, current_logprobs)]
-
-
-__all__ = ["ESTIMATORS", "LeaveOneOutBaseline", "leave_one_out", "prompt_key", "prompt_key_advantages", "truncated_importance_weights"]
+__all__ = ["ESTIMATORS", "LeaveOneOutBaseline", "leave_one_out", "prompt_key", "prompt_key_advantages"]

@@ -17,7 +17,11 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--group-min-rollouts", {"type": int, "dest": "group_min_rollouts", "help": "fewest rollouts a timed-out group emits with (default 2)"}),
     ("--group-timeout", {"type": float, "dest": "group_timeout_s", "help": "seconds after a group's first rollout to emit it anyway (default 300)"}),
     ("--no-std-scaling", {"action": "store_const", "const": False, "dest": "scale_by_std", "help": "advantages are R - mean, not divided by std"}),
-    ("--credit", {"choices": ["identical", "discounted", "per-turn"], "dest": "credit", "help": "credit assignment (default identical)"}),
+    ("--credit", {"dest": "credit", "metavar": "MODE", "help": "credit assignment: a registered mode, identical (default), discounted, "
+                  "per-turn (env ROLLOUTBUS_CREDIT; ROLLOUTBUS_PLUGINS imports modules that register more)"}),
+    ("--advantage-estimator", {"dest": "advantage_estimator", "metavar": "NAME",
+                               "help": "how the group's step returns become advantages: grpo (default), rloo, or a registered one "
+                                       "(env ROLLOUTBUS_ADVANTAGE_ESTIMATOR)"}),
     ("--gamma", {"type": float, "dest": "gamma", "help": "discount for --credit discounted (default 1.0)"}),
     ("--agent-match", {"dest": "agent_match", "help": "regex of agent names to train; others are stored with trained=false"}),
     ("--llm-call-match", {"dest": "llm_call_match", "help": "regex of span names that are LLM calls (default: any span with an LLM record)"}),
@@ -46,15 +50,28 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from foundation.errors import ConfigError
+    from foundation.registry import load_plugins
+    from streams.credit import CREDIT
+    from streams.grouping import ESTIMATORS
+
+    try:
+        load_plugins()  # the choices read the registries, the user's entries included
+    except ConfigError:
+        pass  # said in one line when the command runs
+    registered = {"credit": CREDIT.names(), "advantage_estimator": ESTIMATORS.names()}
     for flag, kw in _FLAGS:
-        parser.add_argument(flag, default=None, **kw)
+        extra = {"choices": registered[kw["dest"]]} if kw["dest"] in registered else {}
+        parser.add_argument(flag, default=None, **kw, **extra)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Explicit flag beats environment variable beats documented default."""
     from foundation.config import load_settings
+    from foundation.registry import load_plugins
     from streams.settings import StreamSettings
 
+    load_plugins()  # the user's registered credit modes and estimators, before the settings name them
     # The flags' names are not their fields' (--group-timeout sets group_timeout_s): named one by one.
     overrides = {kw["dest"]: getattr(args, kw["dest"]) for _, kw in _FLAGS if getattr(args, kw["dest"], None) is not None}
     if getattr(args, "data_dir", None) is not None:
@@ -106,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         agent_matcher(s.agent_match)
         llm_call_matcher(s.llm_call_match)
         policy = GroupPolicy(group_size=s.group_size, min_rollouts=min(s.group_min_rollouts, s.group_size),
-                             timeout_s=s.group_timeout_s, scale_by_std=s.scale_by_std)
+                             timeout_s=s.group_timeout_s, scale_by_std=s.scale_by_std, estimator=s.advantage_estimator)
         core = Settings(credit=s.credit, gamma=s.gamma, agent_match=s.agent_match, rules=rules,
                         llm_call_match=s.llm_call_match, exclude_llm_call_in_reward=s.exclude_llm_call_in_reward)
     except ValueError as exc:

@@ -1,10 +1,26 @@
 """GRPO groups: the train rollouts of one task under one resource version. Pure.
 
 A group's id is ``f"{task_id}@{resource_version}"`` (deterministic, so a re-delivered rollout lands
-in the same group and a consumer can dedupe batches by it). Each rollout's advantage is
-``(R − mean) / (std + ε)`` over the group (population std), or ``R − mean`` when not scaling by std,
-and is copied to each of that rollout's transitions. A group whose rewards are all equal is marked
-``zero_variance`` (its advantages are all 0), not dropped: the trainer decides.
+in the same group and a consumer can dedupe batches by it).
+
+Each step's advantage comes from its return under the credit mode (:mod:`streams.credit`: the final reward,
+the intermediate rewards the rules landed on the steps, or both) through the group's advantage estimator,
+registered in :data:`ESTIMATORS` (``@ESTIMATORS.register("name")``; the stream worker's ``--advantage-estimator``).
+Built in:
+
+* ``grpo`` — ``(G_t − μ) / (σ + ε)`` (``G_t − μ`` without std scaling), where μ and σ are the mean and the
+  population std over the group's steps with **each rollout weighted equally** (a rollout's steps share its
+  weight; a rollout without steps counts with its final reward). With ``identical`` credit and no
+  intermediate rewards every step of a rollout has ``G = R``, and this is GRPO's ``(R − mean) / (std + ε)``
+  bit for bit (:func:`advantages`). Why this normalisation: rollouts of one task take different paths, so
+  turn ``t`` of one is rarely comparable with turn ``t`` of another (normalising per turn index, as some
+  multi-turn trainers do, compares unrelated states and leaves late turns with groups of one); GiGPO's
+  anchor-state groups need environment states that repeat exactly, which free-text tool calls rarely do;
+  equal rollout weights keep a long trajectory from setting the baseline of a short one.
+* ``rloo`` — ``G_t`` minus the mean of the *other* rollouts' mean returns (leave-one-out; no std scaling).
+
+A group whose returns are all equal is marked ``zero_variance`` (its advantages are all 0), not dropped:
+the trainer decides.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from foundation.registry import Registry
 from schemas.models import GroupBatch, Transition
 from streams.rollout import RolloutResult
 
@@ -39,8 +56,10 @@ class GroupPolicy:
     timeout_s: float = 300.0
     scale_by_std: bool = True
     eps: float = 1e-6
+    estimator: str = "grpo"  # a name in ESTIMATORS
 
     def __post_init__(self) -> None:
+        ESTIMATORS.check(self.estimator)
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
         if not 1 <= self.min_rollouts <= self.group_size:
@@ -69,6 +88,81 @@ def advantages(rewards: Sequence[float], scale_by_std: bool = True, eps: float =
     else:
         vals = [r - mean for r in rewards]
     return Advantages(vals, mean, std, zero)
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """An estimator's answer for one group: each rollout's steps' advantages, each rollout's own (its mean
+    return's: ``GroupBatch.advantages``), the baseline and scale used, and whether the group teaches nothing."""
+
+    steps: list[list[float]]
+    rollouts: list[float]
+    mean: float
+    std: float
+    zero_variance: bool
+
+
+Estimator = Callable[[list[list[float]], GroupPolicy], GroupAdvantages]
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def _mean_of(points: Sequence[float]) -> float:
+    """A rollout's mean return; exactly its value when all its steps share one (no rounding of ``n·R / n``)."""
+    first = points[0]
+    return first if all(p == first for p in points) else math.fsum(points) / len(points)
+
+
+def _spread_of(points: Sequence[float], mean: float) -> float:
+    """A rollout's mean squared distance from ``mean`` (as :func:`advantages` computes it for one value)."""
+    first = points[0]
+    return (first - mean) ** 2 if all(p == first for p in points) else math.fsum((p - mean) ** 2 for p in points) / len(points)
+
+
+@ESTIMATORS.register("grpo")
+def grpo_estimator(returns: list[list[float]], policy: GroupPolicy) -> GroupAdvantages:
+    """(G_t − μ) / (σ + ε) over the group's steps, each rollout weighted equally (GRPO's with outcome rewards)"""
+    if not returns:
+        return GroupAdvantages([], [], 0.0, 0.0, True)
+    means = [_mean_of(p) for p in returns]
+    mean = math.fsum(means) / len(means)
+    std = math.sqrt(math.fsum(_spread_of(p, mean) for p in returns) / len(returns))
+    zero = std < ZERO_VARIANCE_STD
+
+    def adv(g: float) -> float:
+        if zero:
+            return 0.0
+        return (g - mean) / (std + policy.eps) if policy.scale_by_std else g - mean
+
+    return GroupAdvantages([[adv(g) for g in p] for p in returns], [adv(m) for m in means], mean, std, zero)
+
+
+@ESTIMATORS.register("rloo")
+def rloo_estimator(returns: list[list[float]], policy: GroupPolicy) -> GroupAdvantages:
+    """G_t minus the mean of the other rollouts' mean returns (leave-one-out, no std scaling)"""
+    base = grpo_estimator(returns, policy)
+    n = len(returns)
+    if n < 2 or base.zero_variance:
+        return GroupAdvantages([[0.0] * len(p) for p in returns], [0.0] * n, base.mean, base.std, True)
+    means = [_mean_of(p) for p in returns]
+    total = math.fsum(means)
+    others = [(total - m) / (n - 1) for m in means]
+    return GroupAdvantages([[g - o for g in p] for p, o in zip(returns, others)], [m - o for m, o in zip(means, others)],
+                           base.mean, base.std, False)
+
+
+def step_returns(result: RolloutResult) -> list[float]:
+    """What a rollout brings to its group's estimator: its steps' returns under the credit mode, or, without a
+    step (it failed before its first LLM call, say), its final reward."""
+    return [float(s.return_) for s in result.steps] if result.steps else [result.reward]
+
+
+def group_advantages(members: Sequence[RolloutResult], policy: GroupPolicy) -> GroupAdvantages:
+    """The estimator's advantages of ``members`` (ordered by rollout id, as the batch lists them)."""
+    ordered = sorted(members, key=lambda r: r.rollout_id)
+    out = ESTIMATORS.get(policy.estimator)([step_returns(r) for r in ordered], policy)
+    if len(out.steps) != len(ordered) or any(len(a) != len(step_returns(r)) for a, r in zip(out.steps, ordered)):
+        raise ValueError(f"advantage estimator {policy.estimator!r} did not give one advantage per step")
+    return out
 
 
 def ready(n_done: int, first_ns: int, now_ns: int, policy: GroupPolicy) -> str | None:
@@ -151,12 +245,13 @@ def merge(members: dict[str, RolloutResult], result: RolloutResult) -> bool:
 
 
 def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_ns: int, complete: bool) -> GroupBatch:
-    """The GroupBatch of these rollouts; also fills each step's ``advantage`` in place."""
+    """The GroupBatch of these rollouts; also fills each step's ``advantage`` in place (the estimator's, from
+    the step's return)."""
     ordered = sorted(members, key=lambda r: r.rollout_id)
-    adv = advantages([r.reward for r in ordered], policy.scale_by_std, policy.eps)
+    adv = group_advantages(ordered, policy)
     transitions: list[Transition] = []
-    for result, a in zip(ordered, adv.values, strict=True):
-        for step in result.steps:
+    for result, step_adv in zip(ordered, adv.steps, strict=True):
+        for step, a in zip(result.steps, step_adv):
             step.advantage = a
             if step.trained:
                 # Built from the validated core's own values: no re-validation of every token id.
@@ -190,10 +285,11 @@ def build_batch(members: Sequence[RolloutResult], policy: GroupPolicy, created_n
         credit=first.credit,
         rollout_ids=[r.rollout_id for r in ordered],
         rewards=[r.reward for r in ordered],
-        advantages=adv.values,
+        advantages=adv.rollouts,
         transitions=transitions,
     )
 
 
-__all__ = ["group_id", "group_of", "GroupPolicy", "Advantages", "advantages", "ready", "short_at_timeout", "short_group_line",
+__all__ = ["group_id", "group_of", "GroupPolicy", "Advantages", "advantages", "ESTIMATORS", "GroupAdvantages",
+           "group_advantages", "grpo_estimator", "rloo_estimator", "step_returns", "ready", "short_at_timeout", "short_group_line",
            "ShortGroupWarnings", "merge", "build_batch"]

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 
 from foundation.config import PORT, CommonSettings
 from foundation.health import check_bind_host
+from foundation.registry import registered_in
 
 METRICS_PORT = 9101  # the trainer's is 9100: both run on one host in the local stack
 
@@ -21,7 +22,10 @@ class StreamSettings(CommonSettings):
     group_min_rollouts: int = Field(default=2, ge=1, description="Fewest rollouts a group emits with at its timeout.")
     group_timeout_s: float = Field(default=300.0, gt=0, description="Emit a group this long after its first rollout finished.")
     scale_by_std: bool = Field(default=True, description="Divide advantages by the group's std (GRPO); false: R - mean.")
-    credit: Literal["identical", "discounted", "per-turn"] = Field(default="identical", description="Credit assignment: identical | discounted | per-turn.")
+    credit: str = Field(default="identical", description="Credit assignment: a registered credit mode (streams.credit.CREDIT: "
+                        "identical, discounted, per-turn, or one a plugin registers).")
+    advantage_estimator: str = Field(default="grpo", description="How a group's step returns become advantages: a registered "
+                                     "estimator (streams.grouping.ESTIMATORS: grpo, rloo, or one a plugin registers).")
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="Discount for credit=discounted.")
     agent_match: str | None = Field(default=None, description="Regex of the agent names to train; unset: all.")
     llm_call_match: str | None = Field(default=None, description="Regex of span names that are LLM calls; unset: any span with an LLM record.")
@@ -54,6 +58,9 @@ class StreamSettings(CommonSettings):
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
 
     check_metrics_host = field_validator("streams_metrics_host")(check_bind_host)
+
+    check_credit = field_validator("credit")(registered_in("streams.credit:CREDIT"))
+    check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))
 
     @field_validator("reward_rules")
     @classmethod

@@ -27,6 +27,8 @@ _FLAGS: dict[str, str] = {
     "stale_weight": "stale_weight",
     "lr": "lr",
     "loss_agg": "loss_agg",
+    "policy_loss": "policy_loss",
+    "is_cap": "is_cap",
     "clip_eps": "clip_eps",
     "clip_eps_high": "clip_eps_high",
     "kl_beta": "kl_beta",
@@ -66,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag (env ROLLOUTBUS_STALE_WEIGHT, default 0.5)")
     p.add_argument("--lr", type=float, help="AdamW learning rate (env ROLLOUTBUS_LR, default 5e-4)")
     p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation (env ROLLOUTBUS_LOSS_AGG, default grpo)")
+    p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip (default), decoupled (AReaL's, for "
+                   "stale batches), or a registered one (env ROLLOUTBUS_POLICY_LOSS; ROLLOUTBUS_PLUGINS imports modules that register more)")
+    p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight (env ROLLOUTBUS_IS_CAP, default 2)")
     p.add_argument("--clip-eps", type=float, help="PPO clip epsilon (env ROLLOUTBUS_CLIP_EPS, default 0.2)")
     p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher (env ROLLOUTBUS_CLIP_EPS_HIGH)")
     p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator (env ROLLOUTBUS_KL_BETA, default 0)")
@@ -112,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from foundation.errors import ConfigError
+    from foundation.registry import load_plugins
 
+    load_plugins()  # the user's registered policy losses, before the settings name one
     algorithm = getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo")
     if algorithm not in ("grpo", "sft"):
         raise ConfigError(f"ROLLOUTBUS_TRAIN_ALGORITHM must be grpo or sft, got {algorithm!r}")

@@ -20,6 +20,17 @@ Aggregation over tokens (``loss_agg``):
 
 Every aggregation accepts *global* normalisers so that micro-batches whose losses are summed give
 exactly the full-batch loss (gradient accumulation without bias).
+
+The per-token policy term is a registered policy loss (:data:`POLICY_LOSSES`, ``@POLICY_LOSSES.register``;
+the trainer's ``--policy-loss``). Built in:
+
+* ``ppo-clip``  — the clipped ratio against the behaviour log-probs, as above.
+* ``decoupled`` — AReaL's decoupled objective for stale batches (Fu et al. 2025, "AReaL", §5.2): the ratio is
+  taken against a *proximal* policy (the current weights before this step, ``logp`` detached: the trainer
+  makes one optimiser step per batch) and the clipped term is weighted by the truncated importance weight
+  ``min(π_prox / π_behaviour, is_cap)`` of each token (:func:`truncated_importance_weights`). A batch
+  sampled versions ago then moves the policy in proportion to how likely the current policy finds its tokens,
+  rather than having most tokens' gradients cut by the clip against a distant behaviour policy.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from trainer.policy_losses import POLICY_LOSSES, decoupled, ppo_clip, truncated_importance_weights
 
 LossAgg = Literal["grpo", "dapo", "dr_grpo"]
 LOSS_AGGS: tuple[str, ...] = ("grpo", "dapo", "dr_grpo")
@@ -42,8 +55,13 @@ class GRPOConfig:
     loss_agg: LossAgg = "grpo"
     kl_beta: float = 0.0
     max_response_len: int | None = None  # the constant of dr_grpo; None → the batch's mask width
+    policy_loss: str = "ppo-clip"  # a name in POLICY_LOSSES
+    is_cap: float = 2.0  # decoupled: the truncation of the proximal / behaviour importance weight
 
     def __post_init__(self) -> None:
+        POLICY_LOSSES.check(self.policy_loss)
+        if self.is_cap <= 0:
+            raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
         if self.clip_eps < 0 or (self.clip_eps_high is not None and self.clip_eps_high < 0):
@@ -164,8 +182,7 @@ def grpo_loss(
     """
     if not (logp.shape == old_logp.shape == mask.shape):
         raise ValueError(f"shapes differ: logp {tuple(logp.shape)}, old {tuple(old_logp.shape)}, mask {tuple(mask.shape)}")
-    ratio = importance_ratio(logp, old_logp)
-    pg_tok, was_clipped = clipped_surrogate(ratio, advantages, config.clip_eps, config.clip_eps_high)
+    pg_tok, was_clipped, ratio = POLICY_LOSSES.get(config.policy_loss)(logp, old_logp, advantages, config)
     max_len = config.max_response_len
     pg = aggregate(pg_tok, mask, config.loss_agg, num_seqs=num_seqs, num_tokens=num_tokens, max_len=max_len, seq_weights=seq_weights)
     loss = pg
@@ -211,6 +228,10 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-
 __all__ = [
     "GRPOConfig",
     "LOSS_AGGS",
+    "POLICY_LOSSES",
+    "decoupled",
+    "ppo_clip",
+    "truncated_importance_weights",
     "LossAgg",
     "aggregate",
     "clipped_surrogate",

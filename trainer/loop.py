@@ -125,6 +125,7 @@ class Trainer:
         self.device = device if device is not None else resolve_device(settings.train_device)
         self.health = health if health is not None else TrainerHealth(settings.train_stall_s)
         self.topics = Topics(settings.topic_prefix)
+        self.credit = ""  # the credit mode(s) of the last step's groups
         self.conf = settings.kafka_conf()
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
@@ -163,7 +164,8 @@ class Trainer:
         if settings.kl_beta > 0:
             ref = self._load_reference()
         try:
-            grpo = GRPOConfig(settings.clip_eps, settings.clip_eps_high, settings.loss_agg, settings.kl_beta, settings.max_response_len)  # type: ignore[arg-type]
+            grpo = GRPOConfig(settings.clip_eps, settings.clip_eps_high, settings.loss_agg, settings.kl_beta, settings.max_response_len,  # type: ignore[arg-type]
+                              settings.policy_loss, settings.is_cap)
         except ValueError as exc:
             raise ConfigError(f"bad GRPO setting: {exc}") from exc
         self.backend = TorchGRPOBackend(
@@ -227,7 +229,8 @@ class Trainer:
 
     def _config(self) -> dict[str, str]:
         s = self.s
-        return {"loss_agg": str(s.loss_agg), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta), "lr": str(s.lr),
+        return {"loss_agg": str(s.loss_agg), "policy_loss": str(s.policy_loss), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta),
+                "lr": str(s.lr), **({"credit": self.credit} if self.credit else {}),
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
                 "skip_zero_variance": str(s.skip_zero_variance),
                 "run_id": self.state.run_id, **({"endpoint": s.train_llm_endpoint} if s.train_llm_endpoint else {})}
@@ -401,6 +404,7 @@ class Trainer:
         crash_point("before_step", step)
         groups = [b for b, _ in self.pending]
         weights = [w for _, w in self.pending]
+        self.credit = ",".join(sorted({g.credit for g in groups if g.credit}))  # recorded with the version it makes
         wall0 = time.perf_counter()
         metrics = self.backend.step(groups, weights)
         step_s = time.perf_counter() - wall0

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from foundation.config import PORT, CommonSettings, check_http_url
 from foundation.health import check_bind_host
+from foundation.registry import registered_in
 
 METRICS_PORT = 9100  # the stream worker's is 9101: both run on one host in the local stack
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -41,6 +42,9 @@ class TrainerSettings(CommonSettings):
     clip_eps: float = Field(default=0.2, gt=0.0)
     clip_eps_high: float | None = Field(default=None, gt=0.0)
     loss_agg: Literal["grpo", "dapo", "dr_grpo"] = Field(default="grpo", description="grpo | dapo | dr_grpo")
+    policy_loss: str = Field(default="ppo-clip", description="The per-token policy term: a registered policy loss "
+                             "(trainer.grpo.POLICY_LOSSES: ppo-clip, decoupled, or one a plugin registers).")
+    is_cap: float = Field(default=2.0, gt=0.0, description="decoupled: the cap of each token's proximal/behaviour weight.")
     kl_beta: float = Field(default=0.0, ge=0.0, description="KL-to-reference weight (k3); > 0 keeps a frozen reference model.")
     max_response_len: int | None = Field(default=None, ge=1, description="dr_grpo's constant normaliser.")
     micro_batch_tokens: int = Field(default=0, ge=0, description="Padded tokens per forward/backward (bounds memory); "
@@ -74,6 +78,8 @@ class TrainerSettings(CommonSettings):
                                  "read and no step finished for this long (longer than one step takes).")
 
     check_model = field_validator("train_model")(_model_ref)
+
+    check_policy_loss = field_validator("policy_loss")(registered_in("trainer.policy_losses:POLICY_LOSSES"))
     check_metrics_host = field_validator("train_metrics_host")(check_bind_host)
 
     @field_validator("train_device")

@@ -19,9 +19,11 @@ import time
 from typing import Any
 
 from foundation.config import CommonSettings, load_settings
-from rolloutbus.demo.driver import DemoConfig, _wait_http, reset_local_state, sql_task, start_dashboard
-from rolloutbus.demo.procs import Supervisor
-from rolloutbus.demo.stack import local_stack
+from rolloutbus.demo.driver import DemoConfig, sql_task, start_dashboard
+from rolloutbus.runs.live import wait_http
+from rolloutbus.runs.procs import Supervisor
+from rolloutbus.runs.scope import reset_namespace
+from rolloutbus.runs.stack import local_stack
 from rolloutbus.localproc import free_port
 from foundation.errors import ConfigError
 
@@ -63,7 +65,7 @@ def _optimize(cfg: DemoConfig, settings: CommonSettings, sup: Supervisor, say: A
     from trainer.apo_cli import run_optimizer
     from trainer.settings import ApoSettings
 
-    reset_local_state(settings, say)
+    reset_namespace(settings, say)
     task = sql_task(cfg, settings, say)
     val, held_out = task.train[: cfg.val_size], task.held_out
     say(f"questions  {len(val)} validation (from the training split) and {len(held_out)} held-out")
@@ -85,8 +87,8 @@ def _optimize(cfg: DemoConfig, settings: CommonSettings, sup: Supervisor, say: A
     sup.start("serve", ["serve", "--model", str(task.model), "--no-follow", "--port", str(serve_port), "--threads", "2",
                         "--max-batch", "32"])
     sup.start("proxy", ["proxy", "--upstream", serve_url, "--port", str(proxy_port)])
-    _wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
-    _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+    wait_http(f"http://127.0.0.1:{serve_port}/healthz", 180, sup)
+    wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
     sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
     sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners), "--max-attempts", "1",
                           "--timeout", str(task.rollout_timeout_s)])

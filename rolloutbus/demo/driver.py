@@ -1,4 +1,4 @@
-"""The demo's orchestration: the local stack (:mod:`rolloutbus.demo.stack`), a supervised warm-up, the real
+"""The demo's orchestration: the local stack (:mod:`rolloutbus.runs.stack`), a supervised warm-up, the real
 processes, a live table, a held-out evaluation of the first and the final version, and a report from ClickHouse.
 
 Processes (each ``rolloutbus <command>``, logs under ``<out>/logs``): the stream processor (the only
@@ -13,33 +13,23 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import socket
 import threading
 import time
-from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo import calc
-from rolloutbus.demo.procs import Supervisor
-from rolloutbus.demo.stack import LocalStack, local_stack, process_env
 from rolloutbus.localproc import free_port
+from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
+from rolloutbus.runs.live import Live, TaskFeeder, engine_args, engine_start_s, follow, wait_http
+from rolloutbus.runs.procs import Supervisor
+from rolloutbus.runs.scope import reset_namespace
+from rolloutbus.runs.stack import LocalStack, local_stack, process_env, say_stack
 from foundation.errors import ConfigError, RolloutbusError
-
-
-def engine_args(engine: str) -> list[str]:
-    """The engine flag for ``rolloutbus serve``; none for torch (today's command line). The demo's and fit's."""
-    return ["--engine", engine] if engine != "torch" else []
-
-
-def engine_start_s(engine: str) -> float:
-    """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores)."""
-    return 600.0 if engine == "vllm" else 180.0
 
 
 @dataclass
@@ -139,20 +129,6 @@ def _vllm_installed() -> bool:
     return installed()
 
 
-def _wait_http(url: str, timeout: float, sup: Supervisor) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sup.check()
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RolloutbusError(f"{url} did not answer within {timeout:.0f}s")
-
-
 # --------------------------------------------------------------------------- warm-up
 
 
@@ -185,114 +161,7 @@ def warm_up(cfg: DemoConfig, train: list[calc.Problem], directory: Path, say: An
 # --------------------------------------------------------------------------- live view
 
 
-@dataclass
-class Live:
-    """What the demo follows on the topics: train steps, versions, groups."""
-
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
-    groups_seen: set[str] = field(default_factory=set)
-    rewards_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=128))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
-    from confluent_kafka import Consumer
-
-    from schemas import GroupBatch, ResourceVersion, TrainStep, decode
-
-    t = settings.topics
-    c = Consumer({**settings.kafka_conf(), "group.id": f"demo-live-{os.getpid()}-{time.time_ns()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 0})
-    c.subscribe([t.metrics, t.resources, t.batches])
-    try:
-        while not stop.is_set():
-            msg = c.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            try:
-                rec = decode(msg.value())
-            except RolloutbusError:
-                continue
-            with live.lock:
-                if isinstance(rec, TrainStep):
-                    live.steps.append({"step": rec.step, "version": rec.resource_version, **rec.metrics})
-                elif isinstance(rec, ResourceVersion):
-                    live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics, "config": dict(rec.config)}
-                elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
-                    live.groups_seen.add(rec.group_id)
-                    live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
-                    live.recent.extend(rec.rewards)
-    finally:
-        c.close()
-
-
-class TaskFeeder:
-    """Publishes training tasks, keeping only a few steps' worth ahead of the trainer."""
-
-    def __init__(self, settings: CommonSettings, problems: list[calc.Problem], cfg: DemoConfig, live: Live) -> None:
-        from confluent_kafka import Producer
-
-        self.producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
-        self.topic = settings.topics.tasks
-        self.problems = problems
-        self.cfg = cfg
-        self.live = live
-        self.published = 0
-        self.ahead = max(2 * cfg.groups_per_step, -(-cfg.runners // cfg.group_size) * 2)
-
-    def top_up(self) -> None:
-        from schemas import Task, encode
-
-        with self.live.lock:
-            done = len(self.live.groups_seen)
-        while self.published - done < self.ahead:
-            p = self.problems[self.published % len(self.problems)]
-            task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
-                        group_size=self.cfg.group_size, created_ns=time.time_ns(), metadata={"question": p.text})
-            self.producer.produce(self.topic, key=task.task_id.encode(), value=encode(task))
-            self.published += 1
-        self.producer.poll(0)
-
-    def close(self) -> None:
-        self.producer.flush(10)
-
-
 # --------------------------------------------------------------------------- evaluation
-
-
-def evaluate(settings: CommonSettings, sup: Supervisor, uri: str, version: int, problems: list[Any],
-             name: str, task: DemoTask, threads: int = 8) -> list[float]:
-    """Greedy evaluation of one version on ``problems``, through its own server and proxy (recorded, mode test)."""
-    from producers.settings import AgentSettings
-    from producers.transport import SpanTransport
-
-    serve_port, proxy_port = free_port(), free_port()
-    sup.start(f"eval-serve-v{version}", ["serve", "--model", uri, "--no-follow", "--port", str(serve_port),
-                                         "--threads", str(task.eval_threads), "--max-batch", str(threads), *task.serve_args])
-    sup.start(f"eval-proxy-v{version}", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
-    try:
-        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", task.serve_start_s, sup)
-        _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
-        # The run's topics (fit on given addresses has its own prefix; the environment holds the user's)
-        transport = SpanTransport.from_settings(AgentSettings(data_dir=settings.data_dir, topic_prefix=settings.topic_prefix),
-                                                spool_name=f"demo-eval-{name}")
-        agent = task.eval_agent(f"http://127.0.0.1:{proxy_port}")
-        try:
-            def one(i_p: tuple[int, Any]) -> float:
-                i, p = i_p
-                res = agent.run(json.loads(p.to_json()), {}, task_id=f"heldout-{i:04d}", mode="test",
-                                resource_version=version, transport=transport)
-                return float(res.reward or 0.0) if res.status == "succeeded" else 0.0
-
-            with ThreadPoolExecutor(threads) as pool:
-                return list(pool.map(one, enumerate(problems)))
-        finally:
-            transport.close(30)
-    finally:
-        sup.stop(f"eval-proxy-v{version}")
-        sup.stop(f"eval-serve-v{version}")
 
 
 # --------------------------------------------------------------------------- the tasks
@@ -389,43 +258,6 @@ def start_dashboard(sup: Supervisor, say: Any) -> None:
     say(f"dashboard  http://127.0.0.1:{port}/ — learning curves, pipeline health, trajectories and SQL, live during the run")
 
 
-def reset_local_state(settings: CommonSettings, say: Any) -> None:
-    """A fresh run: the prefix's topics and the demo database are recreated (local stack only)."""
-    from foundation.clickhouse import connect
-    from foundation.kafka_admin import admin, ensure_topics, topic_specs
-
-    a = admin(settings.kafka_conf())
-    old = [t for t in a.list_topics(timeout=10).topics if t.startswith(settings.topic_prefix)]
-    if old:
-        for fut in a.delete_topics(old, operation_timeout=30).values():
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(t.startswith(settings.topic_prefix) for t in a.list_topics(timeout=10).topics):
-            time.sleep(0.5)
-    # The previous run's consumer groups go too: a group's offsets can outlive its topic's deletion, and a consumer
-    # whose committed offset lies past the end of the recreated topic waits there (seen: faust on <prefix>feedback).
-    groups = [g.group_id for g in a.list_consumer_groups().result().valid
-              if g.group_id.startswith((settings.topic_prefix, "demo-live-"))]
-    for fut in (a.delete_consumer_groups(groups).values() if groups else ()):
-        try:
-            fut.result()
-        except Exception:  # noqa: BLE001 - still active (another run), or already gone
-            pass
-    for attempt in range(20):
-        try:
-            ensure_topics(settings.kafka_conf(), topic_specs(settings.topics, 4))
-            break
-        except RolloutbusError:
-            time.sleep(1)  # a deleted topic's name is briefly still taken
-    client = connect(settings.dsn, database=None)
-    client.command(f"DROP DATABASE IF EXISTS {settings.clickhouse_database}")
-    client.close()
-    say(f"reset      {len(old)} old topics and the '{settings.clickhouse_database}' database removed: a fresh run")
-
-
 @dataclass
 class DemoResult:
     """What one demo run measured (the learning bench reads it)."""
@@ -446,12 +278,6 @@ class DemoResult:
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process over the training phase
 
 
-def _say_stack(stack: LocalStack, say: Any) -> None:
-    say(f"kafka      {'started' if stack.started_broker else 'reused'} on {stack.broker.bootstrap}")
-    if stack.store is not None:
-        say(f"store      {'started' if stack.started_store else 'reused'} on {stack.store.url}: query the run while it trains")
-
-
 def _local_settings(cfg: DemoConfig) -> CommonSettings:
     overrides = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
     settings = load_settings(CommonSettings, overrides)
@@ -460,25 +286,6 @@ def _local_settings(cfg: DemoConfig) -> CommonSettings:
     if settings.clickhouse_dsn and not settings.clickhouse_dsn.startswith("chdb:"):
         raise ConfigError("the demo resets its database, so it runs on the local store only: unset ROLLOUTBUS_CLICKHOUSE_DSN")
     return settings
-
-
-def _final_validator(settings: CommonSettings, task: DemoTask, run_id: str, version: int) -> Any:
-    """The trainer's validation of its last version, carried on by the demo once the trainer has stopped."""
-    from confluent_kafka import Producer
-
-    from foundation.clickhouse import connect
-    from trainer.validation import Validator
-
-    producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
-
-    def publish(topic: str, key: str, value: bytes) -> None:
-        producer.produce(topic, key=key.encode(), value=value)
-        producer.flush(10)
-
-    v = Validator([q.to_json() for q in task.validation], run_id, settings.topics.tasks, publish,
-                  lambda: connect(settings.dsn, database=settings.clickhouse_database, create_database=False))
-    v.published.append(version)
-    return v
 
 
 def run_demo(cfg: DemoConfig) -> int:
@@ -503,7 +310,7 @@ def run_demo_result(cfg: DemoConfig, first_scores: list[float] | None = None) ->
            f"groups of {cfg.group_size}, {cfg.runners} rollouts at once, {cfg.groups_per_step} groups per step"))
 
     with local_stack(settings, cfg.out / "logs", keep_running=cfg.keep_running) as stack:
-        _say_stack(stack, say)
+        say_stack(stack, say)
         return _run(cfg, settings, stack, demo_dir, t_start, say, first_scores)
 
 
@@ -512,7 +319,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
     """The run on the started stack: a fresh start, the task, the processes, training, validation, evaluation, the report."""
     from trainer.validation import best as best_version, complete
 
-    reset_local_state(settings, say)
+    reset_namespace(settings, say)
     task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, demo_dir, say)
     train, held_out, base = task.train, task.held_out, task.model
     if cfg.production is not None:  # the worker's feedback flags; one-rollout batches per step, older versions trained
@@ -556,8 +363,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)
         follower.start()
-        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", cfg.serve_start_s, sup)
-        _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+        wait_http(f"http://127.0.0.1:{serve_port}/healthz", cfg.serve_start_s, sup)
+        wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=f"http://127.0.0.1:{proxy_port}")
         if cfg.production is None:
             sup.start("runners", ["run-agent", task.agent, "--concurrency", str(cfg.runners),
@@ -569,7 +376,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
 
             feeder: Any = start_traffic(settings, cfg, task, f"http://127.0.0.1:{proxy_port}", say, sup, train_argv)
         else:
-            feeder = TaskFeeder(settings, train, cfg, live)
+            feeder = TaskFeeder(settings, train, live, group_size=cfg.group_size, runners=cfg.runners,
+                                    groups_per_step=cfg.groups_per_step)
         train_for = cfg.minutes * 60
         t_train = time.monotonic()
         shown = 0
@@ -619,7 +427,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             n = len(task.validation)
             wanted = final - final % cfg.validate_every
             deadline = time.monotonic() + 90  # the newest version's validation, behind the training tasks queued
-            validator = _final_validator(settings, task, run_id, wanted)
+            validator = final_validator(settings, task.validation, run_id, wanted)
             scores = validator.poll(force=True)
             while time.monotonic() < deadline and (scores.get(wanted) is None or scores[wanted].answered < n):
                 sup.check()
@@ -647,7 +455,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         if chosen == first:
             chosen_scores = list(first_scores)  # greedy: the same version answers the same
         else:
-            chosen_scores = evaluate(settings, sup, _version_uri(versions, chosen, demo_dir), chosen, held_out, "final", task,
+            chosen_scores = evaluate(settings, sup, version_uri(versions, chosen), chosen, held_out, "final", task,
                                      threads=threads)
             evaluated.append(chosen)
         time.sleep(2.0)  # the sink flushes every 0.5 s
@@ -675,14 +483,6 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         stop_follow.set()
 
 
-def _version_uri(versions: dict[int, dict[str, Any]], version: int, demo_dir: Path) -> str:
-    """A version's weights; an older checkpoint the trainer pruned is refused with the setting that keeps it."""
-    uri = versions[version]["uri"]
-    if not Path(uri).exists():
-        raise RolloutbusError(f"version {version}'s checkpoint {uri} was pruned: raise ROLLOUTBUS_KEEP_CHECKPOINTS")
-    return str(uri)
-
-
 def evaluate_model(cfg: DemoConfig, uri: str, label: str) -> tuple[list[float], list[Any], dict[str, list[int]]]:
     """Greedy held-out evaluation of any model directory (another trainer's output), as the demo evaluates its versions:
     its own server, proxy and agent, recorded through the local stack. Returns (scores, problems, subsets)."""
@@ -691,7 +491,7 @@ def evaluate_model(cfg: DemoConfig, uri: str, label: str) -> tuple[list[float], 
     say = Console(highlight=False, soft_wrap=True).print
     settings = _local_settings(cfg)
     with local_stack(settings, cfg.out / "logs", keep_running=cfg.keep_running) as stack:
-        _say_stack(stack, say)
+        say_stack(stack, say)
         task = sql_task(cfg, settings, say) if cfg.task == "sql" else calc_task(cfg, settings.data_dir / "demo", say)
         stack.procs.env.update(task.env)
         scores = evaluate(settings, stack.procs, uri, 0, task.held_out, label, task, threads=16 if cfg.task == "sql" else 8)

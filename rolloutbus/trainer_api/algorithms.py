@@ -15,7 +15,12 @@ class GRPO:
     """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
     name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``.
     Validation rollouts call the LLMs at ``val_temperature`` (0: greedy, as verl's ``val_kwargs`` and the demo;
-    None: the LLM's own sampling parameters), so a version's score does not vary with sampling."""
+    None: the LLM's own sampling parameters), so a version's score does not vary with sampling.
+
+    ``credit`` (with ``gamma``), ``advantage_estimator`` and ``policy_loss`` are names in the registries
+    (``streams.credit.CREDIT``, ``streams.grouping.ESTIMATORS``, ``trainer.policy_losses.POLICY_LOSSES``): how a
+    rollout's rewards become each step's advantage, and the loss's policy term (``decoupled`` for stale
+    batches)."""
 
     group_size: int = 4
     groups_per_step: int = 2
@@ -30,11 +35,28 @@ class GRPO:
     group_timeout_s: float = 300.0
     rollout_timeout_s: float = 900.0
     seed: int = 0
+    credit: str = "identical"
+    gamma: float = 1.0
+    advantage_estimator: str = "grpo"
+    policy_loss: str = "ppo-clip"
     train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
 
     def __post_init__(self) -> None:
+        from streams.credit import CREDIT
+        from streams.grouping import ESTIMATORS
+        from trainer.policy_losses import POLICY_LOSSES
+
         if self.group_size < 2:
             raise ConfigError("GRPO(group_size=...) must be at least 2: GRPO compares rollouts within a group")
+        CREDIT.check(self.credit)
+        ESTIMATORS.check(self.advantage_estimator)
+        POLICY_LOSSES.check(self.policy_loss)
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
+
+    def process_args(self) -> list[str]:
+        """The stream worker's flags for this algorithm's advantages. Pure."""
+        return ["--credit", self.credit, "--gamma", str(self.gamma), "--advantage-estimator", self.advantage_estimator]
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""``Trainer.fit``: the demo's loop for the user's agent. The same commands the demo starts
-(:mod:`rolloutbus.demo.driver`) on the same local stack (:func:`rolloutbus.demo.stack.local_stack`), or on given
-Kafka / ClickHouse addresses in a namespace of the run's own (:mod:`rolloutbus.trainer_api.run_scope`): the
+"""``Trainer.fit``: the user's agent trained by the same commands the demo starts, on the local stack
+(:func:`rolloutbus.runs.stack.local_stack`) or on given Kafka / ClickHouse addresses, always in a namespace of
+the run's own (:mod:`rolloutbus.runs.scope`: nothing of an earlier run or of the demo is deleted): the
 stream worker with the Trainer's ``agent_match`` / ``llm_call_match``, the policy server, the LLM proxy,
 the trainer (GRPO, validation on ``val_dataset``), and ``n_runners`` rollouts at once running the agent,
 shipped to them pickled (:mod:`rolloutbus.trainer_api.shipped`). Tasks are published a few steps ahead of
@@ -25,13 +25,13 @@ from typing import Any, Callable, Mapping, Protocol
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
-from rolloutbus.demo.driver import (DemoConfig, Live, TaskFeeder, _say_stack, _wait_http, engine_args, engine_start_s, follow,
-                                    reset_local_state)
-from rolloutbus.demo.stack import local_stack, process_env
 from rolloutbus.localproc import free_port
+from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
+from rolloutbus.runs.live import Live, TaskFeeder, engine_args, engine_start_s, follow, wait_http
+from rolloutbus.runs.scope import RunScope, check_given, given_addresses, prepare, run_scope, where_lines
+from rolloutbus.runs.stack import local_stack, process_env
 from rolloutbus.trainer_api.agent import Adapted
 from rolloutbus.trainer_api.algorithms import GRPO, SFT
-from rolloutbus.trainer_api.run_scope import RunScope, check_given, prepare, run_scope, where_lines
 from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
 
 
@@ -107,6 +107,8 @@ class FitResult:
     validation: dict[int, float] = field(default_factory=dict)  # version -> mean validation reward (fully validated)
     chosen: int | None = None  # the version fit keeps: the best validated (GRPO with val_dataset), else the last
     held_out: HeldOut | None = None  # test_dataset before/after (fit's ``test_dataset``)
+    run: str = ""  # the run's name: its topics ``<prefix>fit-<run>.*``, its database ``<database>_fit_<run>``
+    database: str = ""  # where its rows are: ROLLOUTBUS_CLICKHOUSE_DATABASE=<database> rolloutbus query ...
 
 
 def _model(llm: Any, settings: CommonSettings) -> str:
@@ -161,22 +163,18 @@ def _first_rollouts(settings: CommonSettings) -> tuple[int, int, str | None, int
 
 @contextmanager
 def fit_stack(trainer: Trainer) -> Iterator[tuple[CommonSettings, Any, RunScope]]:
-    """The stack a fit run uses, said in its first lines: the local one, reset for a fresh run; or the given
-    addresses (checked before anything starts), in a namespace of the run's own, created, nothing reset.
+    """The stack a fit run uses, said in its first lines: the local one, or the given addresses (checked before
+    anything starts); either way in a namespace of the run's own, created, nothing of another run deleted.
     Yields the run's settings, the stack (its supervisor: ``stack.procs``) and the scope."""
     settings = load_settings(CommonSettings, {})
-    scope = run_scope(settings)  # given addresses: the run's own topics and database, nothing reset or deleted
-    if scope.run:
+    scope = run_scope(settings)  # the run's own topics and database: nothing reset or deleted
+    if given_addresses(settings):
         check_given(settings)  # one line for a given address that does not answer, before anything starts
     trainer.out.mkdir(parents=True, exist_ok=True)
     with local_stack(settings, trainer.out / "logs") as stack:
-        if scope.run:
-            for line in where_lines(scope, stack):
-                trainer.say(line)
-            prepare(scope, trainer.say)
-        else:
-            _say_stack(stack, trainer.say)
-            reset_local_state(settings, trainer.say)
+        for line in where_lines(scope, stack):
+            trainer.say(line)
+        prepare(scope, trainer.say)
         yield scope.settings, stack, scope
 
 
@@ -230,7 +228,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         try:
             group_size = algo.samples_per_task if sft else algo.group_size
             sup.start("process", ["process", "--group-size", str(group_size), "--group-min-rollouts", "2",
-                                  "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5",
+                                  *([] if sft else algo.process_args()), "--sink-interval", "0.5",
                                   "--group-timeout", str(algo.group_timeout_s), *match])
             # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
             sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None))
@@ -238,10 +236,11 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
             if not sft:
                 sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
                                     "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
+                                    "--policy-loss", algo.policy_loss,
                                     *train_args, *validate])
             follower.start()
-            _wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
-            _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+            wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
+            wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
             sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=proxy, **{SHIPPED_ENV: str(out / "agent.pickle")})
             sup.start("runners", ["run-agent", AGENT_SPEC, "--concurrency", str(trainer.n_runners), "--max-attempts", "1",
                                   "--timeout", str(algo.rollout_timeout_s)])
@@ -251,10 +250,11 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
                 _loop(trainer, algo, settings, sup, live, train, val, t_start)
             if test:
                 result.held_out = _held_out(trainer, agent, algo, settings, sup, result, model, served, test)
+            result.run, result.database = scope.run or "", settings.clickhouse_database
             if trainer.keep_store and stack.store is not None:
                 stack.keep_store = True
-                say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM v_reward_by_version\" "
-                    "(rolloutbus down stops it)")
+                say(f"query      the store stays up on {stack.store.url}: rolloutbus query --run {scope.run} "
+                    "\"SELECT * FROM v_reward_by_version\" (rolloutbus down stops it)")
             return result
         finally:
             stop_follow.set()
@@ -263,8 +263,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
 def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live: Live, train: list[str], val: list[str],
           t_start: float) -> FitResult:
     say = trainer.say
-    feeder = TaskFeeder(settings, [Row(t) for t in train],
-                        DemoConfig(group_size=algo.group_size, runners=trainer.n_runners, groups_per_step=algo.groups_per_step), live)
+    feeder = TaskFeeder(settings, [Row(t) for t in train], live, group_size=algo.group_size, runners=trainer.n_runners,
+                        groups_per_step=algo.groups_per_step)
     warnings: list[str] = []
     checked = False
     say(f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'reward (last 128)':>17} {'loss':>8}  {'elapsed':>7}")
@@ -315,8 +315,8 @@ def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: 
          t_start: float) -> FitResult:
     """Collect ``collect_minutes`` of rollouts, stop the runners, then run ``rolloutbus train --algorithm sft`` to its end."""
     say = trainer.say
-    feeder = TaskFeeder(settings, [Row(t) for t in train],
-                        DemoConfig(group_size=algo.samples_per_task, runners=trainer.n_runners, groups_per_step=2), live)
+    feeder = TaskFeeder(settings, [Row(t) for t in train], live, group_size=algo.samples_per_task, runners=trainer.n_runners,
+                        groups_per_step=2)
     say(f"collect    {algo.collect_minutes:g} minutes of rollouts, {algo.samples_per_task} per task, on {model}")
     t0 = time.monotonic()
     try:
@@ -350,16 +350,12 @@ def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: 
 def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str, Any]], val: list[str],
                 say: Any, wait_s: float = 90.0) -> tuple[dict[int, float], int | None]:
     """Each fully validated version's mean validation reward, the last version's waited for as the demo waits
-    (its tasks published again once the trainer has stopped: :func:`rolloutbus.demo.driver._final_validator`);
+    (its tasks published again once the trainer has stopped: :func:`rolloutbus.runs.evaluation.final_validator`);
     and the best of them (None: none fully validated)."""
-    from types import SimpleNamespace
-
-    from rolloutbus.demo.driver import _final_validator
     from trainer.validation import best, complete
 
     final = max(versions)
-    validator = _final_validator(settings, SimpleNamespace(validation=[Row(v) for v in val]),
-                                 versions[final]["config"].get("run_id", ""), final)
+    validator = final_validator(settings, [Row(v) for v in val], versions[final]["config"].get("run_id", ""), final)
     try:
         deadline = time.monotonic() + wait_s
         scores = validator.poll(force=True)
@@ -379,11 +375,9 @@ def _validation(settings: CommonSettings, sup: Any, versions: dict[int, dict[str
 def _held_out(trainer: Trainer, agent: Any, algo: Any, settings: CommonSettings, sup: Any, result: FitResult, model: str,
               served: str, test: list[str]) -> HeldOut:
     """``test`` answered by version 0 and by the version kept, each served alone from its weights (the demo's
-    :func:`~rolloutbus.demo.driver.evaluate`: its own server and proxy, rollouts recorded as mode ``test``), the
+    :func:`~rolloutbus.runs.evaluation.evaluate`: its own server and proxy, rollouts recorded as mode ``test``), the
     agent in this process at the validation temperature (greedy by default)."""
     from types import SimpleNamespace
-
-    from rolloutbus.demo.driver import _version_uri, evaluate
 
     say = trainer.say
     first, chosen = min(result.versions), result.chosen if result.chosen is not None else max(result.versions)
@@ -398,10 +392,10 @@ def _held_out(trainer: Trainer, agent: Any, algo: Any, settings: CommonSettings,
     say(f"held-out   version {first} and version {chosen} on the same {len(test)} test tasks"
         + (" (greedy)" if temperature == 0 else ""))
     # Version 0 is the model as given (its checkpoint may be pruned by now).
-    first_scores = evaluate(settings, sup, model if first == 0 else _version_uri(result.versions, first, trainer.out),
+    first_scores = evaluate(settings, sup, model if first == 0 else version_uri(result.versions, first),
                             first, problems, "first", task, threads=threads)
     chosen_scores = list(first_scores) if chosen == first and temperature == 0 else \
-        evaluate(settings, sup, _version_uri(result.versions, chosen, trainer.out), chosen, problems, "final", task, threads=threads)
+        evaluate(settings, sup, version_uri(result.versions, chosen), chosen, problems, "final", task, threads=threads)
     held = HeldOut(first, chosen, first_scores, chosen_scores)
     say(f"held-out   {held.line()}")
     return held

@@ -1,7 +1,7 @@
 """``Trainer(algorithm=APO(...)).fit``: the user's prompt template optimized on the local stack.
 
-The stack of :func:`rolloutbus.trainer_api.fit.run_fit` without a trainer (the local one, reset; or given
-addresses, in a namespace of the run's own: :mod:`rolloutbus.trainer_api.run_scope`): the stream worker, the policy server
+The stack of :func:`rolloutbus.trainer_api.fit.run_fit` without a trainer (the local one or given
+addresses, in a namespace of the run's own: :mod:`rolloutbus.runs.scope`): the stream worker, the policy server
 (the model as given; its weights do not change), the LLM proxy and ``n_runners`` rollouts at once running the
 agent, whose ``prompt_template`` resource is the version the runners use (:class:`PromptAdapted`). The initial
 template is published on ``rb.resources`` as version 0; the first ``gradient_batch_size`` training rows run once
@@ -151,7 +151,7 @@ def _follow_log(path: Path, offset: int, say: Callable[[str], None]) -> int:
 
 def _optimize(sup: Any, name: str, cmd: list[str], say: Callable[[str], None]) -> None:
     """``rolloutbus optimize-prompt`` as process ``name`` to its end, its lines relayed; the others watched meanwhile."""
-    from rolloutbus.demo.procs import ProcessDied
+    from rolloutbus.runs.procs import ProcessDied
 
     say(f"optimize   rolloutbus {' '.join(cmd)}")
     log = sup.start(name, cmd).log
@@ -213,7 +213,7 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     """fit under ``APO(...)``: see the module's docstring."""
     from trainer.settings import ServeSettings
 
-    from rolloutbus.demo.driver import _wait_http
+    from rolloutbus.runs.live import wait_http
     from rolloutbus.localproc import free_port
     from rolloutbus.trainer_api.shipped import ENV as SHIPPED_ENV, ship
     from schemas import ResourceVersion, encode
@@ -246,8 +246,8 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         sup.start("process", ["process", "--sink-interval", "0.5", *match_args(trainer)])
         sup.start("serve", serve_command(serve_port, trainer.engine, model))
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
-        _wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
-        _wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
+        wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
+        wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)
         sup.env = dict(env, ROLLOUTBUS_LLM_PROXY_URL=proxy, **{SHIPPED_ENV: str(out / "agent.pickle")})
         sup.start("runners", ["run-agent", AGENT_SPEC, "--concurrency", str(trainer.n_runners), "--max-attempts", "1",
                               "--timeout", str(algo.rollout_timeout_s)])
@@ -271,8 +271,8 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         sup.stop("runners", grace=30)
         if trainer.keep_store and stack.store is not None:
             stack.keep_store = True
-            say(f"query      the store stays up on {stack.store.url}: rolloutbus query \"SELECT * FROM prompt_candidates FINAL\" "
-                "(rolloutbus down stops it)")
+            say(f"query      the store stays up on {stack.store.url}: rolloutbus query --run {scope.run} "
+                "\"SELECT * FROM prompt_candidates FINAL\" (rolloutbus down stops it)")
     by_id = {c["id"]: c for c in summary["candidates"]}
     first = next(c for c in summary["candidates"] if c["source"] == "incumbent")
     best = by_id.get(summary["published_candidate"] or "", first)
@@ -283,7 +283,8 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     result = APOResult(steps=[], versions=versions, rewards_by_version={}, rollouts=scored, seconds=time.monotonic() - t_start,
                        validation=validation, chosen=chosen, held_out=held, run_id=run_id, resource=name,
                        initial_prompt=initial.template, initial_score=first["score"], prompt=best["config"].get("template", ""),
-                       prompt_version=chosen, score=best["score"], candidates=cands)
+                       prompt_version=chosen, score=best["score"], candidates=cands, run=scope.run or "",
+                       database=settings.clickhouse_database)
     say(f"done       {name}: version {chosen} chosen, validation {_pct(result.score)} against version 0's "
         f"{_pct(result.initial_score)}; {len(cands)} candidates in prompt_candidates (run {run_id}), {result.seconds:.0f}s")
     return result

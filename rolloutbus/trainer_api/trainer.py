@@ -96,7 +96,7 @@ class Trainer:
     def fit(self, agent: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any] | None = None,
             test_dataset: Sequence[Any] | None = None) -> Any:
         """Train: the local stack (or the broker and ClickHouse the settings give, in a namespace of the run's own:
-        :mod:`rolloutbus.trainer_api.run_scope`), the stream worker, the policy server, the proxy, the trainer and
+        :mod:`rolloutbus.runs.scope`), the stream worker, the policy server, the proxy, the trainer and
         the runners (``rolloutbus`` commands, logs under ``out/logs``), tasks fed from ``train_dataset``; the
         validation tasks scored for each version, the best kept (``APO(...)``: the prompt optimized instead). ``test_dataset``: answered afterwards by version 0 and the
         version kept, with the paired difference (``result.held_out``). Everything started is stopped on return,

@@ -1,9 +1,13 @@
 """`rolloutbus demo --quick` end to end: every record crosses the real broker and lands in the real
-ClickHouse engine; versions are published and the runners move on to them."""
+ClickHouse engine; versions are published and the runners move on to them. Then ``Trainer.fit`` on the same
+local stack trains in a namespace of its own, and the demo's rows are all still there; ``rolloutbus runs``
+lists the fit run, ``rolloutbus query --run`` reads it and ``rolloutbus runs rm`` removes it alone."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,11 +16,14 @@ from pathlib import Path
 import pytest
 
 from rolloutbus.localproc import free_port
+from tests.integration.fit_script import fit_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
                                                           reason="the demo runs on the local stack only")]
 
 TABLES = ["spans", "rollouts", "transitions", "groups", "resource_versions", "train_steps"]
+
+FIT = fit_script(max_steps=1)
 
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
@@ -61,6 +68,31 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "DROP TABLE spans"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "readonly" in bad.stderr.lower()
+    # fit after the demo, on the same local stack: a namespace of its own; the demo's rows stay as they were.
+    counts = {t: query(f"SELECT count() AS n FROM {t} FINAL").splitlines()[2] for t in TABLES}
+    script = tmp_path / "fit.py"
+    script.write_text(FIT)
+    fit = subprocess.run([sys.executable, str(script), str(tmp_path / "fit-out")], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=420)
+    assert fit.returncode == 0, f"{fit.stdout[-3000:]}\n{fit.stderr[-3000:]}"
+    assert "reset" not in fit.stdout, fit.stdout
+    result = json.loads(next(ln for ln in fit.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    run = result["run"]
+    assert re.fullmatch(r"[0-9a-f]{8}", run) and result["database"] == f"rolloutbus_fit_{run}", result
+    assert f"remove it: rolloutbus runs rm {run})" in fit.stdout
+    assert {t: query(f"SELECT count() AS n FROM {t} FINAL").splitlines()[2] for t in TABLES} == counts
+    trained = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "--run", run, "--format", "tsv",
+                              "SELECT count() AS n, max(version) AS v FROM resource_versions FINAL"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert trained.returncode == 0 and int(trained.stdout.splitlines()[1].split("\t")[1]) >= 1, trained.stdout + trained.stderr
+    runs = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "runs"], env=env, capture_output=True, text=True, timeout=120)
+    assert runs.returncode == 0 and re.search(rf"^{run}\s+rolloutbus_fit_{run}\s+\d+\s+\d+\s+[1-9]", runs.stdout, re.M), runs.stdout
+    rm = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "runs", "rm", run], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert rm.returncode == 0 and f"run {run}: " in rm.stdout and "its database removed" in rm.stdout, rm.stdout + rm.stderr
+    assert "no runs under" in subprocess.run([sys.executable, "-m", "rolloutbus.cli", "runs"], env=env, capture_output=True,
+                                             text=True, timeout=120).stdout
+    assert {t: query(f"SELECT count() AS n FROM {t} FINAL").splitlines()[2] for t in TABLES} == counts
     # `rolloutbus down` stops the store; then the default DSN fails in one line that says what to do.
     down = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "down"], env=env, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0 and "store    stopped" in down.stdout, down.stdout + down.stderr

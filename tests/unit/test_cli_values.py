@@ -54,6 +54,7 @@ EXTRA: dict[str, list[str]] = {
     "--candidates": [MISSING],
     "--initial": [MISSING],
     "--run-id": ["Bad Id"],
+    "--policy-loss": ["no-such-loss"],
 }
 
 # Variables every command that reads its settings checks, with a value that breaks their rule.

@@ -2,6 +2,8 @@
 
     bench/        the benchmarks (and the venv maker the tests share)                 may import all below
     rolloutbus/   applications: the command, demo, dashboard, store server            may import all below
+      runs/       what any run on the local stack uses (stack, namespace, live view)  no demo, no public API
+      trainer_api/ the public API (Trainer, fit, dev, LitAgent)                        runs/, never the demo
     trainer/      GRPO, serving, APO                                                  producers, schemas, foundation
     producers/    agent library: SDK, span transport, runners  |  streams/ processors schemas, foundation
       ingest/     the ingest service: gateway, Agent Lightning's APIs, LLM proxy      the agent library too
@@ -36,7 +38,7 @@ MAY_IMPORT = {
 INGEST = "producers.ingest"
 PURE = {
     "streams": ["assembly", "attempts", "credit", "grouping", "rewards", "rollout", "transitions", "rowbinary"],
-    "trainer": ["grpo", "apo"],
+    "trainer": ["grpo", "apo", "policy_losses"],
     "schemas": ["checks", "codec", "models"],
 }
 IO_LIBRARIES = {"faust", "aiokafka", "confluent_kafka", "clickhouse_connect", "chdb", "aiohttp", "mode", "kafka"}
@@ -127,6 +129,34 @@ def test_the_check_sees_an_arrow_running_back_up(tmp_path: Path) -> None:
     (tmp_path / "foundation" / "probe.py").write_text("import os\n\ndef f():\n    from rolloutbus.cli import main\n    return main\n")
     (tmp_path / "foundation" / "ok.py").write_text("from .probe import f\nfrom foundation.errors import ConfigError\n")
     assert floor_violations("foundation", tmp_path) == ["foundation/probe.py:4 imports rolloutbus.cli (a floor above foundation/)"]
+
+
+# Within rolloutbus/: the public API stands on runs/, never on the demo (the demo is one of its users); runs/
+# stands on neither.
+APP_FLOORS = {"rolloutbus.trainer_api": ("rolloutbus.demo",), "rolloutbus.runs": ("rolloutbus.demo", "rolloutbus.trainer_api")}
+
+
+def app_floor_violations(root: Path = ROOT) -> list[str]:
+    bad = []
+    for package, banned in APP_FLOORS.items():
+        for path in modules(package.replace(".", "/"), root):
+            for line, name in imports_of(path, root):
+                if any(name == b or name.startswith(b + ".") for b in banned):
+                    bad.append(f"{path.relative_to(root)}:{line} imports {name} (a floor above {package})")
+    return bad
+
+
+def test_the_public_api_and_runs_do_not_stand_on_the_demo() -> None:
+    assert app_floor_violations() == []
+
+
+def test_the_check_sees_the_public_api_import_the_demo(tmp_path: Path) -> None:
+    (tmp_path / "rolloutbus" / "trainer_api").mkdir(parents=True)
+    (tmp_path / "rolloutbus" / "runs").mkdir(parents=True)
+    (tmp_path / "rolloutbus" / "trainer_api" / "fit.py").write_text("def f():\n    from rolloutbus.demo.driver import Live\n")
+    (tmp_path / "rolloutbus" / "runs" / "live.py").write_text("from rolloutbus.runs.procs import Supervisor\n")
+    assert app_floor_violations(tmp_path) == [
+        "rolloutbus/trainer_api/fit.py:2 imports rolloutbus.demo.driver (a floor above rolloutbus.trainer_api)"]
 
 
 def test_every_package_is_on_a_floor() -> None:

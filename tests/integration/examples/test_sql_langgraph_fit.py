@@ -7,6 +7,7 @@ transitions the trainer may use (``trained`` false), write_query's and rewrite_q
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,8 +45,12 @@ def test_fit_trains_write_and_rewrite_only(tmp_path: Path) -> None:
         assert "held-out   v0 " in proc.stdout and "on 3 tasks (" in proc.stdout, proc.stdout
         assert "held-out   databases never trained on (2): " in proc.stdout, proc.stdout
 
+        run = re.search(r"^run        (\w+): ", proc.stdout, re.M)
+        assert run, proc.stdout  # fit's own namespace: `rolloutbus query --run RUN` reads it
+
         def query(sql: str) -> list[list[str]]:
-            q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "--format", "TabSeparated", sql], env=env,
+            q = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "--run", run.group(1), "--format", "TabSeparated",
+                                sql], env=env,
                                capture_output=True, text=True, timeout=120)
             assert q.returncode == 0, q.stderr
             return [line.split("\t") for line in q.stdout.splitlines() if line]

@@ -30,7 +30,7 @@ import requests
 
 from al_venv import ENV, ALInstallError, ensure_venv, ensure_venv_1x
 from producers_testkit import REPO, free_port, start_gateway
-from rolloutbus.demo.procs import Supervisor
+from rolloutbus.runs.procs import Supervisor
 from tests.faults.faultkit import store
 from tests.integration.streams.helpers import batches, query, start_worker, stop_worker
 

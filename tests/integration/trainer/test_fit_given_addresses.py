@@ -17,33 +17,12 @@ from typing import Any
 
 import pytest
 
+from tests.integration.fit_script import fit_script
 from tests.integration.store.conftest import start_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-SCRIPT = '''
-import json, sys
-import rolloutbus as agl
-from rolloutbus.demo.agent import chat
-from rolloutbus.demo.calc import problems
-
-
-class Calc(agl.LitAgent[dict]):
-    """One answer from main_llm, rewarded by its length's parity (the tiny model's answers vary: groups teach)."""
-
-    def rollout(self, task, resources, rollout):
-        llm = resources["main_llm"]
-        text = chat(llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
-                    [{"role": "user", "content": task["question"]}], temperature=1.0)
-        return float(len(text) % 2)
-
-if __name__ == "__main__":
-    rows = [json.loads(p.to_json()) for p in problems(6, seed=1)]
-    trainer = agl.Trainer(n_runners=2, algorithm=agl.GRPO(group_size=2, groups_per_step=1, max_steps=2, minutes=4,
-                          skip_zero_variance=False), initial_resources={"main_llm": agl.LLM(model="tiny")}, out=sys.argv[1])
-    result = trainer.fit(Calc(), rows, test_dataset=rows[:2])
-    print("RESULT " + json.dumps({"versions": sorted(result.versions), "held_out": len(result.held_out.first_scores)}))
-'''
+SCRIPT = fit_script(max_steps=2, test_rows=2)
 
 
 def _other_run(conf: dict[str, Any], prefix: str) -> dict[str, Any]:

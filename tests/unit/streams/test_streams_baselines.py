@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
-from streams.baselines import LeaveOneOutBaseline, leave_one_out, prompt_key_advantages, truncated_importance_weights
+from streams.baselines import LeaveOneOutBaseline, leave_one_out, prompt_key_advantages
 
 
 def test_prompt_key_groups_are_grpo_groups_and_a_lone_key_is_left_out() -> None:
@@ -36,8 +35,3 @@ def test_leave_one_out_within_a_set() -> None:
     assert leave_one_out([4.0]) == [0.0]
 
 
-def test_truncated_importance_weights() -> None:
-    got = truncated_importance_weights([-1.0, -2.0, -0.5], [-1.0, -1.0, -3.0], clip=2.0)
-    assert got == [1.0, 2.0, pytest.approx(math.exp(-2.5))]  # e^1 ≈ 2.72 truncated at 2
-    with pytest.raises(ValueError):
-        truncated_importance_weights([-1.0], [], clip=2.0)

@@ -43,7 +43,9 @@ def test_non_negative_rewards_give_returns_bounded_by_the_undiscounted_ones(r, g
 
 
 def test_bad_mode_or_gamma():
-    with pytest.raises(ValueError, match="credit mode"):
+    from foundation.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="credit mode 'monte-carlo' is not one of: identical, discounted, per-turn"):
         returns([0.0], 1.0, "monte-carlo")
     with pytest.raises(ValueError, match="gamma"):
         returns([0.0], 1.0, "discounted", 1.5)

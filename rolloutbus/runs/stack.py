@@ -1,5 +1,5 @@
-"""The local stack the demos run on: the broker, the store (where the settings use the local one) and the
-demo's own processes, one context manager for all of them (``rolloutbus demo``, its APO form, and the
+"""The local stack runs use: the broker, the store (where the settings use the local one) and the run's own
+processes, one context manager for all of them (``Trainer.fit``, ``rolloutbus demo``, its APO form, and the
 learning bench's evaluation of another trainer's model).
 
 On the way in it starts the broker, then the store, each unless it already runs (a ``rolloutbus up``
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from foundation.config import CommonSettings
-from rolloutbus.demo.procs import Supervisor
+from rolloutbus.runs.procs import Supervisor
 
 if TYPE_CHECKING:
     from rolloutbus.local_kafka import LocalKafka
@@ -66,4 +66,11 @@ def local_stack(settings: CommonSettings, log_dir: Path, *, keep_running: bool =
         yield stack
 
 
-__all__ = ["LocalStack", "local_stack", "process_env"]
+def say_stack(stack: LocalStack, say: Callable[[str], None]) -> None:
+    """The stack's first lines: the broker and the store, started or found running."""
+    say(f"kafka      {'started' if stack.started_broker else 'reused'} on {stack.broker.bootstrap}")
+    if stack.store is not None:
+        say(f"store      {'started' if stack.started_store else 'reused'} on {stack.store.url}: query the run while it trains")
+
+
+__all__ = ["LocalStack", "local_stack", "process_env", "say_stack"]

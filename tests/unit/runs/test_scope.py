@@ -1,6 +1,7 @@
-"""Where a ``fit`` run keeps its records (:mod:`rolloutbus.trainer_api.run_scope`): the local stack as it is;
-on given addresses a namespace of the run's own (topics, database, consumer groups), said in fit's first
-lines; a given address that does not answer is one line before anything starts."""
+"""Where a ``fit`` run keeps its records (:mod:`rolloutbus.runs.scope`): on the local stack as on given
+addresses a namespace of the run's own (topics, database, consumer groups), said in fit's first lines with how
+to query and remove it; the demo's reset takes only its own topics; a given address that does not answer is one
+line before anything starts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ClickHouseError, ConfigError, KafkaUnavailable
-from rolloutbus.trainer_api.run_scope import check_given, given_addresses, run_scope, where_lines
+from rolloutbus.runs.scope import check_given, given_addresses, own_topics, run_scope, where_lines
 
 
 @pytest.fixture(autouse=True)
@@ -31,11 +32,20 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_local_stack_is_its_own_scope(tmp_path: Path) -> None:
+def test_a_run_on_the_local_stack_gets_a_namespace_of_its_own_too(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    scope = run_scope(settings)
+    scope = run_scope(settings, run="5e6f7a8b")
     assert not given_addresses(settings)
-    assert (scope.settings, scope.run, scope.env) == (settings, None, {})
+    assert (scope.settings.topic_prefix, scope.settings.clickhouse_database) == ("rb.fit-5e6f7a8b.", "rolloutbus_fit_5e6f7a8b")
+    assert scope.env["ROLLOUTBUS_APP_ID"] == "rb.fit-5e6f7a8b.streams"
+    assert (settings.topic_prefix, settings.clickhouse_database) == ("rb.", "rolloutbus")
+
+
+def test_the_demo_s_reset_takes_its_own_topics_and_no_run_s() -> None:
+    names = {"rb.spans", "rb.tasks", "rb.streams-assembly-changelog", "rb.fit-5e6f7a8b.spans", "rb.fit-5e6f7a8b.streams-x",
+             "team.spans", "__consumer_offsets"}
+    assert own_topics(names, "rb.") == ["rb.spans", "rb.streams-assembly-changelog", "rb.tasks"]
+    assert own_topics(names, "rb.fit-5e6f7a8b.") == ["rb.fit-5e6f7a8b.spans", "rb.fit-5e6f7a8b.streams-x"]
 
 
 def test_a_given_broker_gets_the_run_its_own_topics_database_and_groups(tmp_path: Path) -> None:
@@ -75,6 +85,7 @@ def test_the_first_lines_name_the_broker_the_store_and_the_runs_names(tmp_path: 
     assert lines[0] == "kafka      kafka-1:9092 (ROLLOUTBUS_KAFKA_BOOTSTRAP): nothing started or deleted there"
     assert lines[1].startswith("store      http://analyst:") and "secret" not in lines[1]
     assert "rb.fit-1a2b3c4d.*" in lines[2] and "ROLLOUTBUS_CLICKHOUSE_DATABASE=rolloutbus_fit_1a2b3c4d" in lines[2]
+    assert lines[2].endswith("remove it: rolloutbus runs rm 1a2b3c4d)")
     local_store = run_scope(_settings(tmp_path, kafka_bootstrap="kafka-1:9092"), run="1a2b3c4d")
     stack = SimpleNamespace(store=SimpleNamespace(url="http://127.0.0.1:8123"), started_store=True)
     assert where_lines(local_store, stack)[1] == "store      started on http://127.0.0.1:8123"
@@ -95,7 +106,7 @@ def test_a_given_clickhouse_that_does_not_answer_is_one_line(tmp_path: Path) -> 
 
 
 def test_the_stack_starts_no_broker_where_one_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rolloutbus.demo.stack import local_stack
+    from rolloutbus.runs.stack import local_stack
 
     started: list[str] = []
 

@@ -13,8 +13,8 @@ import pytest
 
 from foundation.config import CommonSettings, load_settings
 from foundation.errors import ServiceError
-from rolloutbus.demo.procs import Managed
-from rolloutbus.demo.stack import LocalStack, local_stack
+from rolloutbus.runs.procs import Managed
+from rolloutbus.runs.stack import LocalStack, local_stack
 
 EVENTS: list[str] = []
 

@@ -1,0 +1,126 @@
+"""A run's live view of its topics (steps, versions, groups), the feeder that keeps a few steps' worth of tasks
+ahead of the trainer, and the waits on the policy server (pure where it can be)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from foundation.config import CommonSettings
+from foundation.errors import RolloutbusError
+from rolloutbus.runs.procs import Supervisor
+
+
+def engine_args(engine: str) -> list[str]:
+    """The engine flag for ``rolloutbus serve``; none for torch (today's command line). The demo's and fit's. Pure."""
+    return ["--engine", engine] if engine != "torch" else []
+
+
+def engine_start_s(engine: str) -> float:
+    """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores). Pure."""
+    return 600.0 if engine == "vllm" else 180.0
+
+
+def wait_http(url: str, timeout: float, sup: Supervisor) -> None:
+    """Until ``url`` answers; a supervised process that died first raises its own error."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sup.check()
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RolloutbusError(f"{url} did not answer within {timeout:.0f}s")
+
+
+@dataclass
+class Live:
+    """What a run follows on its topics: train steps, versions, groups."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    groups_seen: set[str] = field(default_factory=set)
+    rewards_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=128))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
+    """Fill ``live`` from the run's metrics, resources and batches topics until ``stop`` is set."""
+    from confluent_kafka import Consumer
+
+    from schemas import GroupBatch, ResourceVersion, TrainStep, decode
+
+    t = settings.topics
+    c = Consumer({**settings.kafka_conf(), "group.id": f"demo-live-{os.getpid()}-{time.time_ns()}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 0})
+    c.subscribe([t.metrics, t.resources, t.batches])
+    try:
+        while not stop.is_set():
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            try:
+                rec = decode(msg.value())
+            except RolloutbusError:
+                continue
+            with live.lock:
+                if isinstance(rec, TrainStep):
+                    live.steps.append({"step": rec.step, "version": rec.resource_version, **rec.metrics})
+                elif isinstance(rec, ResourceVersion):
+                    live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics, "config": dict(rec.config)}
+                elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
+                    live.groups_seen.add(rec.group_id)
+                    live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
+                    live.recent.extend(rec.rewards)
+    finally:
+        c.close()
+
+
+def tasks_ahead(group_size: int, runners: int, groups_per_step: int) -> int:
+    """How many tasks the feeder keeps published beyond the groups seen: two steps' worth, or enough to keep
+    every runner busy twice over. Pure."""
+    return max(2 * groups_per_step, -(-runners // group_size) * 2)
+
+
+class TaskFeeder:
+    """Publishes training tasks (anything with ``to_json()`` and ``text``), keeping only a few steps' worth ahead
+    of the trainer."""
+
+    def __init__(self, settings: CommonSettings, problems: list[Any], live: Live, *, group_size: int, runners: int,
+                 groups_per_step: int) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
+        self.topic = settings.topics.tasks
+        self.problems = problems
+        self.group_size = group_size
+        self.live = live
+        self.published = 0
+        self.ahead = tasks_ahead(group_size, runners, groups_per_step)
+
+    def top_up(self) -> None:
+        from schemas import Task, encode
+
+        with self.live.lock:
+            done = len(self.live.groups_seen)
+        while self.published - done < self.ahead:
+            p = self.problems[self.published % len(self.problems)]
+            task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
+                        group_size=self.group_size, created_ns=time.time_ns(), metadata={"question": p.text})
+            self.producer.produce(self.topic, key=task.task_id.encode(), value=encode(task))
+            self.published += 1
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+__all__ = ["Live", "TaskFeeder", "engine_args", "engine_start_s", "follow", "tasks_ahead", "wait_http"]
