@@ -7,12 +7,21 @@ rule                default  fires on
 ==================  =======  ================================================================
 tool_failed          -0.1    a span with ``tool.ok == false``
 tool_succeeded        0.0    a span with ``tool.ok == true``
+tool_recovered        0.0    a successful call of a tool whose previous call in the attempt failed
+                             (the SQL agent's rewrite that fixes a failing query), on top of
+                             ``tool_succeeded``
 exception            -0.2    ``kind == "exception"``, an ``exception`` event, or an ERROR status
                              on a span that is neither a tool call nor a validator
 validator_pass        0.1    a validator span (``kind == "validator"``, or a ``validator.verdict``
 validator_fail       -0.1    attribute) whose verdict is pass / fail (attribute, else its status)
 explicit_scale        1.0    ``Span.reward`` (emit_reward mid-run): value × scale
+intermediate_cap      0.5    not a rule: the rule signals of one attempt (explicit rewards
+                             excluded) are scaled down together so that their sum lies within
+                             ±cap, keeping the final reward (0..1 in the demos) dominant; 0: no cap
 ==================  =======  ================================================================
+
+Per task, the rules are configuration: ``deploy/rewards/calc.toml`` and ``deploy/rewards/sql.toml`` are the
+demos' (``rolloutbus process --reward-rules FILE``, ``rolloutbus demo --reward-rules FILE``).
 
 A signal lands on the latest LLM turn at or before it (by ``sequence_id``); signals before the
 first turn have nothing to credit and are returned as unassigned.
@@ -55,10 +64,12 @@ class RewardRules:
 
     tool_failed: float = -0.1
     tool_succeeded: float = 0.0
+    tool_recovered: float = 0.0
     exception: float = -0.2
     validator_pass: float = 0.1
     validator_fail: float = -0.1
     explicit_scale: float = 1.0
+    intermediate_cap: float = 0.5
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> RewardRules:
@@ -73,6 +84,8 @@ class RewardRules:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"reward rule {key!r} must be a finite number, got {value!r}")
             out[key] = float(value)
+        if out.get("intermediate_cap", 0.0) < 0:
+            raise ValueError(f"intermediate_cap must be >= 0 (0: no cap), got {out['intermediate_cap']}")
         return cls(**out)
 
     @classmethod
@@ -171,13 +184,23 @@ def signals(trajectory: Trajectory, rules: RewardRules, final_reward: float | No
     """Every intermediate reward signal in the trajectory, in order; ``final_reward`` is the one the
     FINISHED event reported. The reward span that is the final reward is left out (see
     :func:`find_final_reward`)."""
-    out: list[Signal] = []
+    ruled: list[Signal] = []
+    explicit: list[Signal] = []
     outcome = find_final_reward(trajectory, final_reward).span_id
+    failed: set[str] = set()  # tools whose last call failed
     for span in trajectory.spans:
-        out.extend(span_signals(span, rules))
+        ruled.extend(span_signals(span, rules))
+        if span.tool is not None:
+            if span.tool.ok and span.tool.name in failed and rules.tool_recovered:
+                ruled.append(Signal(span.sequence_id, span.span_id, "tool_recovered", rules.tool_recovered))
+            (failed.discard if span.tool.ok else failed.add)(span.tool.name)
         if span.reward is not None and span.span_id != outcome and rules.explicit_scale:
-            out.append(Signal(span.sequence_id, span.span_id, "explicit", span.reward.value * rules.explicit_scale))
-    return out
+            explicit.append(Signal(span.sequence_id, span.span_id, "explicit", span.reward.value * rules.explicit_scale))
+    total = math.fsum(s.value for s in ruled)
+    if rules.intermediate_cap and abs(total) > rules.intermediate_cap:
+        k = rules.intermediate_cap / abs(total)
+        ruled = [Signal(s.sequence_id, s.span_id, s.rule, s.value * k) for s in ruled]
+    return sorted(ruled + explicit, key=lambda s: s.sequence_id)
 
 
 def assign(steps: list[Step], sigs: list[Signal]) -> tuple[list[float], list[Signal]]:

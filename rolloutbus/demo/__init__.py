@@ -6,6 +6,7 @@ Heavy imports (torch, confluent-kafka) happen inside :func:`run`, so ``rolloutbu
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from foundation.flags import Bounded
 
@@ -65,6 +66,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sft-first", dest="sft_first", action="store_true", default=None,
                    help="--production: serve the warm-up untrained for 40%% of the minutes, fine-tune on the positively judged "
                    "rollouts (rolloutbus train --algorithm sft, the best one per prompt), then train on the feedback from there")
+    from streams.credit import CREDIT
+    from streams.grouping import ESTIMATORS
+    from trainer.policy_losses import POLICY_LOSSES
+
+    p.add_argument("--credit", choices=CREDIT.names(), default=None,
+                   help="how a rollout's rewards become each step's return (default discounted, with --gamma 1: each turn "
+                        "credited with the rewards from it on)")
+    p.add_argument("--gamma", type=Bounded(float, ge=0, le=1), default=None, help="discount of --credit discounted (default 1)")
+    p.add_argument("--reward-rules", type=Path, default=None, metavar="FILE",
+                   help="TOML/JSON weights of the intermediate reward rules (default: the documented defaults; all 0: "
+                        "the final reward alone)")
+    p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="default grpo")
+    p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term (default ppo-clip)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

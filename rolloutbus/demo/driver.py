@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import socket
 import threading
@@ -66,9 +67,37 @@ class DemoConfig:
     train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
     engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
     production: Any = None  # --production: a rolloutbus.demo.production.ProductionConfig (task-less traffic, late feedback)
+    credit: str = "discounted"  # the stream worker's --credit (a registered credit mode), with --gamma
+    gamma: float = 1.0
+    reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
+    advantage_estimator: str = "grpo"
+    policy_loss: str = "ppo-clip"  # the trainer's --policy-loss
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
+
+    def _learning_settings(self, args: argparse.Namespace) -> None:
+        """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
+        estimator, policy loss): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
+        checked by the settings that declare it, before anything starts."""
+        from streams.rewards import RewardRules
+        from streams.settings import StreamSettings
+        from trainer.settings import TrainerSettings
+
+        flags = {"credit": "--credit", "gamma": "--gamma", "reward_rules": "--reward-rules",
+                 "advantage_estimator": "--advantage-estimator"}
+        given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
+        stream = load_settings(StreamSettings, given, flags)
+        loss = {"policy_loss": args.policy_loss} if getattr(args, "policy_loss", None) is not None else {}
+        train = load_settings(TrainerSettings, loss, {"policy_loss": "--policy-loss"})
+        for name, source in [*((k, stream) for k in flags), ("policy_loss", train)]:
+            if name in given or name in loss or f"ROLLOUTBUS_{name.upper()}" in os.environ:
+                setattr(self, name, getattr(source, name))
+        if self.reward_rules is not None:
+            try:
+                RewardRules.load(self.reward_rules)
+            except ValueError as exc:
+                raise ConfigError(f"--reward-rules: {exc}") from None
 
     @property
     def serve_start_s(self) -> float:
@@ -106,10 +135,12 @@ class DemoConfig:
             raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
-                     "validate_every", "early_stop_patience"):
+                     "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
+                     "policy_loss"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
+        cfg._learning_settings(args)
         if getattr(args, "production", False):
             from rolloutbus.demo.production import ProductionConfig
 
@@ -353,12 +384,15 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             start_dashboard(sup, say)
         serve_port, proxy_port = free_port(), free_port()
         sup.start("process", ["process", "--group-size", str(cfg.group_size), "--group-min-rollouts", "2",
-                              "--credit", "discounted", "--gamma", "1.0", "--sink-interval", "0.5", *task.process_args])
+                              "--credit", cfg.credit, "--gamma", str(cfg.gamma), "--advantage-estimator", cfg.advantage_estimator,
+                              *(["--reward-rules", str(cfg.reward_rules)] if cfg.reward_rules else []),
+                              "--sink-interval", "0.5", *task.process_args])
         sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args(),
                             *(cfg.production.serve_args(str(base)) if cfg.production else [])])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                       "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
+                      "--policy-loss", cfg.policy_loss,
                       *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)

@@ -50,12 +50,37 @@ def test_signals_before_the_first_turn_are_unassigned():
 
 def test_rules_are_configurable_and_zero_turns_a_rule_off(tmp_path):
     toml = tmp_path / "r.toml"
-    toml.write_text("[rewards]\ntool_failed = -1.0\nexception = 0\n")
+    toml.write_text("[rewards]\ntool_failed = -1.0\nexception = 0\nintermediate_cap = 0\n")
     rules = RewardRules.load(toml)
     assert _rewards([llm(1), tool(2, ok=False), span(3, kind="exception")], rules) == [-1.0]
     js = tmp_path / "r.json"
     js.write_text(json.dumps({"explicit_scale": 2}))
     assert _rewards([llm(1), reward(2, 0.5)], RewardRules.load(js), final=0.0) == [1.0]
+
+
+def test_the_cap_keeps_the_final_reward_dominant() -> None:
+    """Six failed calls at -0.1 each (-0.6) are scaled to the cap of 0.5 together, each keeping its share; an
+    explicit emit_reward is not scaled (the agent chose its size)."""
+    spans = [llm(1), tool(2, ok=False), tool(3, ok=False), llm(4), tool(5, ok=False), tool(6, ok=False), tool(7, ok=False),
+             tool(8, ok=False), reward(9, 0.25)]
+    got = _rewards(spans, RewardRules(), final=1.0)
+    assert got == pytest.approx([-0.5 * 2 / 6, -0.5 * 4 / 6 + 0.25])
+    assert _rewards(spans, RewardRules(intermediate_cap=0.0), final=1.0) == pytest.approx([-0.2, -0.4 + 0.25])
+
+
+def test_a_tool_call_that_recovers_from_a_failed_one_is_its_own_signal() -> None:
+    """The SQL agent's rewrite that fixes a failing query: failed call, then a successful call of the same tool."""
+    rules = RewardRules(tool_failed=-0.1, tool_succeeded=0.05, tool_recovered=0.2)
+    spans = [llm(1), tool(2, ok=False), llm(3), tool(4, ok=True), llm(5), tool(6, ok=True)]
+    assert _rewards(spans, rules) == pytest.approx([-0.1, 0.05 + 0.2, 0.05])
+
+
+def test_the_demos_rule_files_load() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "deploy" / "rewards"
+    calc, sql = RewardRules.load(root / "calc.toml"), RewardRules.load(root / "sql.toml")
+    assert calc.tool_failed < 0 and sql.tool_recovered > 0 and sql.intermediate_cap <= 0.5
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,151 @@
+"""Credit assignment side by side on the calculator demo: what reaches the loss, measured.
+
+``python -m bench.bench_credit`` runs ``rolloutbus demo`` (the calculator: a supervised warm-up, then GRPO) once
+per setting and seed, at the same step budget, and reads each run's held-out line (version 0 and the version
+kept, greedy, on the same problems: the gain in points and its paired standard error). Settings:
+
+- ``final-only``: ``--credit identical`` with every reward rule at 0 (only the final reward reaches the
+  advantages: what the trainer trained on before intermediate rewards reached the loss);
+- ``identical+air``: ``--credit identical`` with the rules' documented defaults (a failed calculator call -0.1,
+  an exception -0.2): every step of a rollout gets its total;
+- ``discounted+air``: ``--credit discounted --gamma 1`` with the default rules (the demo's default): each step
+  gets the rewards from it on;
+- ``per-turn+air``: ``--credit per-turn``: each step only its own reward (the last also the final one).
+
+Runs one after the other (nothing else should run meanwhile); writes ``bench/results/credit-<date>.json`` (every
+run's figures and its command) and prints the table (``--render FILE`` prints an earlier run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT
+
+SETTINGS: dict[str, list[str]] = {
+    "final-only": ["--credit", "identical"],
+    "identical+air": ["--credit", "identical"],
+    "discounted+air": ["--credit", "discounted", "--gamma", "1"],
+    "per-turn+air": ["--credit", "per-turn"],
+}
+NO_RULES = ("tool_failed = 0\ntool_succeeded = 0\nexception = 0\nvalidator_pass = 0\nvalidator_fail = 0\n"
+            "explicit_scale = 0\n")
+FIRST = re.compile(r"version +0 \(supervised warm-up only\): +([\d.]+)%")
+FINAL = re.compile(r"version +(\d+) \(after GRPO\): +([\d.]+)% +\(([+-][\d.]+) points, paired standard error ([\d.]+)\)")
+
+
+def parse(stdout: str) -> dict[str, float]:
+    """The held-out figures of a demo's output (first and final success %, gain, paired SE, the version). Pure."""
+    first, final = FIRST.search(stdout), FINAL.search(stdout)
+    if first is None or final is None:
+        raise ValueError("no held-out lines in the demo's output")
+    return {"first": float(first.group(1)), "final": float(final.group(2)), "gain": float(final.group(3)),
+            "se": float(final.group(4)), "version": int(final.group(1))}
+
+
+def run_one(setting: str, seed: int, steps: int, minutes: float, held_out: int, work: Path) -> dict[str, Any]:
+    rules = work / "no-rules.toml"
+    rules.write_text(NO_RULES)
+    out = work / f"{setting}-{seed}"
+    argv = [sys.executable, "-m", "rolloutbus.cli", "demo", "--max-steps", str(steps), "--minutes", str(minutes),
+            "--held-out", str(held_out), "--seed", str(seed), "--no-dashboard", "--out", str(out), *SETTINGS[setting],
+            *(["--reward-rules", str(rules)] if setting == "final-only" else [])]
+    env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(work / "data"), PYTHONUNBUFFERED="1")
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=minutes * 60 + 900)
+    wall = time.monotonic() - t0
+    (work / f"{setting}-{seed}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{setting} seed {seed} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return {"setting": setting, "seed": seed, "argv": argv[2:], "wall_s": round(wall, 1), **parse(proc.stdout)}
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    """One row per setting: held-out before → after, the gain of each run and their mean, the paired SE of each
+    run, and the mean difference to ``final-only`` over the same seeds with its standard error. Pure."""
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["setting"], {})[r["seed"]] = r
+    base = by.get("final-only", {})
+    lines = ["| setting | runs | held-out before → after (mean) | gain, points: mean (runs) | paired SE of each run | "
+             "vs final-only, same seeds: mean ± SE |", "|---|---|---|---|---|---|"]
+    for setting in SETTINGS:
+        rs = by.get(setting)
+        if not rs:
+            continue
+        seeds = sorted(rs)
+        gains = [rs[s]["gain"] for s in seeds]
+        vs = "—"
+        common = [s for s in seeds if s in base]
+        if setting != "final-only" and common:
+            d = [rs[s]["final"] - base[s]["final"] for s in common]
+            se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else 0.0
+            vs = f"{statistics.fmean(d):+.1f} ± {se:.1f} ({len(d)} seeds)"
+        ses = ", ".join(format(rs[s]["se"], ".1f") for s in seeds)
+        each = ", ".join(format(g, "+.1f") for g in gains)
+        before = statistics.fmean(rs[s]["first"] for s in seeds)
+        after = statistics.fmean(rs[s]["final"] for s in seeds)
+        lines.append(f"| {setting} | {len(seeds)} | {before:.1f}% → {after:.1f}% | {statistics.fmean(gains):+.1f} ({each}) | "
+                     f"{ses} | {vs} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--settings", default="final-only,identical+air,discounted+air", help=f"comma-separated, of {', '.join(SETTINGS)}")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--steps", type=int, default=150, help="optimiser steps per run (the learning test's budget)")
+    p.add_argument("--minutes", type=float, default=6.0, help="a cap on each run's training minutes")
+    p.add_argument("--held-out", type=int, default=150)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--render", type=Path, help="print the table of an earlier run's JSON, run nothing")
+    args = p.parse_args(argv)
+    if args.render:
+        print(table(json.loads(args.render.read_text())["runs"]))
+        return 0
+    settings = [s for s in args.settings.split(",") if s]
+    bad = [s for s in settings if s not in SETTINGS]
+    if bad:
+        p.error(f"unknown setting(s) {bad}: choose from {list(SETTINGS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    started = _dt.datetime.now().replace(microsecond=0)
+    runs: list[dict[str, Any]] = []
+    path = args.out / f"credit-{started.date().isoformat()}.json"
+    with tempfile.TemporaryDirectory(prefix="bench-credit-") as tmp:
+        try:
+            _runs(args, settings, seeds, Path(tmp), started, runs, path)
+        finally:  # the demo leaves its store up to be queried: stopped here
+            subprocess.run([sys.executable, "-m", "rolloutbus.cli", "down"], capture_output=True, timeout=120,
+                           env=dict(os.environ, ROLLOUTBUS_DATA_DIR=str(Path(tmp) / "data")))
+    print(table(runs))
+    print(f"raw results: {path}")
+    return 0
+
+
+def _runs(args: argparse.Namespace, settings: list[str], seeds: list[int], tmp: Path, started: _dt.datetime,
+          runs: list[dict[str, Any]], path: Path) -> None:
+    for seed in seeds:  # seed by seed: each seed's settings run close together in time
+        for setting in settings:
+            r = run_one(setting, seed, args.steps, args.minutes, args.held_out, tmp)
+            runs.append(r)
+            print(f"{setting:<15} seed {seed}: {r['first']:.1f}% -> v{r['version']} {r['final']:.1f}% "
+                  f"({r['gain']:+.1f} points, paired SE {r['se']:.1f}), {r['wall_s']:.0f} s", flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"started": started.isoformat(), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
+                                        "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
