@@ -7,7 +7,7 @@ the error tree, settings, the Kafka and ClickHouse plumbing, and the ``rolloutbu
 
 __version__ = "0.1.0"
 
-_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "PromptTemplate", "NamedResources", "Rollout", "agent_scope",
+_API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "VERL", "PromptTemplate", "NamedResources", "Rollout", "agent_scope",
         "emit_state", "emit_action", "emit_reward", "emit_message", "emit_object", "emit_exception", "emit_tool_call",
         "emit_span")
 

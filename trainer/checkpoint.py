@@ -91,13 +91,14 @@ class CheckpointStore:
         except (OSError, ValueError, TypeError) as exc:
             raise TrainingError(f"checkpoint {path} has an unreadable manifest ({exc}); move it aside to resume from the one before") from exc
 
-    def save(self, model: Any, tok: Tokenizer, optimizer_state: dict[str, Any] | None, manifest: Manifest) -> Path:
+    def save(self, model: Any, tok: Tokenizer, optimizer_state: dict[str, Any] | None, manifest: Manifest,
+             state_dict: dict[str, Any] | None = None) -> Path:
         final = self.path(manifest.step)
         if final.exists():
             raise TrainingError(f"checkpoint {final} already exists: refusing to overwrite a published step")
         tmp = self.root / f"step-{manifest.step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_policy(model, tok, tmp)
+        save_policy(model, tok, tmp, state_dict)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1, sort_keys=True))

@@ -44,6 +44,9 @@ _FLAGS: dict[str, str] = {
     "validate_every": "validate_every",
     "early_stop_patience": "early_stop_patience",
     "backend": "train_backend",
+    "nproc_per_node": "nproc_per_node",
+    "nnodes": "nnodes",
+    "rdzv_endpoint": "rdzv_endpoint",
     "device": "train_device",
     "precision": "train_precision",
     "metrics_port": "train_metrics_port",
@@ -71,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip (default), decoupled (AReaL's, for "
                    "stale batches), or a registered one (env ROLLOUTBUS_POLICY_LOSS; ROLLOUTBUS_PLUGINS imports modules that register more)")
     p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight (env ROLLOUTBUS_IS_CAP, default 2)")
+    p.add_argument("--nproc-per-node", type=int, help="training processes on this machine, each a rank of an FSDP2 trainer "
+                   "(torchrun; gloo on the CPU, NCCL on GPUs) (env ROLLOUTBUS_NPROC_PER_NODE, default 1)")
+    p.add_argument("--nnodes", type=int, help="machines taking part, each with --nproc-per-node ranks (env ROLLOUTBUS_NNODES, default 1)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT where the machines' ranks meet (torchrun's c10d rendezvous; env ROLLOUTBUS_RDZV_ENDPOINT)")
     p.add_argument("--clip-eps", type=float, help="PPO clip epsilon (env ROLLOUTBUS_CLIP_EPS, default 0.2)")
     p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher (env ROLLOUTBUS_CLIP_EPS_HIGH)")
     p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator (env ROLLOUTBUS_KL_BETA, default 0)")
@@ -134,19 +141,52 @@ def run(args: argparse.Namespace) -> int:
     from trainer.loop import Trainer
 
     device = check_backend(settings.train_backend, settings.train_device)  # before anything is loaded or bound
+    if settings.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return _launch(settings)
+    rank = int(os.environ.get("RANK", "0"))
     # Probes answer while the model loads: /healthz at once, /readyz 503 until the batches topic is assigned.
     health = TrainerHealth(settings.train_stall_s)
-    serve_health(health.verdict, settings.train_metrics_host, settings.train_metrics_port,
-                 explicit="train_metrics_port" in settings.model_fields_set, registry=health.registry,
-                 flag="--metrics-port", env="ROLLOUTBUS_TRAIN_METRICS_PORT")
+    if rank == 0:  # rank 0 alone reads the topics, publishes and answers the probes
+        serve_health(health.verdict, settings.train_metrics_host, settings.train_metrics_port,
+                     explicit="train_metrics_port" in settings.model_fields_set, registry=health.registry,
+                     flag="--metrics-port", env="ROLLOUTBUS_TRAIN_METRICS_PORT")
     trainer = Trainer(settings, device=device, health=health)
+    if trainer.ranks is not None and not trainer.ranks.main:
+        from trainer import distributed
+
+        steps = distributed.follow(trainer.backend)
+        log.info("rank %d: followed %d steps", trainer.ranks.rank, steps)
+        return 0
     log.info("training %s from %s on %s (groups/step %d, checkpoints %s)", settings.resource_name, settings.bootstrap,
              trainer.topics.batches, settings.groups_per_step, trainer.store.root)
-    steps = trainer.run()
+    try:
+        steps = trainer.run()
+    finally:
+        trainer.stop_ranks()
     print(f"trained {steps} steps; {settings.resource_name} is at version {trainer.state.version} (step {trainer.state.step})")
     if trainer.validator is not None:
         print(trainer.validator.summary())
     return 0
+
+
+def _launch(settings: Any) -> int:
+    """``--nproc-per-node N``: this command again under ``torchrun`` (N processes here, ``--nnodes`` machines meeting
+    at ``--rdzv-endpoint``), each one rank of an FSDP2 trainer; returns torchrun's exit status."""
+    import os
+    import subprocess
+
+    argv = list(sys.argv[1:])
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(settings.nproc_per_node)]
+    if settings.nnodes > 1:
+        launcher += ["--nnodes", str(settings.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(settings.rdzv_endpoint)]
+    else:
+        launcher += ["--standalone"]
+    from pathlib import Path
+
+    own = sys.argv and Path(sys.argv[0]).parts[-2:] == ("trainer", "cli.py")  # python -m trainer.cli, else rolloutbus train
+    target = ["-m", "trainer.cli" if own else "rolloutbus.cli", *argv]
+    log.info("launching %d ranks: %s", settings.nproc_per_node * settings.nnodes, " ".join(launcher + target))
+    return subprocess.call([*launcher, *target], env=dict(os.environ, ROLLOUTBUS_NPROC_PER_NODE=str(settings.nproc_per_node)))
 
 
 def main(argv: list[str] | None = None) -> int:

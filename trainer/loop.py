@@ -160,6 +160,13 @@ class Trainer:
 
         trainable = train_top_layers(self.model, settings.train_layers)
         log.info("%d of %d parameters are trained", trainable, sum(p.numel() for p in self.model.parameters()))
+        from trainer import distributed
+
+        self.ranks = distributed.from_env(self.device)  # several ranks under torchrun: the model sharded (FSDP2)
+        self.leader = distributed.Leader(self.ranks) if self.ranks is not None and self.ranks.main else None
+        if self.ranks is not None:
+            distributed.shard(self.model)
+            log.info("rank %d of %d: the model sharded by FSDP2", self.ranks.rank, self.ranks.world)
         ref = None
         if settings.kl_beta > 0:
             ref = self._load_reference()
@@ -174,7 +181,7 @@ class Trainer:
             lr=settings.lr, weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
             micro_batch_tokens=micro_batch_tokens(settings.micro_batch_tokens, self.device), ref_model=ref,
             temperature=settings.train_temperature, pad_id=self.tok.pad_id,
-            autocast=resolve_precision(settings.train_precision, self.device),
+            autocast=resolve_precision(settings.train_precision, self.device), ranks=self.ranks,
         )
         log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
@@ -300,7 +307,7 @@ class Trainer:
             manifest = Manifest(step=0, version=self.state.version, resource_name=self.s.resource_name,
                                 base_model=self.base_model, run_id=self.state.run_id, config=self._config(),
                                 created_ns=time.time_ns())
-            path = self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest)
+            path = self._save(manifest)
             self._latest_manifest = manifest
             self._publish_checkpoint(path, manifest)
             log.info("published the initial weights as %s version %d (%s)", manifest.resource_name, manifest.version, path)
@@ -406,6 +413,8 @@ class Trainer:
         weights = [w for _, w in self.pending]
         self.credit = ",".join(sorted({g.credit for g in groups if g.credit}))  # recorded with the version it makes
         wall0 = time.perf_counter()
+        if self.leader is not None:
+            self.leader.step(groups, weights)  # the other ranks take their share of the same step
         metrics = self.backend.step(groups, weights)
         step_s = time.perf_counter() - wall0
         data_s = self.counters.decode_s + metrics.get("build_time_s", 0.0)
@@ -418,7 +427,7 @@ class Trainer:
                             run_id=self.state.run_id, offsets={t: dict(p) for t, p in self.state.offsets.items()},
                             seen_group_ids=list(self.state.seen), group_ids=[g.group_id for g in groups],
                             metrics=metrics, config=self._config(), created_ns=time.time_ns())
-        path = self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest)
+        path = self._save(manifest)
         self.state.step, self.state.version = step, version
         crash_point("after_checkpoint", step)
         self._publish_checkpoint(path, manifest)
@@ -505,6 +514,23 @@ class Trainer:
             signal.signal(signal.SIGTERM, old)
             self.close()
         return done
+
+    def _save(self, manifest: Any) -> Any:
+        """A checkpoint of the weights and the optimizer state; on several ranks both gathered whole first (every
+        rank takes part), so the policy servers read one HF directory and a run resumes on any rank count."""
+        full = None
+        if self.leader is not None:
+            from trainer import distributed
+
+            self.leader.gather()
+            full = distributed.full_state_dict(self.model)
+        return self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest, state_dict=full)
+
+    def stop_ranks(self) -> None:
+        """Rank 0: the other ranks stop following (once, at the end of the run, whatever ended it)."""
+        if self.leader is not None:
+            self.leader.stop()
+            self.leader = None
 
     def close(self) -> None:
         if self._consumer is not None:

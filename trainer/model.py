@@ -83,12 +83,16 @@ def _quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
-def save_policy(model: Any, tok: Tokenizer, directory: str | Path) -> Path:
-    """``save_pretrained`` (safetensors) plus the tokenizer, into ``directory``."""
+def save_policy(model: Any, tok: Tokenizer, directory: str | Path, state_dict: dict[str, Any] | None = None) -> Path:
+    """``save_pretrained`` (safetensors) plus the tokenizer, into ``directory``; ``state_dict``: the weights to write
+    instead of the model's own (a sharded model's, gathered)."""
     _quiet()
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
+    if state_dict is not None:
+        model.save_pretrained(str(path), safe_serialization=True, state_dict=state_dict)
+    else:
+        model.save_pretrained(str(path), safe_serialization=True)
     if isinstance(tok, CharTokenizer):
         tok.save(path)
     else:

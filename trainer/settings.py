@@ -45,6 +45,9 @@ class TrainerSettings(CommonSettings):
     policy_loss: str = Field(default="ppo-clip", description="The per-token policy term: a registered policy loss "
                              "(trainer.grpo.POLICY_LOSSES: ppo-clip, decoupled, or one a plugin registers).")
     is_cap: float = Field(default=2.0, gt=0.0, description="decoupled: the cap of each token's proximal/behaviour weight.")
+    nproc_per_node: int = Field(default=1, ge=1, le=64, description="Training processes on this machine (FSDP2 ranks, torchrun).")
+    nnodes: int = Field(default=1, ge=1, le=1024, description="Machines taking part, each with nproc_per_node ranks.")
+    rdzv_endpoint: str | None = Field(default=None, description="HOST:PORT of the ranks' rendezvous when nnodes > 1.")
     kl_beta: float = Field(default=0.0, ge=0.0, description="KL-to-reference weight (k3); > 0 keeps a frozen reference model.")
     max_response_len: int | None = Field(default=None, ge=1, description="dr_grpo's constant normaliser.")
     micro_batch_tokens: int = Field(default=0, ge=0, description="Padded tokens per forward/backward (bounds memory); "
@@ -78,6 +81,12 @@ class TrainerSettings(CommonSettings):
                                  "read and no step finished for this long (longer than one step takes).")
 
     check_model = field_validator("train_model")(_model_ref)
+
+    @model_validator(mode="after")
+    def _rendezvous(self) -> "TrainerSettings":
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (HOST:PORT where the machines' ranks meet)")
+        return self
 
     check_policy_loss = field_validator("policy_loss")(registered_in("trainer.policy_losses:POLICY_LOSSES"))
     check_metrics_host = field_validator("train_metrics_host")(check_bind_host)

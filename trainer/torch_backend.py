@@ -120,7 +120,7 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str =
 
 
 def masked_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                    temperature: float = 1.0) -> torch.Tensor:
+                    temperature: float = 1.0, through_root: bool = False) -> torch.Tensor:
     """:func:`token_logprobs` where ``loss_mask`` is 1, zero elsewhere — with the LM head applied to those
     positions only.
 
@@ -131,10 +131,18 @@ def masked_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if head is None or decoder is None:
-        return token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids, temperature)
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits, input_ids,
+                              temperature)
     rows, cols = torch.nonzero(loss_mask[:, 1:] > 0, as_tuple=True)  # position t-1 predicts token t
-    logits = head(hidden[rows, cols]).float()
+    if through_root:
+        # FSDP2 gathers the root's parameters (embeddings, norm, head) in the root's forward only: call it, with the
+        # head applied to the columns some row needs (HF's logits_to_keep), then pick each row's positions.
+        keep = torch.unique(cols)
+        full = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep).logits
+        logits = full[rows, torch.searchsorted(keep, cols)].float()
+    else:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        logits = head(hidden[rows, cols]).float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[rows, cols + 1]
@@ -181,6 +189,7 @@ class TorchGRPOBackend:
         temperature: float = 1.0,
         pad_id: int = 0,
         autocast: torch.dtype | None = None,
+        ranks: Any | None = None,
     ) -> None:
         if micro_batch_tokens <= 0:
             raise TrainingError("micro_batch_tokens must be > 0")
@@ -196,6 +205,7 @@ class TorchGRPOBackend:
         self.temperature = temperature
         self.pad_id = pad_id
         self.autocast = autocast
+        self.ranks = ranks  # a trainer.distributed.Ranks when the model is sharded over several processes
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
     @property
@@ -207,21 +217,29 @@ class TorchGRPOBackend:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
-    def accumulate(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics."""
-        num_seqs = float(len(samples))
-        num_tokens = float(sum(sum(s.mask) for s in samples))
+    def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
+                   loss_scale: float = 1.0, padding: Sequence[list[Sample]] = ()) -> dict[str, float]:
+        """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
+
+        ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
+        ``loss_scale`` multiplies each loss before backward (the ranks' count, where FSDP averages gradients);
+        ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest)."""
+        num_seqs = float(len(samples)) if num_seqs is None else num_seqs
+        num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
         tok_weighted = {"kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
         rmax, rmin, mbs = -math.inf, math.inf, 0
         data_time = 0.0
         self.model.train()
-        for mb in micro_batches(samples, self.micro_batch_tokens):
+        through_root = self.ranks is not None
+        batches = [(mb, 1.0) for mb in micro_batches(samples, self.micro_batch_tokens)] + [(mb, 0.0) for mb in padding]
+        for mb, weight in batches:
             t0 = time.perf_counter()
             b = collate(mb, self.pad_id, self.device)
             data_time += time.perf_counter() - t0
             with self._forward_precision():
-                logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature)
+                logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
+                                       through_root)
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
@@ -231,7 +249,9 @@ class TorchGRPOBackend:
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
                 ref_logp=ref, seq_weights=b["weights"], num_seqs=num_seqs, num_tokens=num_tokens,
             )
-            loss.backward()
+            (loss * (loss_scale * weight)).backward()
+            if not weight:
+                continue
             mbs += 1
             sums["loss"] += m["loss"]
             sums["pg_loss"] += m["pg_loss"]
@@ -267,8 +287,10 @@ class TorchGRPOBackend:
         if not rep.samples:
             metrics.update({"loss": 0.0, "samples": 0.0, "tokens": 0.0, "step_time_s": time.perf_counter() - t0})
             return metrics
-        m = self.accumulate(rep.samples)
+        m = self.accumulate(rep.samples) if self.ranks is None else self._accumulate_share(rep.samples)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
+            grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):
             # Skip the update rather than poison the weights; the metric says it happened.
             self.optimizer.zero_grad(set_to_none=True)
@@ -285,13 +307,42 @@ class TorchGRPOBackend:
         metrics.pop("collate_time_s", None)
         return metrics
 
+    def _accumulate_share(self, samples: list[Sample]) -> dict[str, float]:
+        """This rank's share of the batch (samples ``rank::world``) through :meth:`accumulate`, normalised by the
+        whole batch, as many micro-batches as the busiest rank; the metrics are the whole batch's."""
+        from trainer import distributed
+
+        ranks = self.ranks
+        share = samples[ranks.rank::ranks.world]
+        mine = len(micro_batches(share, self.micro_batch_tokens))
+        most = int(distributed.all_reduce({"n": float(mine)}, "max")["n"])
+        filler = share[:1] or samples[:1]
+        m = self.accumulate(share, num_seqs=float(len(samples)), num_tokens=float(sum(sum(s.mask) for s in samples)),
+                            loss_scale=float(ranks.world), padding=[filler] * (most - mine))
+        # loss, pg_loss and the token means are each rank's part of the whole batch's (normalised by its counts)
+        summed = distributed.all_reduce({k: m[k] for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "micro_batches",
+                                                           "tokens", "collate_time_s")})
+        return {**m, **summed,
+                "ratio_max": distributed.all_reduce({"r": m["ratio_max"]}, "max")["r"],
+                "ratio_min": distributed.all_reduce({"r": m["ratio_min"]}, "min")["r"], "samples": float(len(samples))}
+
     def optimizer_state(self) -> dict[str, Any]:
+        if self.ranks is not None:
+            from trainer import distributed
+
+            return distributed.full_optimizer_state(self.model, self.optimizer)
         return self.optimizer.state_dict()
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        try:
-            self.optimizer.load_state_dict(state)
-        except (ValueError, KeyError) as exc:
+        from trainer import distributed
+
+        names = distributed.trained_names(self.model)
+        try:  # a checkpoint of one device keys it by index, of several ranks by name: either loads on any rank count
+            if self.ranks is not None:
+                distributed.load_full_optimizer_state(self.model, self.optimizer, distributed.by_name(state, names))
+            else:
+                self.optimizer.load_state_dict(distributed.by_index(state, names))
+        except (ValueError, KeyError, RuntimeError) as exc:
             raise TrainingError(f"optimizer state does not match the model: {exc}") from exc
 
 

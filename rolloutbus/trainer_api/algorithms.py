@@ -163,3 +163,146 @@ class APO:
 
 
 __all__ = ["APO", "GRPO", "SFT"]
+
+
+# verl's names of what GRPO(...) holds: advantage estimators, loss aggregations, policy losses
+_VERL_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo"}
+_VERL_LOSS_AGG = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+_VERL_POLICY_LOSS = {"vanilla": "ppo-clip"}
+
+
+def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: verl's dotted keys (as ``main_ppo`` takes them on its command line). Pure."""
+    out: dict[str, Any] = {}
+    items = config.items() if hasattr(config, "items") else []
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if hasattr(value, "items"):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+@dataclass
+class VERL(GRPO):
+    """The write-ups' ``agl.VERL(verl_config)``: a verl PPO/GRPO configuration (the nested dict, or dotted keys as
+    ``verl.trainer.main_ppo`` takes them) read into :class:`GRPO`, trained by this project's trainer. What it maps:
+
+    ==========================================================  ===============================================
+    verl key                                                    GRPO(...)
+    ==========================================================  ===============================================
+    ``algorithm.adv_estimator`` (grpo, rloo)                    ``advantage_estimator``
+    ``actor_rollout_ref.rollout.n``                             ``group_size``
+    ``data.train_batch_size`` (prompts per step)                ``groups_per_step``
+    ``actor_rollout_ref.actor.optim.lr``                        ``lr``
+    ``actor_rollout_ref.actor.use_kl_loss`` / ``kl_loss_coef``  ``kl_beta`` (0 without the KL loss)
+    ``actor_rollout_ref.actor.clip_ratio`` (``_low``/``_high``) ``--clip-eps`` / ``--clip-eps-high``
+    ``actor_rollout_ref.actor.loss_agg_mode``                   ``--loss-agg`` (token-mean: dapo, seq-mean-token-mean:
+                                                                grpo, seq-mean-token-sum-norm: dr_grpo)
+    ``actor_rollout_ref.actor.policy_loss.loss_mode`` (vanilla) ``policy_loss`` ppo-clip
+    ``actor_rollout_ref.rollout.temperature``                   ``temperature``
+    ``actor_rollout_ref.rollout.val_kwargs.temperature``        ``val_temperature``
+    ``trainer.total_training_steps``                            ``max_steps``
+    ``trainer.total_epochs``                                    ``max_steps`` = epochs × tasks / groups per step
+                                                                (fit counts the training tasks)
+    ``trainer.test_freq``                                       ``--validate-every``
+    ``trainer.n_gpus_per_node``, ``trainer.nnodes``             1 (one device: more is refused)
+    ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
+                                                                mini-batch, several updates a batch, is refused)
+    ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
+    ==========================================================  ===============================================
+
+    A value this trainer has no counterpart for (an estimator or loss it does not implement, ``use_kl_in_reward``)
+    is refused in one line; keys that only steer verl's own machinery (GPUs, vLLM's memory, save frequency,
+    lengths) are listed in :attr:`ignored`, which ``fit`` says once. ``GRPO``'s own fields given as keyword
+    arguments win over the config."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    epochs: int | None = None
+    ignored: list[str] = field(default_factory=list)
+
+    def __init__(self, config: Any = None, **grpo: Any) -> None:
+        flat = _flatten(config or {})
+        mapped: dict[str, Any] = {}
+        extra: list[str] = []
+        used: set[str] = set()
+
+        def take(key: str) -> Any:
+            used.add(key)
+            return flat.get(key)
+
+        est = take("algorithm.adv_estimator")
+        if est is not None:
+            if est not in _VERL_ESTIMATORS:
+                raise ConfigError(f"VERL: algorithm.adv_estimator {est!r} is not one this trainer implements "
+                                  f"({', '.join(_VERL_ESTIMATORS)})")
+            mapped["advantage_estimator"] = _VERL_ESTIMATORS[est]
+        if take("algorithm.use_kl_in_reward"):
+            raise ConfigError("VERL: algorithm.use_kl_in_reward is not implemented here: the KL term is in the loss "
+                              "(actor_rollout_ref.actor.use_kl_loss with kl_loss_coef)")
+        for key, name, kind in (("actor_rollout_ref.rollout.n", "group_size", int),
+                                ("data.train_batch_size", "groups_per_step", int),
+                                ("actor_rollout_ref.actor.optim.lr", "lr", float),
+                                ("actor_rollout_ref.rollout.temperature", "temperature", float),
+                                ("actor_rollout_ref.rollout.val_kwargs.temperature", "val_temperature", float),
+                                ("trainer.total_training_steps", "max_steps", int)):
+            value = take(key)
+            if value is not None:
+                mapped[name] = kind(value)
+        use_kl, coef = take("actor_rollout_ref.actor.use_kl_loss"), take("actor_rollout_ref.actor.kl_loss_coef")
+        if use_kl is False:
+            mapped["kl_beta"] = 0.0
+        elif coef is not None:
+            mapped["kl_beta"] = float(coef)
+        train_args: list[str] = []
+        low = take("actor_rollout_ref.actor.clip_ratio_low")
+        clip = take("actor_rollout_ref.actor.clip_ratio")
+        if low is not None or clip is not None:
+            train_args += ["--clip-eps", str(float(low if low is not None else clip))]
+        high = take("actor_rollout_ref.actor.clip_ratio_high")
+        if high is not None:
+            train_args += ["--clip-eps-high", str(float(high))]
+        agg = take("actor_rollout_ref.actor.loss_agg_mode")
+        if agg is not None:
+            if agg not in _VERL_LOSS_AGG:
+                raise ConfigError(f"VERL: actor_rollout_ref.actor.loss_agg_mode {agg!r} is not one of {', '.join(_VERL_LOSS_AGG)}")
+            train_args += ["--loss-agg", _VERL_LOSS_AGG[agg]]
+        mode = take("actor_rollout_ref.actor.policy_loss.loss_mode")
+        if mode is not None:
+            if mode not in _VERL_POLICY_LOSS:
+                raise ConfigError(f"VERL: actor_rollout_ref.actor.policy_loss.loss_mode {mode!r} is not one this trainer "
+                                  f"implements ({', '.join(_VERL_POLICY_LOSS)}; or GRPO(policy_loss=...) with its own names)")
+            mapped["policy_loss"] = _VERL_POLICY_LOSS[mode]
+        freq = take("trainer.test_freq")
+        if freq is not None and int(freq) > 0:
+            train_args += ["--validate-every", str(int(freq))]
+        model = take("actor_rollout_ref.model.path")
+        for key in ("trainer.n_gpus_per_node", "trainer.nnodes"):
+            n = take(key)
+            if n is not None and int(n) > 1:
+                raise ConfigError(f"VERL: {key}={n}: this trainer runs on one device; give 1")
+        mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
+        if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
+            raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="
+                              f"{flat['data.train_batch_size']}: this trainer makes one optimiser step per batch; give them equal")
+        epochs = take("trainer.total_epochs")
+        extra = sorted(k for k in flat if k not in used)
+        GRPO.__init__(self, **{**mapped, **grpo, "train_args": [*train_args, *grpo.get("train_args", [])]})
+        self.config, self.model, self.ignored = dict(config or {}), model, extra
+        self.epochs = int(epochs) if epochs is not None else None
+
+    def steps_for(self, tasks: int) -> int | None:
+        """``max_steps`` when given, else ``total_epochs`` passes over ``tasks`` training tasks at ``groups_per_step``
+        tasks a step (None: neither given: ``minutes`` bounds the run). Pure."""
+        if self.max_steps or not self.epochs:
+            return self.max_steps
+        return max(1, -(-self.epochs * tasks // self.groups_per_step))
+
+    def ignored_line(self) -> str | None:
+        """The line fit says once: the config's keys this trainer does not use. Pure."""
+        if not self.ignored:
+            return None
+        return (f"VERL       {len(self.ignored)} config key(s) steer only verl's own machinery and are not used here: "
+                + ", ".join(self.ignored))

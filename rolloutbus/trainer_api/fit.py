@@ -121,6 +121,19 @@ def _model(llm: Any, settings: CommonSettings) -> str:
     return str(import_model(name, settings.data_dir / "models"))
 
 
+def _max_steps(algo: Any, tasks: int) -> int | None:
+    """The trainer's ``--max-steps``: ``max_steps``, or ``VERL``'s ``total_epochs`` over the training tasks. Pure."""
+    steps_for = getattr(algo, "steps_for", None)
+    return steps_for(tasks) if steps_for else algo.max_steps
+
+
+def _verl_model(algo: Any) -> Any:
+    """``VERL(config)``'s ``actor_rollout_ref.model.path``, as the policy when no ``main_llm`` resource names one."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=algo.model) if getattr(algo, "model", None) else None
+
+
 def serve_command(port: int, engine: str = "torch", model: str | None = None) -> list[str]:
     """The policy server's ``rolloutbus`` command: the demo's, with ``--engine vllm`` for vLLM's engine (``make
     vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0). Pure."""
@@ -208,7 +221,9 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         served = load_settings(ServeSettings, {}).resource_name  # the name `serve` answers to (vLLM: no other)
         ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature,
                      served=served), out / "agent.pickle")
-        model = _model(trainer.resources.get("main_llm"), settings)
+        model = _model(trainer.resources.get("main_llm") or _verl_model(algo), settings)
+        if getattr(algo, "ignored_line", None) and (line := algo.ignored_line()):
+            say(line)
         env = process_env_of(settings, scope, ROLLOUTBUS_CHECKPOINT_DIR=str(out / "checkpoints"),
                              ROLLOUTBUS_TRAIN_TEMPERATURE=str(algo.temperature))
         sup = stack.procs
@@ -222,7 +237,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
             validate = ["--validation-tasks", str(out / "validation.jsonl")]
         train_args = [] if sft else [*(["--train-layers", str(algo.train_layers)] if algo.train_layers else []),
                       *(["--skip-zero-variance"] if algo.skip_zero_variance else []),
-                      *(["--max-steps", str(algo.max_steps)] if algo.max_steps else []), *algo.train_args]
+                      *(["--max-steps", str(max_steps)] if (max_steps := _max_steps(algo, len(train))) else []),
+                      *algo.train_args]
         live, stop_follow = Live(), threading.Event()
         follower = threading.Thread(target=follow, args=(settings, live, stop_follow), daemon=True)
         try:

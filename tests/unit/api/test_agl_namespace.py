@@ -13,7 +13,7 @@ from producers import rollout
 from tests.unit.producers.test_context_emit import Recorder
 
 WRITE_UPS = ["emit_state", "emit_action", "emit_reward", "emit_message", "emit_object", "emit_exception",
-             "LitAgent", "Trainer", "LLM", "NamedResources", "Rollout", "GRPO", "APO", "SFT", "PromptTemplate"]
+             "LitAgent", "Trainer", "LLM", "NamedResources", "Rollout", "GRPO", "APO", "SFT", "VERL", "PromptTemplate"]
 
 
 def test_the_write_ups_names_are_on_the_module_and_in_dir() -> None:

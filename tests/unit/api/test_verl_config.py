@@ -1,0 +1,59 @@
+"""``agl.VERL(verl_config)``: the write-ups' verl configuration read into this trainer's GRPO, what it cannot honour
+refused in one line, what only steers verl's machinery listed once."""
+
+from __future__ import annotations
+
+import pytest
+
+import rolloutbus as agl
+from foundation.errors import ConfigError
+from rolloutbus.trainer_api.algorithms import GRPO
+
+WRITE_UPS = {  # the SQL write-up's verl_config, as printed there
+    "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+    "data": {"train_batch_size": 32, "max_prompt_length": 4096, "max_response_length": 2048},
+    "actor_rollout_ref": {
+        "rollout": {"name": "vllm", "n": 4, "multi_turn": {"format": "hermes"}},
+        "actor": {"ppo_mini_batch_size": 32, "optim": {"lr": 1e-6}},
+        "model": {"path": "Qwen/Qwen2.5-Coder-1.5B-Instruct"},
+    },
+    "trainer": {"n_gpus_per_node": 1, "val_before_train": True, "test_freq": 32, "save_freq": 64, "total_epochs": 2},
+}
+
+
+def test_the_write_ups_config_becomes_grpo_settings() -> None:
+    algo = agl.VERL(WRITE_UPS)
+    assert isinstance(algo, GRPO) and "VERL" in dir(agl)
+    assert (algo.advantage_estimator, algo.group_size, algo.groups_per_step, algo.lr) == ("grpo", 4, 32, 1e-6)
+    assert algo.train_args == ["--validate-every", "32"]
+    assert algo.model == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert algo.ignored == ["actor_rollout_ref.rollout.multi_turn.format", "actor_rollout_ref.rollout.name",
+                            "data.max_prompt_length", "data.max_response_length", "trainer.save_freq", "trainer.val_before_train"]
+    assert algo.ignored_line().startswith("VERL       6 config key(s) steer only verl's own machinery")
+    assert algo.epochs == 2 and algo.steps_for(100) == 7  # two passes over 100 tasks, 32 a step
+    assert agl.VERL(WRITE_UPS, max_steps=3).steps_for(100) == 3
+
+
+def test_losses_clips_and_kl_map_and_keyword_arguments_win() -> None:
+    algo = agl.VERL({"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+                     "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+                     "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "algorithm.adv_estimator": "rloo",
+                     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla", "trainer.total_training_steps": 50},
+                    minutes=3.0, max_steps=7)
+    assert (algo.kl_beta, algo.advantage_estimator, algo.policy_loss, algo.max_steps, algo.minutes) == \
+        (0.001, "rloo", "ppo-clip", 7, 3.0)
+    assert algo.train_args == ["--clip-eps", "0.2", "--clip-eps-high", "0.28", "--loss-agg", "dapo"]
+    assert agl.VERL({"actor_rollout_ref": {"actor": {"use_kl_loss": False}}}).kl_beta == 0.0
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"algorithm": {"adv_estimator": "gae"}}, "adv_estimator 'gae' is not one this trainer implements"),
+    ({"algorithm": {"use_kl_in_reward": True}}, "use_kl_in_reward is not implemented here"),
+    ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}, "loss_mode 'gspo'"),
+    ({"actor_rollout_ref": {"rollout": {"n": 1}}}, "group_size=...\\) must be at least 2"),
+    ({"trainer": {"n_gpus_per_node": 4}}, "trainer.n_gpus_per_node=4: this trainer runs on one device"),
+    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}}}, "one optimiser step per batch"),
+])
+def test_what_it_cannot_honour_is_one_line(config: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        agl.VERL(config)
