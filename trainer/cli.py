@@ -45,6 +45,10 @@ _FLAGS: dict[str, str] = {
     "early_stop_patience": "early_stop_patience",
     "backend": "train_backend",
     "nproc_per_node": "nproc_per_node",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_targets": "lora_targets",
+    "activation_checkpointing": "activation_checkpointing",
     "nnodes": "nnodes",
     "rdzv_endpoint": "rdzv_endpoint",
     "device": "train_device",
@@ -74,6 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip (default), decoupled (AReaL's, for "
                    "stale batches), or a registered one (env ROLLOUTBUS_POLICY_LOSS; ROLLOUTBUS_PLUGINS imports modules that register more)")
     p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight (env ROLLOUTBUS_IS_CAP, default 2)")
+    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters "
+                   "merged (env ROLLOUTBUS_LORA_RANK, default 0: full fine-tuning)")
+    p.add_argument("--lora-alpha", type=float, help="LoRA alpha (env ROLLOUTBUS_LORA_ALPHA, default 16)")
+    p.add_argument("--lora-targets", help="modules that get adapters (env ROLLOUTBUS_LORA_TARGETS, default q_proj,k_proj,v_proj,o_proj)")
+    p.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute activations in backward: less memory (env ROLLOUTBUS_ACTIVATION_CHECKPOINTING)")
     p.add_argument("--nproc-per-node", type=int, help="training processes on this machine, each a rank of an FSDP2 trainer "
                    "(torchrun; gloo on the CPU, NCCL on GPUs) (env ROLLOUTBUS_NPROC_PER_NODE, default 1)")
     p.add_argument("--nnodes", type=int, help="machines taking part, each with --nproc-per-node ranks (env ROLLOUTBUS_NNODES, default 1)")

@@ -158,7 +158,19 @@ class Trainer:
         log.info("training on %s", self.device)
         from trainer.model import train_top_layers
 
-        trainable = train_top_layers(self.model, settings.train_layers)
+        if settings.activation_checkpointing:  # recompute each layer's activations in backward: memory for compute
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if settings.lora_rank:
+            from trainer.lora import LoraSettings, apply_lora
+
+            if settings.train_layers:
+                raise ConfigError("--lora-rank trains adapters on every layer: leave --train-layers at 0")
+            self.lora = LoraSettings(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets.split(",")))
+            self.model = apply_lora(self.model, self.lora)
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        else:
+            self.lora = None
+            trainable = train_top_layers(self.model, settings.train_layers)
         log.info("%d of %d parameters are trained", trainable, sum(p.numel() for p in self.model.parameters()))
         from trainer import distributed
 
@@ -185,7 +197,9 @@ class Trainer:
         )
         log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
-        if latest is not None:
+        if latest is not None and self.lora is not None:
+            log.info("LoRA: new adapters on %s's merged weights; the optimizer starts afresh", latest[0].name)
+        elif latest is not None:
             opt = self.store.load_optimizer(latest[0])
             trained = str(latest[1].config.get("train_layers", settings.train_layers))
             if opt is not None and trained != str(settings.train_layers):
@@ -239,6 +253,7 @@ class Trainer:
         return {"loss_agg": str(s.loss_agg), "policy_loss": str(s.policy_loss), "clip_eps": str(s.clip_eps), "kl_beta": str(s.kl_beta),
                 "lr": str(s.lr), **({"credit": self.credit} if self.credit else {}),
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
+                **({"lora_rank": str(s.lora_rank)} if s.lora_rank else {}),
                 "skip_zero_variance": str(s.skip_zero_variance),
                 "run_id": self.state.run_id, **({"endpoint": s.train_llm_endpoint} if s.train_llm_endpoint else {})}
 
@@ -524,7 +539,13 @@ class Trainer:
 
             self.leader.gather()
             full = distributed.full_state_dict(self.model)
-        return self.store.save(self.model, self.tok, self.backend.optimizer_state(), manifest, state_dict=full)
+        model = self.model
+        if self.lora is not None:  # the adapters merged into full weights: every policy server loads them as they are
+            from trainer.lora import base_of, merged_state_dict
+
+            full = merged_state_dict(full if full is not None else self.model.state_dict(), self.lora.scaling)
+            model = base_of(self.model)
+        return self.store.save(model, self.tok, self.backend.optimizer_state(), manifest, state_dict=full)
 
     def stop_ranks(self) -> None:
         """Rank 0: the other ranks stop following (once, at the end of the run, whatever ended it)."""

@@ -45,6 +45,13 @@ class TrainerSettings(CommonSettings):
     policy_loss: str = Field(default="ppo-clip", description="The per-token policy term: a registered policy loss "
                              "(trainer.grpo.POLICY_LOSSES: ppo-clip, decoupled, or one a plugin registers).")
     is_cap: float = Field(default=2.0, gt=0.0, description="decoupled: the cap of each token's proximal/behaviour weight.")
+    lora_rank: int = Field(default=0, ge=0, le=1024, description="LoRA adapters of this rank on lora_targets, the base frozen "
+                           "(0: full fine-tuning); versions are published with the adapters merged.")
+    lora_alpha: float = Field(default=16.0, gt=0, description="LoRA's alpha (the adapters scaled by alpha / rank).")
+    lora_targets: str = Field(default="q_proj,k_proj,v_proj,o_proj", pattern=r"^[A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*$",
+                              description="Comma-separated module names that get adapters.")
+    activation_checkpointing: bool = Field(default=False, description="Recompute each decoder layer's activations in the "
+                                           "backward pass instead of keeping them: less memory, about a third more compute.")
     nproc_per_node: int = Field(default=1, ge=1, le=64, description="Training processes on this machine (FSDP2 ranks, torchrun).")
     nnodes: int = Field(default=1, ge=1, le=1024, description="Machines taking part, each with nproc_per_node ranks.")
     rdzv_endpoint: str | None = Field(default=None, description="HOST:PORT of the ranks' rendezvous when nnodes > 1.")

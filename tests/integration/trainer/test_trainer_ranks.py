@@ -47,3 +47,18 @@ def test_two_ranks_train_and_one_rank_resumes_their_checkpoint(
     # the two ranks' published weights load as the policy servers load them, and differ from version 1's
     v1, v2 = (load_policy(next(v.uri for v in versions if v.version == n))[0] for n in (1, 2))
     assert any(not (a == b).all() for a, b in zip(v1.parameters(), v2.parameters()))
+
+
+def test_two_ranks_train_lora_adapters_and_publish_them_merged(
+        groups: list[GroupBatch], kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path) -> None:
+    """--lora-rank 4 --activation-checkpointing on two ranks: versions are full HF weights (the adapters merged)
+    that load as any version does; only the adapted projections moved."""
+    _produce(kafka_conf, topics.batches, [encode(g) for g in groups])
+    env = dict(test_env, ROLLOUTBUS_LORA_RANK="4", ROLLOUTBUS_ACTIVATION_CHECKPOINTING="true")
+    run = _train(env, tmp_path / "ckpt", ranks=2, max_steps=3)
+    assert run.returncode == 0, run.stderr[-3000:]
+    versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
+    assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].config["lora_rank"] == "4"
+    first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))  # version 0 is pruned (3 kept)
+    moved = sorted(n for n in first if not (first[n] == last[n]).all())
+    assert moved and all(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for n in moved), moved

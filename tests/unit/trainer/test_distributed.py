@@ -1,7 +1,8 @@
-"""The trainer on two ranks (FSDP2 over gloo, two processes on this CPU) makes the one-device step: the same
-gradients (to float32's precision over a different summation order), the same weights after the optimiser
-step, the same metrics — through the single-device step's own code (``TorchGRPOBackend.step``), each rank
-with half the samples and a rank with fewer micro-batches padding with zero-weight ones."""
+"""The trainer on two ranks (FSDP2 over gloo, two processes on this CPU) makes the one-device step, for full
+fine-tuning and for LoRA: the same gradients (to float32's precision over a different summation order), the
+same weights after the optimiser step, the same metrics — through the single-device step's own code
+(``TorchGRPOBackend.step``), each rank with half the samples and a rank with fewer micro-batches padding with
+zero-weight ones. Activation checkpointing changes no gradient; LoRA's merged weights are peft's own merge."""
 
 from __future__ import annotations
 
@@ -32,7 +33,21 @@ def _backend(model: object, ranks: object = None) -> TorchGRPOBackend:
                             micro_batch_tokens=64, pad_id=0, ranks=ranks)
 
 
-def _rank(rank: int, world: int, init: str, out: str) -> None:
+def _model(lora: bool) -> object:
+    from trainer.lora import LoraSettings, apply_lora
+
+    model, _tok = build_tiny(seed=0)
+    if lora:
+        torch.manual_seed(1)
+        model = apply_lora(model, LoraSettings(rank=4))
+        with torch.no_grad():  # B starts at 0 (no gradient reaches A): a non-zero B, the same on every rank
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.05)
+    return model
+
+
+def _rank(rank: int, world: int, init: str, out: str, lora: bool) -> None:
     import torch.distributed as dist
 
     from trainer import distributed
@@ -40,12 +55,12 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        model, _tok = build_tiny(seed=0)
+        model = _model(lora)
         distributed.shard(model)
         backend = _backend(model, distributed.Ranks(rank, world))
         groups = _batch()
         metrics = backend.step(groups)
-        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
         weights = distributed.full_state_dict(model)
         if rank == 0:
             torch.save({"grads": grads, "weights": weights, "metrics": metrics}, out)
@@ -53,24 +68,28 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_ranks_make_the_one_device_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool) -> None:
     torch.set_num_threads(1)
-    model, _tok = build_tiny(seed=0)
+    model = _model(lora)
     before = copy.deepcopy(model.state_dict())
     backend = _backend(model)
     one = backend.step(_batch())
-    one_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    one_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    adapters = sum("lora_" in n for n, _ in model.named_parameters())
+    assert len(one_grads) == (adapters if lora else len(list(model.parameters()))) and (adapters > 0) == lora
 
     out = tmp_path / "two.pt"
-    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out), lora), nprocs=2, start_method="spawn")
     two = torch.load(out, weights_only=False)
+    assert two["grads"].keys() == one_grads.keys()
     for name, g in one_grads.items():
         assert torch.allclose(two["grads"][name], g, atol=TOL, rtol=0), (name, float((two["grads"][name] - g).abs().max()))
     moved = 0
     for name, w in model.state_dict().items():
         assert torch.allclose(two["weights"][name], w, atol=TOL, rtol=0), name
         moved += int(not torch.equal(w, before[name]))
-    assert moved > 10  # the step changed the weights, on both
+    assert moved >= (adapters if lora else 10)  # the step changed the (trained) weights, on both
     for key in ("loss", "pg_loss", "samples", "tokens", "response_tokens", "ratio_mean", "clip_fraction", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     assert two["metrics"]["micro_batches"] >= one["micro_batches"]
@@ -86,3 +105,25 @@ def test_the_check_sees_a_step_that_is_not_the_one_device_step(tmp_path: Path) -
     _backend(half).step(groups[:1])
     diffs = [float((a.grad - b.grad).abs().max()) for a, b in zip(full.parameters(), half.parameters())]
     assert max(diffs) > 100 * TOL
+
+
+def test_activation_checkpointing_changes_no_gradient() -> None:
+    torch.set_num_threads(1)
+    groups = _batch()
+    plain, ac = build_tiny(seed=0)[0], build_tiny(seed=0)[0]
+    ac.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _backend(plain).step(groups)
+    _backend(ac).step(groups)
+    for (name, a), b in zip(plain.named_parameters(), ac.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=0), name
+
+
+def test_lora_s_published_weights_are_peft_s_merge() -> None:
+    from trainer.lora import LoraSettings, merged_state_dict
+
+    model = _model(True)
+    ours = merged_state_dict(model.state_dict(), LoraSettings(rank=4).scaling)
+    theirs = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert torch.allclose(ours[key], value, atol=1e-6), key
