@@ -201,6 +201,14 @@ def settings_for(command: str, ns: argparse.Namespace, env: dict[str, str]) -> A
 # --------------------------------------------------------------------------- what a process serves and uses
 
 
+def rendezvous_port(command: str, s: Any) -> int | None:
+    """The port of a multi-node trainer's rendezvous (torchrun's c10d store, on the pod its endpoint names), or None."""
+    endpoint = getattr(s, "rdzv_endpoint", None)
+    if command != "train" or getattr(s, "nnodes", 1) <= 1 or not endpoint or ":" not in endpoint:
+        return None
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 def listener(command: str, s: Any) -> tuple[str, int] | None:
     """(host, port) the process serves HTTP on, or None (no server, or turned off with port 0)."""
     if command not in LISTENERS:

@@ -21,7 +21,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from facts import LISTENERS, PREFIX, SPOOLERS, kafka_needs, known_variables, listener, routes_for
+from facts import LISTENERS, PREFIX, SPOOLERS, kafka_needs, known_variables, listener, rendezvous_port, routes_for
 from model import LONG_RUNNING, ComposeFile, Container, Kustomization, environment, under, volume_mounts
 from processes import Processes
 
@@ -153,6 +153,8 @@ def service_ports(k: Kustomization, procs: Processes) -> list[str]:
                 what = f"{k.name}: Service/{svc['metadata']['name']} port {p.get('name', p['port'])}"
                 if port is None:
                     problems.append(f"{what}: targetPort {target!r} is no port of {c.where.split(': ', 1)[1]}")
+                    continue
+                if port == rendezvous_port(ns.command, s):  # torchrun's rendezvous, not an HTTP server
                     continue
                 problems += _served(ns, s, port, what)
     return problems

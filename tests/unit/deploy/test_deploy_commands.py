@@ -49,7 +49,7 @@ def test_deploy_files_pass(tools: dict[str, str]) -> None:
 def test_the_real_parser_and_settings_are_what_is_checked() -> None:
     ns, error = facts.parse(["train", "--device", "cuda", "--metrics-host", "0.0.0.0"])
     assert error is None and ns is not None and ns.command == "train"
-    assert facts.parse(["train", "--nnodes", "2"])[1] == "rolloutbus: unrecognized arguments: --nnodes 2 (see rolloutbus --help)"
+    assert facts.parse(["train", "--num-nodes", "2"])[1] == "rolloutbus: unrecognized arguments: --num-nodes 2 (see rolloutbus --help)"
     names = facts.known_variables()
     # settings fields of several process kinds, and names the code reads from os.environ itself
     for name in ("ROLLOUTBUS_KAFKA_BOOTSTRAP", "ROLLOUTBUS_RUNNER_GROUP", "ROLLOUTBUS_STREAMS_METRICS_PORT",
@@ -60,13 +60,13 @@ def test_the_real_parser_and_settings_are_what_is_checked() -> None:
 
 def test_compose_bad_flag_and_misspelled_variable_fail(tmp_path: Path) -> None:
     doc = yaml.safe_load(COMPOSE.read_text())
-    doc["services"]["trainer"]["command"] = ["train", "--checkpoint-dir", "/checkpoints", "--nnodes", "2"]
+    doc["services"]["trainer"]["command"] = ["train", "--checkpoint-dir", "/checkpoints", "--num-nodes", "2"]
     doc["services"]["gateway"]["environment"] = {**doc["services"]["gateway"]["environment"], "ROLLOUTBUS_GATEWAY_PROT": "4318"}
     path = tmp_path / "docker-compose.yml"
     path.write_text(yaml.safe_dump(doc))
     problems = "\n".join(commands.check_compose(path))
-    assert "service trainer: `rolloutbus train --checkpoint-dir /checkpoints --nnodes 2` does not parse: " \
-           "rolloutbus: unrecognized arguments: --nnodes 2" in problems
+    assert "service trainer: `rolloutbus train --checkpoint-dir /checkpoints --num-nodes 2` does not parse: " \
+           "rolloutbus: unrecognized arguments: --num-nodes 2" in problems
     assert "service gateway: ROLLOUTBUS_GATEWAY_PROT is not a setting of any rolloutbus process" in problems
     assert commands.main(["--no-k8s", "--compose", str(path)]) == 1
 
@@ -96,9 +96,10 @@ def test_k8s_bad_flag_misspelled_variable_and_rayjob_entrypoint(rendered: dict[s
     assert "container worker: ROLLOUTBUS_SINK_BATCH is not a setting" in problems
     assert "ConfigMap/rolloutbus-config: ROLLOUTBUS_TOPIC_PREFX is not a setting" in problems
 
-    ray = copy.deepcopy(rendered["overlays/verl-ray"])
-    _obj(ray, "RayJob", "rolloutbus-trainer")["spec"]["entrypoint"] += " --nnodes 2"
-    assert "RayJob/rolloutbus-trainer entrypoint: `rolloutbus train --backend verl" in "\n".join(commands.check_k8s(ray, "verl-ray"))
+    multi = copy.deepcopy(rendered["overlays/fsdp-multinode"])
+    assert commands.check_k8s(multi, "fsdp-multinode") == []
+    _container(multi, "StatefulSet", "rolloutbus-trainer")["args"] += ["--nodes", "2"]
+    assert "unrecognized arguments: --nodes 2" in "\n".join(commands.check_k8s(multi, "fsdp-multinode"))
 
 
 def test_kafka_user_acls_must_cover_the_groups_and_topics_the_code_uses(rendered: dict[str, list[dict[str, Any]]]) -> None:

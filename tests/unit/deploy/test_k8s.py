@@ -10,7 +10,7 @@ from deploy_tools import run_tool
 def test_every_kustomization_renders_and_validates(tools: dict[str, str]) -> None:
     proc = run_tool(tools, "import os, shlex, k8s\nraise SystemExit(k8s.main(['--kustomize', os.environ['KUSTOMIZE']]))")
     assert proc.returncode == 0, proc.stderr
-    assert "5 kustomizations" in proc.stdout  # base, cpu-trainer, verl-ray, clickhouse-operator, gpu-vllm
+    assert "5 kustomizations" in proc.stdout  # base, cpu-trainer, fsdp-multinode, clickhouse-operator, gpu-vllm
 
 
 def _render_base(tools: dict[str, str]) -> str:
