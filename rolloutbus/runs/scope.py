@@ -98,13 +98,26 @@ def reset_namespace(settings: CommonSettings, say: Callable[[str], None]) -> Non
             time.sleep(0.5)
     # The previous run's consumer groups go too: a group's offsets can outlive its topic's deletion, and a consumer
     # whose committed offset lies past the end of the recreated topic waits there (seen: faust on <prefix>feedback).
-    groups = [g.group_id for g in a.list_consumer_groups().result().valid
-              if own_topics([g.group_id], prefix) or g.group_id.startswith("demo-live-")]
-    for fut in (a.delete_consumer_groups(groups).values() if groups else ()):
-        try:
-            fut.result()
-        except Exception:  # noqa: BLE001 - still active (another run), or already gone
-            pass
+    # A group the previous run's worker has not left yet (a slow shutdown on a busy machine) cannot be deleted:
+    # its committed offsets would outlive the recreated topics and the new worker would skip the new run's first
+    # records as already seen. Deleted again until none is left (the broker ends an old member's session).
+    deadline = time.monotonic() + 60
+    while True:
+        groups = [g.group_id for g in a.list_consumer_groups().result().valid
+                  if own_topics([g.group_id], prefix) or g.group_id.startswith("demo-live-")]
+        busy = []
+        for gid, fut in (a.delete_consumer_groups(groups).items() if groups else ()):
+            try:
+                fut.result()
+            except Exception as exc:  # noqa: BLE001 - already gone (fine), or not empty yet (try again)
+                if "NON_EMPTY" in str(exc) or "not empty" in str(exc).lower():
+                    busy.append(gid)
+        if not busy:
+            break
+        if time.monotonic() > deadline:
+            raise RolloutbusError(f"consumer groups {busy} still have members a minute on: another run is using "
+                                  f"{prefix}* (stop it, or give this run another ROLLOUTBUS_TOPIC_PREFIX)")
+        time.sleep(1.0)
     for attempt in range(20):
         try:
             ensure_topics(settings.kafka_conf(), topic_specs(settings.topics, 4))
