@@ -162,8 +162,13 @@ def run(args: argparse.Namespace) -> int:
                      flag="--metrics-port", env="ROLLOUTBUS_TRAIN_METRICS_PORT")
     trainer = Trainer(settings, device=device, health=health)
     if trainer.ranks is not None and not trainer.ranks.main:
+        import signal
+
         from trainer import distributed
 
+        # Rank 0 decides when the run ends (a SIGTERM to the whole group stops it after its step, and it then tells
+        # the others); a rank 0 that dies ends the others' waits with a connection error.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         steps = distributed.follow(trainer.backend)
         log.info("rank %d: followed %d steps", trainer.ranks.rank, steps)
         return 0

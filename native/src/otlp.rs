@@ -305,7 +305,23 @@ fn py_float(out: &mut String, x: f64) {
         Some(m) => (true, m),
         None => (false, mant),
     };
-    let digits: String = mant.chars().filter(|c| *c != '.').collect();
+    let mut digits: String = mant.chars().filter(|c| *c != '.').collect();
+    // At an exact tie between two shortest candidates (the value lies halfway between them), Python's repr takes the
+    // one whose last digit is even and Rust's the upper one: 562949953421312.25 is "...312.2" in Python.
+    let exact = format!("{:.40e}", x.abs());
+    if let Some((emant, eexp)) = exact.split_once('e') {
+        let edigits: String = emant.chars().filter(|c| *c != '.').collect();
+        let n = digits.len();
+        let tail = &edigits[n.min(edigits.len())..];
+        if eexp.parse::<i32>().ok() == Some(exp) && tail.starts_with('5') && tail[1..].chars().all(|c| c == '0') {
+            let down = &edigits[..n];
+            // the lower candidate must read back as x too (not so below a power of two, where the gap is half)
+            let text = format!("{}.{}e{}", &down[..1], &down[1..], exp);
+            if down != digits && down.as_bytes()[n - 1] % 2 == 0 && text.parse::<f64>().ok() == Some(x.abs()) {
+                digits = down.to_string();
+            }
+        }
+    }
     if neg {
         out.push('-');
     }

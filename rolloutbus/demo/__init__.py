@@ -79,6 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the final reward alone)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="default grpo")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term (default ppo-clip)")
+    p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
+                   help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

@@ -72,6 +72,7 @@ class DemoConfig:
     reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo-clip"  # the trainer's --policy-loss
+    nproc_per_node: int = 1  # the trainer's --nproc-per-node: FSDP2 ranks (torchrun)
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
@@ -136,7 +137,7 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss"):
+                     "policy_loss", "nproc_per_node"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -393,6 +394,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                       "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
                       "--policy-loss", cfg.policy_loss,
+                      *(["--nproc-per-node", str(cfg.nproc_per_node)] if cfg.nproc_per_node > 1 else []),
                       *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)

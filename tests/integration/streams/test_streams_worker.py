@@ -59,10 +59,12 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
         "dlq": "SELECT reason, source_topic FROM dead_letters FINAL ORDER BY dlq_offset",
     })
     assert rows["spans"] == [[16, 16]]
-    adv = {r: a for b in got for r, a in zip(b.rollout_ids, b.advantages)}
+    # each step's advantage is its own (its return under discounted credit, through the group's estimator): the
+    # core's build_batch above set it on every step of `results`
     expected_tr = sorted(
-        [s.rollout_id, s.turn, s.reward, s.return_, adv[s.rollout_id], f"{s.task_id}@1"] for r in results.values() for s in r.steps
+        [s.rollout_id, s.turn, s.reward, s.return_, s.advantage, f"{s.task_id}@1"] for r in results.values() for s in r.steps
     )
+    assert all(len({s.advantage for s in r.steps}) == 2 for r in results.values())  # a rollout's two steps differ
     assert [[r[0], r[1]] for r in rows["tr"]] == [[e[0], e[1]] for e in expected_tr]
     assert [x for r in rows["tr"] for x in r[2:5]] == pytest.approx([x for e in expected_tr for x in e[2:5]])
     assert [r[5] for r in rows["tr"]] == [e[5] for e in expected_tr]
