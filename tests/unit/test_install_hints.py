@@ -43,3 +43,20 @@ def test_the_hint_names_this_checkout_or_says_to_use_one(tmp_path: Path) -> None
     assert checkout(tmp_path) is None and extras(tmp_path) == set()
     line = missing_extra("store", ModuleNotFoundError("No module named 'chdb'", name="chdb"))
     assert line == f"`rolloutbus store` needs the 'store' extra, and chdb is not installed: pip install -e '{ROOT}[store]'"
+
+
+def test_all_spells_out_every_cpu_extra() -> None:
+    """``all`` (what `make setup` and the Dockerfile install) holds every package of the CPU extras: a package added
+    to one of them alone (peft to `trainer`, once) would be missing from a fresh machine's venv."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~;\[ ]", r)[0].lower() for r in reqs}
+
+    missing = {extra: sorted(names(reqs) - names(extras["all"])) for extra, reqs in extras.items()
+               if extra not in ("all", "test", "gpu", "rocksdb")}  # GPU-only and the optional state store stay apart
+    assert missing == {k: [] for k in missing}
