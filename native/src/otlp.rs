@@ -308,6 +308,34 @@ fn py_float(out: &mut String, x: f64) {
     let mut digits: String = mant.chars().filter(|c| *c != '.').collect();
     // At an exact tie between two shortest candidates (the value lies halfway between them), Python's repr takes the
     // one whose last digit is even and Rust's the upper one: 562949953421312.25 is "...312.2" in Python.
+    // Cheap first (this runs for every float of every span): a tie needs 16+ shortest digits (a shorter lower form
+    // would be more than half a unit away) and a value whose exact decimal form ends within 18 digits (m·5^k short).
+    if digits.len() >= 16 && could_tie(x.abs()) {
+        tie_to_even(&mut digits, x, exp);
+    }
+    if neg {
+        out.push('-');
+    }
+    let decpt = exp + 1;
+    layout(out, &digits, decpt, exp);
+}
+
+/// Whether ``x`` (> 0) has an exact decimal form of at most ~18 significant digits: ``m·2^e`` with the mantissa's
+/// trailing zeros taken out, an integer, or ``m·5^(-e)`` under 2^62.
+fn could_tie(x: f64) -> bool {
+    let bits = x.to_bits();
+    let (exp_bits, frac) = (((bits >> 52) & 0x7ff) as i32, bits & ((1u64 << 52) - 1));
+    let (m, e) = if exp_bits == 0 { (frac, -1074) } else { (frac | (1u64 << 52), exp_bits - 1075) };
+    if m == 0 {
+        return false;
+    }
+    let tz = m.trailing_zeros() as i32;
+    let (m, e) = (m >> tz, e + tz);
+    e >= 0 || f64::from(64 - m.leading_zeros()) + f64::from(-e) * 2.3219281 <= 62.0
+}
+
+/// At an exact tie between two shortest candidates, the even last digit where the lower one reads back as ``x``.
+fn tie_to_even(digits: &mut String, x: f64, exp: i32) {
     let exact = format!("{:.40e}", x.abs());
     if let Some((emant, eexp)) = exact.split_once('e') {
         let edigits: String = emant.chars().filter(|c| *c != '.').collect();
@@ -317,15 +345,15 @@ fn py_float(out: &mut String, x: f64) {
             let down = &edigits[..n];
             // the lower candidate must read back as x too (not so below a power of two, where the gap is half)
             let text = format!("{}.{}e{}", &down[..1], &down[1..], exp);
-            if down != digits && down.as_bytes()[n - 1] % 2 == 0 && text.parse::<f64>().ok() == Some(x.abs()) {
-                digits = down.to_string();
+            if down != digits.as_str() && down.as_bytes()[n - 1] % 2 == 0 && text.parse::<f64>().ok() == Some(x.abs()) {
+                *digits = down.to_string();
             }
         }
     }
-    if neg {
-        out.push('-');
-    }
-    let decpt = exp + 1;
+}
+
+/// ``digits`` with the decimal point at ``decpt``, laid out as Python's repr lays it out.
+fn layout(out: &mut String, digits: &str, decpt: i32, exp: i32) {
     if -4 < decpt && decpt <= 16 {
         let n = digits.len() as i32;
         if decpt <= 0 {
