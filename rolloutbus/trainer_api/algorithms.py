@@ -233,12 +233,15 @@ class VERL(GRPO):
             used.add(key)
             return flat.get(key)
 
-        est = take("algorithm.adv_estimator")
-        if est is not None:
-            if est not in _VERL_ESTIMATORS:
-                raise ConfigError(f"VERL: algorithm.adv_estimator {est!r} is not one this trainer implements "
-                                  f"({', '.join(_VERL_ESTIMATORS)})")
-            mapped["advantage_estimator"] = _VERL_ESTIMATORS[est]
+        def choose(key: str, table: dict[str, str], hint: str = "") -> str | None:
+            """The project's name for the config's value at ``key`` (None: not given); one this trainer lacks is one line."""
+            value = take(key)
+            if value is not None and value not in table:
+                raise ConfigError(f"VERL: {key} {value!r} is not one this trainer implements ({', '.join(table)}{hint})")
+            return None if value is None else table[value]
+
+        if (est := choose("algorithm.adv_estimator", _VERL_ESTIMATORS)) is not None:
+            mapped["advantage_estimator"] = est
         if take("algorithm.use_kl_in_reward"):
             raise ConfigError("VERL: algorithm.use_kl_in_reward is not implemented here: the KL term is in the loss "
                               "(actor_rollout_ref.actor.use_kl_loss with kl_loss_coef)")
@@ -264,17 +267,12 @@ class VERL(GRPO):
         high = take("actor_rollout_ref.actor.clip_ratio_high")
         if high is not None:
             train_args += ["--clip-eps-high", str(float(high))]
-        agg = take("actor_rollout_ref.actor.loss_agg_mode")
-        if agg is not None:
-            if agg not in _VERL_LOSS_AGG:
-                raise ConfigError(f"VERL: actor_rollout_ref.actor.loss_agg_mode {agg!r} is not one of {', '.join(_VERL_LOSS_AGG)}")
-            train_args += ["--loss-agg", _VERL_LOSS_AGG[agg]]
-        mode = take("actor_rollout_ref.actor.policy_loss.loss_mode")
+        if (agg := choose("actor_rollout_ref.actor.loss_agg_mode", _VERL_LOSS_AGG)) is not None:
+            train_args += ["--loss-agg", agg]
+        mode = choose("actor_rollout_ref.actor.policy_loss.loss_mode", _VERL_POLICY_LOSS,
+                      "; or GRPO(policy_loss=...) with its own names")
         if mode is not None:
-            if mode not in _VERL_POLICY_LOSS:
-                raise ConfigError(f"VERL: actor_rollout_ref.actor.policy_loss.loss_mode {mode!r} is not one this trainer "
-                                  f"implements ({', '.join(_VERL_POLICY_LOSS)}; or GRPO(policy_loss=...) with its own names)")
-            mapped["policy_loss"] = _VERL_POLICY_LOSS[mode]
+            mapped["policy_loss"] = mode
         freq = take("trainer.test_freq")
         if freq is not None and int(freq) > 0:
             train_args += ["--validate-every", str(int(freq))]
