@@ -7,9 +7,9 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-check bench-learning validate-deploy up down status clean gpu-check gpu-wheels vllm
+.PHONY: setup system-deps verl-core native kafka-jars dashboard-assets browser-deps prometheus-tools demo test test-unit test-integration test-faults bench bench-check bench-learning validate-deploy up down status clean gpu-check gpu-wheels vllm
 
-setup: system-deps $(STAMP) native kafka-jars dashboard-assets
+setup: system-deps $(STAMP) verl-core native kafka-jars dashboard-assets
 
 # Java (the broker) and Maven (fetches its jars). Present on this machine kind; installed when missing.
 system-deps:
@@ -47,6 +47,19 @@ $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.t
 	  $(PIP) uninstall -q -y rolloutbus-native 2>/dev/null; \
 	  echo "native/ did not build (above): the Python paths run" >&2; \
 	fi
+
+# verl's algorithm library (estimators, policy losses) beside the project's own torch and transformers, without
+# verl's dependency pins (deploy/python/verl-core.txt says why): trainer/verl_algos.py registers it.
+VERL_STAMP := $(VENV)/.verl-core
+verl-core: $(VERL_STAMP)
+$(VERL_STAMP): $(STAMP) deploy/python/verl-core.txt
+	$(PIP) install -q --no-deps -r deploy/python/verl-core.txt
+	@# verl's wheel also installs its own test suite as a top-level package named `tests`, which hides this project's
+	@# tests/ (tests.installs, tests.unit...): those files, as verl's RECORD lists them, are removed.
+	$(BIN)/python -c "import verl.trainer.ppo.core_algos, tests, os; from importlib.metadata import distribution as d; \
+	  [os.remove(f.locate()) for f in d('verl').files if f.parts[0] == 'tests' and os.path.exists(f.locate())]; \
+	  import shutil; shutil.rmtree(os.path.dirname(tests.__file__), ignore_errors=True) if 'site-packages' in (tests.__file__ or '') else None"
+	@touch $@
 
 kafka-jars: $(STAMP)
 	@$(BIN)/python -c "from rolloutbus.local_kafka import fetch_jars; print('kafka jars in', fetch_jars())"

@@ -17,10 +17,14 @@ class Registry(Generic[T]):
     """Entries of one kind by name, in the order registered; each with a one-line description (its docstring's
     first line unless given)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, providers: dict[str, str] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._help: dict[str, str] = {}
+        # name prefix -> the module that registers those names when imported ("verl:" -> verl's library, heavy
+        # to import): imported the first time a name with the prefix is asked for, never before.
+        self._providers = dict(providers or {})
+        self._provided: set[str] = set()
 
     def register(self, name: str, help: str | None = None, *, replace: bool = False) -> Callable[[T], T]:
         """Decorator: ``@REGISTRY.register("name")`` over a function or class. A second entry under one name is an
@@ -40,12 +44,29 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
         self._help.pop(name, None)
 
+    def _provide(self, name: str) -> None:
+        """Import the provider of ``name``'s prefix, once: it registers its entries. One that does not import is one
+        line naming what it needs."""
+        import importlib
+
+        for prefix, module in self._providers.items():
+            if name.startswith(prefix) and module not in self._provided:
+                self._provided.add(module)
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise ConfigError(f"{self.kind} {name!r}: the names {prefix}* come from {module}, which does not "
+                                      f"import here: {exc}") from None
+
     def get(self, name: str) -> T:
         """The entry named ``name``; an unknown name is one line that lists the known ones."""
+        if name not in self._entries:
+            self._provide(name)
         try:
             return self._entries[name]
         except KeyError:
-            raise ConfigError(f"{self.kind} {name!r} is not one of: {', '.join(self._entries)}") from None
+            more = "".join(f", {p}…" for p in self._providers)
+            raise ConfigError(f"{self.kind} {name!r} is not one of: {', '.join(self._entries)}{more}") from None
 
     def check(self, name: str) -> str:
         """``name`` when registered (for a settings validator), else the same error as :meth:`get`."""
@@ -53,7 +74,13 @@ class Registry(Generic[T]):
         return name
 
     def names(self) -> list[str]:
+        """The names registered so far (a provider's appear once one of them was asked for)."""
         return list(self._entries)
+
+    def choices(self) -> list[str]:
+        """What a flag's ``choices=`` takes: the names, and each provider's prefix shown as ``prefix…``; a name is in
+        it when :meth:`get` would find it (a provider's name imports its provider)."""
+        return _Choices(self)
 
     def help(self, name: str) -> str:
         return self._help.get(name, "")
@@ -64,10 +91,23 @@ class Registry(Generic[T]):
         return "\n".join([f"| {self.kind} | what it does |", "|---|---|", *rows])
 
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and name not in self._entries:
+            self._provide(name)
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
+
+
+class _Choices(list):  # type: ignore[type-arg]
+    """A registry's names for argparse: listed as the names and ``prefix…``, tested by the registry."""
+
+    def __init__(self, registry: Registry[object]) -> None:
+        super().__init__([*registry.names(), *(f"{p}…" for p in registry._providers)])
+        self._registry = registry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
 
 
 def registered_in(path: str) -> Callable[[object, str], str]:

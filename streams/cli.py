@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         load_plugins()  # the choices read the registries, the user's entries included
     except ConfigError:
         pass  # said in one line when the command runs
-    registered = {"credit": CREDIT.names(), "advantage_estimator": ESTIMATORS.names()}
+    registered = {"credit": CREDIT.names(), "advantage_estimator": ESTIMATORS.choices()}
     for flag, kw in _FLAGS:
         extra = {"choices": registered[kw["dest"]]} if kw["dest"] in registered else {}
         parser.add_argument(flag, default=None, **kw, **extra)

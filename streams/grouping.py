@@ -103,7 +103,7 @@ class GroupAdvantages:
 
 
 Estimator = Callable[[list[list[float]], GroupPolicy], GroupAdvantages]
-ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", providers={"verl:": "streams.verl_estimators"})
 
 
 def _mean_of(points: Sequence[float]) -> float:

@@ -8,7 +8,7 @@ missing skips outside CI, with the one line that says how to install it, and fai
     if not shutil.which("chromium"):
         missing("Debian's chromium", "make browser-deps")
 
-Only for what the project installs itself: a GPU, verl (the ``gpu`` extra) or a broker given from outside are not,
+Only for what the project installs itself: a GPU, the ``gpu`` extra (vLLM on GPUs) or a broker given from outside are not,
 and stay plain skips.
 """
 

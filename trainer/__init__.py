@@ -12,5 +12,5 @@ Modules (import what you need; this package imports nothing heavy by itself):
 * ``trainer.serve``         — the OpenAI-compatible server with hot reload (``rolloutbus serve``)
 * ``trainer.vllm_serve``    — ``rolloutbus serve --engine vllm``: vLLM's server behind a version gate
   (its venv: ``trainer.vllm_venv``; its worker extension: ``trainer.vllm_worker``)
-* ``trainer.verl_backend``  — GPU: verl DataProto conversion, actor update, vLLM weight path
+* ``trainer.verl_losses``   — verl's policy losses under ``verl:<name>`` (its estimators: ``streams.verl_estimators``)
 """

@@ -43,7 +43,6 @@ _FLAGS: dict[str, str] = {
     "validation_tasks": "validation_tasks",
     "validate_every": "validate_every",
     "early_stop_patience": "early_stop_patience",
-    "backend": "train_backend",
     "nproc_per_node": "nproc_per_node",
     "lora_rank": "lora_rank",
     "lora_alpha": "lora_alpha",
@@ -105,8 +104,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best "
                    "(env ROLLOUTBUS_EARLY_STOP_PATIENCE, default 0: never)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
-    p.add_argument("--backend", choices=["torch", "verl"],
-                   help="torch: the reference backend, CPU or one GPU; verl: needs the gpu extra and GPUs (env ROLLOUTBUS_TRAIN_BACKEND, default torch)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live "
                    "(env ROLLOUTBUS_TRAIN_DEVICE, default auto: a GPU when one is visible)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16-mixed"],
@@ -146,11 +143,11 @@ def run(args: argparse.Namespace) -> int:
 
         return train_sft(settings)
     from foundation.health import serve_health
-    from trainer.device import check_backend
+    from trainer.device import resolve_device
     from trainer.health import TrainerHealth
     from trainer.loop import Trainer
 
-    device = check_backend(settings.train_backend, settings.train_device)  # before anything is loaded or bound
+    device = resolve_device(settings.train_device)  # before anything is loaded or bound
     if settings.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return _launch(settings)
     rank = int(os.environ.get("RANK", "0"))

@@ -1,17 +1,15 @@
-"""Where the trainer runs: ``--device`` (cpu, cuda, cuda:N, auto) and ``--backend`` (torch, verl).
+"""Where the trainer runs: ``--device`` (cpu, cuda, cuda:N, auto), and its precision and micro-batch size there.
 
-Both are checked before anything is loaded or bound, and each way they cannot work is one
+The device is checked before anything is loaded or bound, and each way it cannot work is one
 :class:`~foundation.errors.ConfigError` line (exit status 2): CUDA asked for on a machine without it, a
-device index past the visible GPUs, the verl backend without the ``gpu`` extra or without a GPU.
+device index past the visible GPUs.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from foundation.errors import ConfigError
-from foundation.extras import install_hint
 
 _WHERE = "(--device / ROLLOUTBUS_TRAIN_DEVICE)"
 
@@ -44,39 +42,6 @@ def resolve_device(spec: str) -> Any:
     return torch.device("cuda", index)
 
 
-def _verl_import_error() -> str | None:
-    """None when verl imports; else why not, in a few words."""
-    if importlib.util.find_spec("verl") is None:
-        return "not installed"
-    try:
-        import verl  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - a broken install is a setup problem, said in one line
-        return f"installed but fails to import ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
-    return None
-
-
-def check_backend(backend: str, device: str) -> Any:
-    """The device the chosen backend trains on; a ConfigError when the backend cannot run here."""
-    if backend == "torch":
-        return resolve_device(device)
-    if backend != "verl":
-        raise ConfigError(f"backend {backend!r} (--backend / ROLLOUTBUS_TRAIN_BACKEND): must be torch or verl")
-    why = _verl_import_error()
-    if why is not None:
-        raise ConfigError(f"--backend verl needs the gpu extra (verl, vLLM): verl is {why}: {install_hint('trainer,gpu')} "
-                          "(or train with --backend torch)")
-    if device == "cpu":
-        raise ConfigError("--backend verl trains on CUDA GPUs, not with --device cpu: use --backend torch for the CPU")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError(f"--backend verl needs a CUDA GPU and none is available: {_no_cuda_reason()} "
-                          "(--backend torch --device cpu trains on the CPU)")
-    resolve_device(device)
-    raise ConfigError("--backend verl: `rolloutbus train` does not launch verl's Ray/FSDP workers (trainer/verl_backend.py "
-                      "converts batches for an actor that a verl job builds); train on a GPU with --backend torch --device cuda")
-
-
 # Measured by the GPU check (bench/results/gpu-2026-11-27.md): at 4096 padded tokens per micro-batch a step of
 # the 135M model kept an H200 busy for under a third of its wall time (kernel launches of 30 narrow layers).
 CPU_MICRO_BATCH_TOKENS = 4096
@@ -105,4 +70,4 @@ def resolve_precision(spec: str, device: Any) -> Any:
     return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
 
 
-__all__ = ["check_backend", "micro_batch_tokens", "resolve_device", "resolve_precision"]
+__all__ = ["micro_batch_tokens", "resolve_device", "resolve_precision"]

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # A policy loss: (logp, behaviour logp, advantages [B] or [B, T], config) -> (per-token loss, where it was
 # clipped or truncated, the ratio reported in the metrics).
 PolicyLoss = Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", providers={"verl:": "trainer.verl_losses"})
 
 
 @POLICY_LOSSES.register("ppo-clip")

@@ -74,7 +74,6 @@ class TrainerSettings(CommonSettings):
     early_stop_patience: int = Field(default=0, ge=0, description="Stop once this many fully validated versions newer than "
                                      "the best have not beaten it (0: never; needs validation_tasks).")
 
-    train_backend: Literal["torch", "verl"] = Field(default="torch", description="torch (CPU or one GPU) | verl (the gpu extra).")
     train_precision: Literal["auto", "fp32", "bf16-mixed"] = Field(
         default="auto", description="fp32 | bf16-mixed (forward passes in bfloat16 under autocast; weights, gradients and "
         "optimiser state stay float32) | auto: bf16-mixed on a GPU with bfloat16, fp32 on the CPU.")

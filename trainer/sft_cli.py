@@ -46,7 +46,7 @@ def train_sft(s: Any) -> int:
     from foundation.clickhouse import connect
     from foundation.errors import ConfigError
     from trainer.checkpoint import Manifest
-    from trainer.device import check_backend
+    from trainer.device import resolve_device
     from trainer.loop import Trainer
     from trainer.sft import SFTConfig, sft_ids
     from trainer.sft_data import SFTFilter, read_pairs
@@ -64,7 +64,7 @@ def train_sft(s: Any) -> int:
     if not pairs:
         print("SFT: nothing to train on; no version published")
         return 1
-    device = check_backend(s.train_backend, s.train_device)
+    device = resolve_device(s.train_device)
     trainer = Trainer(s, device=device)
     try:
         trainer.reconcile()

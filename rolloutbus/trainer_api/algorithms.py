@@ -171,6 +171,20 @@ _VERL_LOSS_AGG = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean
 _VERL_POLICY_LOSS = {"vanilla": "ppo-clip"}
 
 
+def _ranks_args(gpus: Any, nodes: Any, given: list[str]) -> list[str]:
+    """``rolloutbus train``'s rank flags for verl's ``trainer.n_gpus_per_node`` and ``trainer.nnodes`` (none for 1);
+    several nodes without a rendezvous endpoint among the flags ``given`` is one line. Pure."""
+    args: list[str] = []
+    if gpus is not None and int(gpus) > 1:
+        args += ["--nproc-per-node", str(int(gpus))]
+    if nodes is not None and int(nodes) > 1:
+        if "--rdzv-endpoint" not in given:
+            raise ConfigError(f"VERL: trainer.nnodes={nodes} needs where the ranks meet: "
+                              "VERL(config, train_args=['--rdzv-endpoint', 'HOST:PORT']) (torchrun's rendezvous, on the first node)")
+        args += ["--nnodes", str(int(nodes))]
+    return args
+
+
 def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: verl's dotted keys (as ``main_ppo`` takes them on its command line). Pure."""
     out: dict[str, Any] = {}
@@ -207,7 +221,10 @@ class VERL(GRPO):
     ``trainer.total_epochs``                                    ``max_steps`` = epochs × tasks / groups per step
                                                                 (fit counts the training tasks)
     ``trainer.test_freq``                                       ``--validate-every``
-    ``trainer.n_gpus_per_node``, ``trainer.nnodes``             1 (one device: more is refused)
+    ``trainer.n_gpus_per_node``                                 ``--nproc-per-node`` (ranks on each machine, FSDP2)
+    ``trainer.nnodes``                                          ``--nnodes`` (more than 1 needs ``--rdzv-endpoint
+                                                                HOST:PORT`` in ``train_args``: verl's Ray cluster
+                                                                has no counterpart here)
     ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
                                                                 mini-batch, several updates a batch, is refused)
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
@@ -277,10 +294,7 @@ class VERL(GRPO):
         if freq is not None and int(freq) > 0:
             train_args += ["--validate-every", str(int(freq))]
         model = take("actor_rollout_ref.model.path")
-        for key in ("trainer.n_gpus_per_node", "trainer.nnodes"):
-            n = take(key)
-            if n is not None and int(n) > 1:
-                raise ConfigError(f"VERL: {key}={n}: this trainer runs on one device; give 1")
+        train_args += _ranks_args(take("trainer.n_gpus_per_node"), take("trainer.nnodes"), grpo.get("train_args", []))
         mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
         if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
             raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="

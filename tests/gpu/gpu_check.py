@@ -21,8 +21,8 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
     the 135M model and a ~1.04B model of the same family (SmolLM2-1.7B's layer shape, 14 of its 24
     layers), in float32 (what the trainer loads) and bfloat16: seconds per step, tokens/s, peak memory
     (CUDA: ``max_memory_allocated``/``reserved``; CPU: the process's peak RSS, which never goes down).
-(c) verl: ``to_data_proto`` onto the device, where verl imports (verl 0.9.1's actor update is its Ray
-    worker's ``update_actor`` over an FSDP engine: not attempted). verl does not import on the GPU machine:
+(c) verl: its ``vanilla`` policy loss through the trainer's registry (``verl:vanilla``) against the built-in
+    ``ppo-clip`` on the device, loss and gradient, where verl imports. verl does not import on the GPU machine:
     ``verl.protocol`` imports Ray at its top, and Ray's wheel (ray-2.60.0, cp312 manylinux2014_x86_64)
     is 79 MB, over the 64 MiB carry limit by itself; the section records why and what else it would need.
 
@@ -443,7 +443,7 @@ def profile_steps(device: str, plan: Sequence[tuple[str, dict[str, Any], str, in
 
 
 def verl_section(groups: Sequence[GroupBatch], device: str) -> dict[str, Any]:
-    """Part (c): ``to_data_proto`` on ``device`` where verl imports; otherwise why not."""
+    """Part (c): verl's loss through the registry on ``device`` where verl imports; otherwise why not."""
     try:
         import verl  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any failure to import is the answer here
@@ -453,16 +453,21 @@ def verl_section(groups: Sequence[GroupBatch], device: str) -> dict[str, Any]:
                                     "11 MB (verl caps transformers <5.11; the image has 5.17), tensordict-0.10.0 0.45 MB, hydra-core, "
                                     "omegaconf, codetiming, dill, torchdata, pylatexenc under 1 MB together; antlr4-python3-runtime "
                                     "4.9.*, which hydra-core 1.3.8 pins, is a source distribution only (a wheel built here)"}
-    from trainer.verl_backend import to_data_proto
+    from trainer.grpo import GRPOConfig, grpo_loss
 
-    pad = int(SMOLLM2_135M["pad_token_id"])
-    dp = to_data_proto(groups, pad, meta_info={"temperature": 1.0}).to(device)
-    rows = sum(1 for g in groups for t in g.transitions if t.response_token_ids)
-    shapes = {k: list(v.shape) for k, v in dp.batch.items()}
-    return {"ran": True, "data_proto": shapes, "rows": rows, "device": str(dp.batch["input_ids"].device),
-            "actor_update": "not run: verl 0.9.1 has no DataParallelPPOActor; its update_actor is ActorRolloutRefWorker's, "
-                            "taking a TensorDict on Ray's single controller with an FSDP engine",
-            "passed": all(s[0] == rows for s in shapes.values())}
+    g = torch.Generator().manual_seed(0)
+    old = (-torch.rand(8, 64, generator=g) * 3).to(device)
+    logp0 = old + ((torch.rand(8, 64, generator=g) - 0.5) * 0.6).to(device)
+    adv, mask = torch.randn(8, generator=g).to(device), torch.ones_like(old)
+    out = {}
+    for name in ("ppo-clip", "verl:vanilla"):
+        logp = logp0.clone().requires_grad_(True)
+        loss, _ = grpo_loss(logp, old, adv, mask, GRPOConfig(policy_loss=name, kl_beta=0.0))
+        loss.backward()
+        out[name] = (float(loss.detach()), logp.grad)
+    diff = float((out["ppo-clip"][1] - out["verl:vanilla"][1]).abs().max())
+    return {"ran": True, "device": str(logp0.device), "loss": {k: v[0] for k, v in out.items()}, "grad_max_diff": diff,
+            "passed": abs(out["ppo-clip"][0] - out["verl:vanilla"][0]) < 1e-5 and diff < 1e-5}
 
 
 # ------------------------------------------------------------------------------------------ the run

@@ -51,9 +51,18 @@ def test_losses_clips_and_kl_map_and_keyword_arguments_win() -> None:
     ({"algorithm": {"use_kl_in_reward": True}}, "use_kl_in_reward is not implemented here"),
     ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}, "loss_mode 'gspo'"),
     ({"actor_rollout_ref": {"rollout": {"n": 1}}}, "group_size=...\\) must be at least 2"),
-    ({"trainer": {"n_gpus_per_node": 4}}, "trainer.n_gpus_per_node=4: this trainer runs on one device"),
+    ({"trainer": {"n_gpus_per_node": 4, "nnodes": 2}}, "trainer.nnodes=2 needs where the ranks meet"),
     ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}}}, "one optimiser step per batch"),
 ])
 def test_what_it_cannot_honour_is_one_line(config: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         agl.VERL(config)
+
+
+def test_gpus_and_nodes_become_the_trainers_ranks() -> None:
+    """verl's ``n_gpus_per_node`` and ``nnodes`` are ``rolloutbus train``'s ``--nproc-per-node`` and ``--nnodes``
+    (torchrun under FSDP2); one GPU adds no flag; several nodes meet at the endpoint the caller gives."""
+    assert "--nproc-per-node" not in agl.VERL({"trainer": {"n_gpus_per_node": 1, "nnodes": 1}}).train_args
+    assert agl.VERL({"trainer": {"n_gpus_per_node": 4}}).train_args == ["--nproc-per-node", "4"]
+    algo = agl.VERL({"trainer": {"n_gpus_per_node": 8, "nnodes": 2}}, train_args=["--rdzv-endpoint", "node0:29400"])
+    assert algo.train_args == ["--nproc-per-node", "8", "--nnodes", "2", "--rdzv-endpoint", "node0:29400"]

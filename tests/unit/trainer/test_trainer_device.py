@@ -1,15 +1,13 @@
-"""``train --device`` and ``train --backend``: where the trainer runs, and one line when it cannot.
+"""``train --device``: where the trainer runs, and one line when it cannot.
 
-On this kind of machine (no GPU, no verl) the CUDA and verl cases must end in exit status 2 with one line
+On this kind of machine (no GPU) the CUDA cases must end in exit status 2 with one line
 naming what is missing, before anything is loaded, bound or connected. The placement test runs on every
 device this machine has (the CPU here; a GPU as well where there is one).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 from foundation.errors import ConfigError
-from trainer.device import check_backend, resolve_device
+from trainer.device import resolve_device
 
 NO_CUDA = not torch.cuda.is_available()
 DEVICES = ["cpu"] + ([] if NO_CUDA else ["cuda"])
@@ -80,45 +78,6 @@ def test_a_device_that_is_no_device_is_a_bad_value(no_io: None, capsys: pytest.C
 def test_auto_and_cpu_resolve_here() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cpu" if NO_CUDA else "cuda")
-    assert check_backend("torch", "cpu") == torch.device("cpu")
-
-
-# ------------------------------------------------------------------------------------------ verl
-
-
-def test_verl_without_the_extra_names_it(no_io: None, capsys: pytest.CaptureFixture[str]) -> None:
-    if importlib.util.find_spec("verl") is not None:
-        pytest.skip("verl is installed here")
-    code, line = _train(["--backend", "verl"], capsys)
-    assert code == 2 and "pip install -e '" in line and "[trainer,gpu]'" in line and "--backend verl" in line, line
-
-
-def test_verl_that_fails_to_import_is_one_line(no_io: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """An installed verl that does not import (a transformers it rejects) is a setup error, not a traceback."""
-    (tmp_path / "verl").mkdir()
-    (tmp_path / "verl" / "__init__.py").write_text("raise ImportError('transformers 5.16 is not supported')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "verl", raising=False)
-    code, line = _train(["--backend", "verl"], capsys)
-    assert code == 2 and "fails to import" in line and "transformers 5.16" in line and "[trainer,gpu]'" in line, line
-
-
-@pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
-def test_verl_installed_but_no_gpu_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainer.device._verl_import_error", lambda: None)
-    with pytest.raises(ConfigError, match="needs a CUDA GPU and none is available"):
-        check_backend("verl", "auto")
-    with pytest.raises(ConfigError, match="not with --device cpu"):
-        check_backend("verl", "cpu")
-
-
-def test_the_backend_comes_from_the_environment_too(no_io: None, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("ROLLOUTBUS_TRAIN_BACKEND", "verl")
-    monkeypatch.setattr("trainer.device._verl_import_error", lambda: "not installed")
-    code, line = _train([], capsys)
-    assert code == 2 and "[trainer,gpu]'" in line, line
 
 
 # ------------------------------------------------------------------------------------------ placement

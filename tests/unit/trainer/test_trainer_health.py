@@ -81,22 +81,21 @@ def test_a_step_that_hangs_makes_the_trainer_unready() -> None:
 
 
 @pytest.mark.parametrize(("argv", "env", "want"), [
-    ([], {}, (9100, "127.0.0.1", "torch", "auto")),
-    (["--metrics-port", "9300", "--metrics-host", "0.0.0.0", "--backend", "verl", "--device", "cuda:1"], {},
-     (9300, "0.0.0.0", "verl", "cuda:1")),
-    ([], {"ROLLOUTBUS_TRAIN_METRICS_PORT": "0", "ROLLOUTBUS_TRAIN_DEVICE": "cpu"}, (0, "127.0.0.1", "torch", "cpu")),
+    ([], {}, (9100, "127.0.0.1", "auto")),
+    (["--metrics-port", "9300", "--metrics-host", "0.0.0.0", "--device", "cuda:1"], {}, (9300, "0.0.0.0", "cuda:1")),
+    ([], {"ROLLOUTBUS_TRAIN_METRICS_PORT": "0", "ROLLOUTBUS_TRAIN_DEVICE": "cpu"}, (0, "127.0.0.1", "cpu")),
 ])
-def test_train_reads_port_host_backend_and_device(argv: list[str], env: dict[str, str], want: tuple,
+def test_train_reads_port_host_and_device(argv: list[str], env: dict[str, str], want: tuple,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
     from trainer.cli import add_arguments, settings_from_args
 
-    for key in ("ROLLOUTBUS_TRAIN_METRICS_PORT", "ROLLOUTBUS_TRAIN_METRICS_HOST", "ROLLOUTBUS_TRAIN_BACKEND", "ROLLOUTBUS_TRAIN_DEVICE"):
+    for key in ("ROLLOUTBUS_TRAIN_METRICS_PORT", "ROLLOUTBUS_TRAIN_METRICS_HOST", "ROLLOUTBUS_TRAIN_DEVICE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     s = settings_from_args(parser.parse_args(argv))
-    assert (s.train_metrics_port, s.train_metrics_host, s.train_backend, s.train_device) == want
+    assert (s.train_metrics_port, s.train_metrics_host, s.train_device) == want
