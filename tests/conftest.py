@@ -68,6 +68,45 @@ def _free_port_pair() -> int:
     return free_port_run((0, 1, 500, 501))
 
 
+# ------------------------------------------------------------------------------------------ skips in CI
+
+# What a test may skip for in CI (``CI=true``, which ``.ci/run`` sets): what this machine kind lacks and the project
+# cannot install. Any other skip fails the session in CI, listed at its end, so a green `make test` never hides a
+# test that did not run (a missing install already fails where it is found: ``tests/installs.py``).
+CI_MAY_SKIP = (
+    "needs CUDA",  # a GPU: this machine kind has none (the GPU check runs where one is lent)
+    "this machine has CUDA",  # the no-GPU messages, where a GPU is present
+)
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def unexpected_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The skips in ``skipped`` (node id, reason) whose reason is none of :data:`CI_MAY_SKIP`. Pure."""
+    return [(node, why) for node, why in skipped if not any(ok in why for ok in CI_MAY_SKIP)]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.installs import strict
+
+    bad = unexpected_skips(_SKIPPED)
+    if strict() and bad:
+        lines = "\n".join(f"  {node}: {why}" for node, why in bad)
+        print(f"\n{len(bad)} test(s) skipped in CI for a reason CI_MAY_SKIP (tests/conftest.py) does not allow:\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 if not os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT"):
     # Exported, so the tests' subprocesses and modules that derive their own ports (port + 500) agree.
     os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"] = str(_free_port_pair())
