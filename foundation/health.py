@@ -287,4 +287,26 @@ def serve_health(ready: Callable[[], Verdict], host: str, port: int, *, explicit
 
 
 
-__all__ = ["HealthServer", "METRICS_TOKEN_ENV", "Readiness", "Verdict", "backlog", "check_bind_host", "serve_health"]
+def health_settings(process: str, port: int, stall_s: float, stalled_when: str) -> Any:
+    """The settings of one process kind's health endpoint, declared once for every kind: ``<process>_metrics_port``
+    (``port``; 0: off), ``<process>_metrics_host`` (an address to bind, checked) and ``<process>_stall_s`` (how long
+    ``stalled_when`` may last before /readyz turns 503). A process's settings class derives from the class returned
+    (a ``CommonSettings``), so its variables stay ``ROLLOUTBUS_<PROCESS>_METRICS_PORT`` and so on."""
+    from pydantic import Field, create_model, field_validator
+
+    from foundation.config import PORT, CommonSettings
+
+    return create_model(
+        f"{process.title()}HealthSettings", __base__=CommonSettings,
+        __validators__={"check_metrics_host": field_validator(f"{process}_metrics_host")(check_bind_host)},
+        **{f"{process}_metrics_port": (int, Field(default=port, ge=0, le=PORT["le"],
+                                                  description="Port of /metrics, /healthz and /readyz; 0: off.")),
+           f"{process}_metrics_host": (str, Field(default="127.0.0.1", description="Address /metrics, /healthz and "
+                                                  "/readyz bind; 0.0.0.0 (or ::) opens them to a probe or a scraper from "
+                                                  "outside the host.")),
+           f"{process}_stall_s": (float, Field(default=stall_s, gt=0, description=f"/readyz turns 503 when {stalled_when} "
+                                               "for this long."))})
+
+
+__all__ = ["HealthServer", "METRICS_TOKEN_ENV", "Readiness", "Verdict", "backlog", "check_bind_host", "health_settings",
+           "serve_health"]

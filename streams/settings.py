@@ -8,14 +8,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from foundation.config import PORT, CommonSettings
-from foundation.health import check_bind_host
+from foundation.health import health_settings
 from foundation.registry import registered_in
 
 METRICS_PORT = 9101  # the trainer's is 9100: both run on one host in the local stack
 
 
-class StreamSettings(CommonSettings):
+class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wait and nothing was processed")):  # type: ignore[misc]
     """One field per concern; each is ``ROLLOUTBUS_<FIELD>`` in the environment and a flag on the CLI."""
 
     group_size: int = Field(default=4, ge=1, description="Rollouts per GRPO group.")
@@ -40,12 +39,6 @@ class StreamSettings(CommonSettings):
     sink_interval_s: float = Field(default=1.0, gt=0, description="Longest time rows wait before a ClickHouse insert.")
     sink_pipelined: bool = Field(default=True, description="Read on while ClickHouse inserts a batch (one in flight); "
                                  "false: each insert is waited for (less CPU where the worker shares its cores with the store).")
-    streams_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],
-                                      description="Port of /metrics, /healthz and /readyz; 0: off.")
-    streams_metrics_host: str = Field(default="127.0.0.1", description="Address /metrics, /healthz and /readyz bind; "
-                                      "0.0.0.0 (or ::) opens them to a probe or a scraper from outside the host.")
-    streams_stall_s: float = Field(default=120.0, gt=0, description="/readyz turns 503 when records wait and nothing was "
-                                   "processed for this long.")
     feedback_window_s: float = Field(default=3600.0, gt=0, description="Late feedback is applied when given at most this "
                                      "long after its rollout finished; later, it is dead-lettered (feedback.after_window).")
     feedback_baseline: Literal["none", "loo", "prompt"] = Field(default="loo", description="Advantage of a task-less rollout trained on "
@@ -57,7 +50,6 @@ class StreamSettings(CommonSettings):
     )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
 
-    check_metrics_host = field_validator("streams_metrics_host")(check_bind_host)
 
     check_credit = field_validator("credit")(registered_in("streams.credit:CREDIT"))
     check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))

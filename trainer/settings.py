@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from foundation.config import PORT, CommonSettings, check_http_url
-from foundation.health import check_bind_host
+from foundation.health import health_settings
 from foundation.registry import registered_in
 
 METRICS_PORT = 9100  # the stream worker's is 9101: both run on one host in the local stack
@@ -22,7 +22,8 @@ def _model_ref(v: str | None) -> str | None:
     return v
 
 
-class TrainerSettings(CommonSettings):
+class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ignore[misc]
+                                      "batches wait, none was read and no step finished (longer than a step takes)")):
     """Everything ``rolloutbus train`` reads. Flags override these; these override the defaults."""
 
     train_model: str = Field(default="tiny", description="Local HF causal-LM path, or 'tiny' for the project's tiny model.")
@@ -79,12 +80,6 @@ class TrainerSettings(CommonSettings):
         "optimiser state stay float32) | auto: bf16-mixed on a GPU with bfloat16, fp32 on the CPU.")
     train_device: str = Field(default="auto", description="cpu | cuda | cuda:N | auto (a GPU when one is visible): "
                               "where the model, the reference model and the batches live.")
-    train_metrics_port: int = Field(default=METRICS_PORT, ge=0, le=PORT["le"],
-                                    description="Port of /metrics, /healthz and /readyz; 0: off.")
-    train_metrics_host: str = Field(default="127.0.0.1", description="Address /metrics, /healthz and /readyz bind; "
-                                    "0.0.0.0 (or ::) opens them to a probe or a scraper from outside the host.")
-    train_stall_s: float = Field(default=600.0, gt=0, description="/readyz turns 503 when batches wait and none was "
-                                 "read and no step finished for this long (longer than one step takes).")
 
     check_model = field_validator("train_model")(_model_ref)
 
@@ -95,7 +90,6 @@ class TrainerSettings(CommonSettings):
         return self
 
     check_policy_loss = field_validator("policy_loss")(registered_in("trainer.policy_losses:POLICY_LOSSES"))
-    check_metrics_host = field_validator("train_metrics_host")(check_bind_host)
 
     @field_validator("train_device")
     @classmethod

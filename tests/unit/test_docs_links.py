@@ -54,3 +54,38 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+# A measured figure: a number with a unit of what was measured (a rate, a share, a time, a ratio, a size).
+FIGURE = re.compile(r"\d(?:[\d,.]*\d)?\s?(?:%|µs|×|ms\b|min\b|s\b|GB\b|MB\b|points\b|spans/s\b|per CPU-s\b)")
+
+
+def readme_blocks() -> list[str]:
+    """README's paragraphs outside code blocks, each table with the paragraph before it (a code block's sample output
+    and a table belong to the paragraph that introduces them, which says where they come from)."""
+    blocks: list[str] = []
+    for b in (b for b in FENCE.sub("", (ROOT / "README.md").read_text()).split("\n\n") if b.strip()):
+        if b.lstrip().startswith("|") and blocks:
+            blocks[-1] += "\n\n" + b  # a table belongs to the paragraph that introduces it
+        else:
+            blocks.append(b)
+    return blocks
+
+
+def raw_files(block: str) -> list[str]:
+    return [target.split("#")[0] for target in LINK.findall(block) if target.startswith("bench/results/")]
+
+
+def test_every_figure_readme_quotes_links_its_raw_results() -> None:
+    """Each README paragraph or table that quotes a measured figure links the raw results it comes from, a file or
+    folder under bench/results/ (the command, the machine, each run's numbers) that exists."""
+    bare = [b.strip()[:120] for b in readme_blocks() if FIGURE.search(b) and not raw_files(b)]
+    assert bare == [], "README figures without a bench/results/ link:\n" + "\n".join(bare)
+    for b in readme_blocks():
+        for target in raw_files(b):
+            assert (ROOT / target).exists(), f"{target} (linked from README) does not exist"
+
+
+def test_the_figure_check_sees_a_bare_figure() -> None:
+    assert FIGURE.search("ended at 89.3% held-out") and not raw_files("ended at 89.3% held-out")
+    assert raw_files("89.3% ([raw](bench/results/x.md#a))") == ["bench/results/x.md"]
