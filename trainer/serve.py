@@ -35,7 +35,7 @@ from aiohttp import web
 
 from foundation.errors import RolloutbusError
 from trainer.model import ContextTooLong, ContinuousBatch
-from trainer.serve_http import VERSION_HEADER, bearer_auth
+from trainer.serve_http import VERSION_HEADER, openai_app
 from trainer.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -183,14 +183,7 @@ class PolicyServer:
     # ------------------------------------------------------------------ HTTP
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[bearer_auth(lambda: self.token)])
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
-        app.on_startup.append(self.start)
-        app.on_cleanup.append(self.stop)
-        return app
+        return openai_app(self)
 
     def _version(self) -> int | None:
         return None if self.policy is None else self.policy.version

@@ -1,11 +1,11 @@
 """What both policy servers (``rolloutbus serve``'s torch engine and its vLLM gate) answer alike over HTTP: the
-version header and the bearer-token guard. Light: aiohttp only (the vLLM gate never imports torch)."""
+version header, the bearer-token guard and the route table. Light: aiohttp only (the vLLM gate never imports torch)."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -28,4 +28,33 @@ def bearer_auth(token: Callable[[], str | None]) -> Any:
     return guard
 
 
-__all__ = ["VERSION_HEADER", "bearer_auth"]
+class PolicyServer(Protocol):
+    """What a policy server implements for :func:`openai_app`."""
+
+    token: str | None
+
+    async def start(self, app: web.Application) -> None: ...
+    async def stop(self, app: web.Application) -> None: ...
+    async def healthz(self, request: web.Request) -> web.StreamResponse: ...
+    async def models(self, request: web.Request) -> web.StreamResponse: ...
+    async def chat(self, request: web.Request) -> web.StreamResponse: ...
+    async def completions(self, request: web.Request) -> web.StreamResponse: ...
+
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def openai_app(server: PolicyServer) -> web.Application:
+    """Both policy servers' one route table: ``/healthz`` (open), ``/v1/models``, ``/v1/chat/completions`` and
+    ``/v1/completions`` behind the bearer token, bodies up to 16 MiB, the server started and stopped with the app."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[bearer_auth(lambda: server.token)])
+    app.router.add_get("/healthz", server.healthz)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/completions", server.completions)
+    app.on_startup.append(server.start)
+    app.on_cleanup.append(server.stop)
+    return app
+
+
+__all__ = ["MAX_BODY_BYTES", "PolicyServer", "VERSION_HEADER", "bearer_auth", "openai_app"]

@@ -39,7 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from foundation.errors import RolloutbusError
-from trainer.serve_http import VERSION_HEADER, bearer_auth
+from trainer.serve_http import VERSION_HEADER, openai_app
 
 log = logging.getLogger(__name__)
 EXTENSION = "trainer.vllm_worker.RolloutbusWorkerExtension"
@@ -263,14 +263,13 @@ class VllmGate:
             await self._session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[bearer_auth(lambda: self.token)])
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/chat/completions", self.forward)
-        app.router.add_post("/v1/completions", self.forward)
-        app.on_startup.append(self.start)
-        app.on_cleanup.append(self.stop)
-        return app
+        return openai_app(self)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.forward(request)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.forward(request)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.engine_key}", "Content-Type": "application/json"}

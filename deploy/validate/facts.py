@@ -53,12 +53,12 @@ FLAG_FIELD_PREFIXES = ("gateway", "proxy", "runner", "streams", "train", "serve"
 LISTENERS = {
     "gateway": ("gateway_host", "gateway_port", "producers/ingest/gateway.py"),
     "proxy": ("proxy_host", "proxy_port", "producers/ingest/llm_proxy.py"),
-    "serve": ("serve_host", "serve_port", "trainer/serve.py"),
+    "serve": ("serve_host", "serve_port", "trainer/serve_http.py"),  # both engines' one route table
     "process": ("streams_metrics_host", "streams_metrics_port", "foundation/health.py"),
     "train": ("train_metrics_host", "train_metrics_port", "foundation/health.py"),
 }
 # (command, engine) → the file whose GET routes that engine's server answers, where it is not LISTENERS' one.
-ENGINE_ROUTES = {("serve", "vllm"): "trainer/vllm_serve.py"}
+ENGINE_ROUTES: dict[tuple[str, str], str] = {}  # none today: serve's torch engine and vLLM gate share openai_app
 # Processes that write spans through a SpanTransport: its spool is <data dir>/spool
 # (producers.transport.SpanTransport.from_settings).
 SPOOLERS = {"gateway", "proxy", "run-agent"}

@@ -85,12 +85,22 @@ def test_k8s_the_char_model_and_a_probe_the_gate_does_not_answer_fail(overlay: l
     assert "readinessProbe: path /health is not a GET route of `rolloutbus serve` (['/healthz', '/v1/models'])" in problems
 
 
-def test_the_vllm_gates_routes_are_read_from_its_own_module() -> None:
-    assert facts.ENGINE_ROUTES[("serve", "vllm")] == "trainer/vllm_serve.py"
+def test_both_engines_routes_are_read_from_their_one_route_table() -> None:
+    """``serve --engine torch`` and the vLLM gate answer one route table (trainer/serve_http.py ``openai_app``), and the
+    deploy check reads the probes' paths from it."""
+    from aiohttp import web
+
+    from trainer.serve_http import openai_app
+    from trainer.vllm_serve import VllmGate
+
     vllm = type("S", (), {"serve_engine": "vllm"})()
     torch = type("S", (), {"serve_engine": "torch"})()
-    assert facts.routes_for("serve", vllm) == facts.get_routes("serve", "vllm") == {"/healthz", "/v1/models"}
-    assert facts.routes_for("serve", torch) == facts.get_routes("serve")
+    assert facts.routes_for("serve", vllm) == facts.routes_for("serve", torch) == {"/healthz", "/v1/models"}
+    server = object.__new__(VllmGate)  # the routes only: no engine, no checkpoint
+    server.token = None
+    gate = openai_app(server)
+    gets = {r.resource.canonical for r in gate.router.routes() if r.method == "GET"}
+    assert gets == facts.get_routes("serve") and isinstance(gate, web.Application)
 
 
 def _compose_problems(tmp_path: Path, edit: Any) -> str:
