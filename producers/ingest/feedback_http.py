@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
 from producers.emit import FEEDBACK_ID, FEEDBACK_ROLLOUT_ID, FEEDBACK_VALUE, feedback_record
-from producers.ingest.front_door import BadRequest, FrontDoor, not_a_json_constant, parse_json
+from producers.ingest.front_door import BadRequest, FrontDoor, guarded, not_a_json_constant, parse_json
 from producers.ingest.otlp_decoding import JSON, PROTOBUF, any_value, decode_request
 from producers.transport import SpanTransport
 from schemas.codec import encode_raw
@@ -94,10 +94,9 @@ class FeedbackRoutes:
         app.router.add_post("/v1/feedback", self.json)
         app.router.add_post("/v1/feedback/traces", self.traces)
 
+    @guarded()
     async def json(self, request: web.Request) -> web.Response:
         door = self.door
-        if (refused := door.refused(request)) is not None:
-            return refused
         try:
             records = feedback_from_json(parse_json(await door.body(request), parse_constant=not_a_json_constant), time.time_ns())
         except BadRequest as exc:
@@ -107,10 +106,9 @@ class FeedbackRoutes:
         door.counts.answered(202)
         return web.json_response({"feedback_ids": [r["feedback_id"] for r in records]}, status=202)
 
+    @guarded()
     async def traces(self, request: web.Request) -> web.Response:
         door = self.door
-        if (refused := door.refused(request)) is not None:
-            return refused
         ctype = request.headers.get("Content-Type", PROTOBUF).split(";")[0].strip().lower()
         try:
             records, errors = feedback_from_otlp(decode_request(await door.body(request), ctype))

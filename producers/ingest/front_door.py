@@ -22,6 +22,7 @@ takes Bearer only, answers in OpenAI's error shape and refuses a compressed body
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from collections.abc import Callable, Sequence
@@ -212,5 +213,28 @@ class FrontDoor:
             return refuse(400, TOO_DEEP)
 
 
-__all__ = ["FrontDoor", "Counts", "BadRequest", "BodyTooLarge", "UnsupportedEncoding", "TooDeep", "inflate", "parse_json", "error_response",
+def guarded(door: str = "door") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The one guard of every route handler (a method of an object whose attribute ``door`` is its
+    :class:`FrontDoor`): a caller without the token is answered 401 before the handler runs, and a
+    :class:`~foundation.errors.KafkaUnavailable` the handler lets out is 503 with Retry-After (``<why>; retry
+    later``). What a handler answers in its own API's words (a 400 or 422) it still answers itself."""
+    from foundation.errors import KafkaUnavailable
+
+    def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(handler)
+        async def route(self: Any, request: web.Request) -> web.StreamResponse:
+            front: FrontDoor = getattr(self, door)
+            if (refused := front.refused(request)) is not None:
+                return refused
+            try:
+                return await handler(self, request)  # type: ignore[no-any-return]
+            except KafkaUnavailable as exc:
+                return front.busy(f"{exc}; retry later")
+
+        return route
+
+    return wrap
+
+
+__all__ = ["FrontDoor", "guarded", "Counts", "BadRequest", "BodyTooLarge", "UnsupportedEncoding", "TooDeep", "inflate", "parse_json", "error_response",
            "one_line", "not_a_json_constant", "SERVER_OPTIONS", "TOO_DEEP", "SPOOL_FULL", "QUEUE_FULL"]

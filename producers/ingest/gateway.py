@@ -23,7 +23,7 @@ from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
 from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from producers.ingest.auth import authorized
 from producers.ingest.feedback_http import FeedbackRoutes
-from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, FrontDoor
+from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, FrontDoor, guarded
 from producers.ingest.otlp_decoding import _OTLP_COMPILED, JSON, PROTOBUF, map_body
 from producers.ingest.resources import Resources
 from producers.spool import FRAME_OVERHEAD
@@ -89,10 +89,9 @@ class Gateway:
             self.feedback.add_to(app)
         return app
 
+    @guarded()
     async def traces(self, request: web.Request) -> web.Response:
         door = self.door
-        if (refused := door.refused(request)) is not None:
-            return refused
         if not self.transport.accepting():
             return door.busy()
         try:

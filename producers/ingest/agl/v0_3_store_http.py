@@ -57,7 +57,7 @@ from producers.ingest.agl.v0_3_store import (
     span_from_agl,
     worker_reply,
 )
-from producers.ingest.front_door import BadRequest, BodyTooLarge, FrontDoor, TooDeep
+from producers.ingest.front_door import BadRequest, BodyTooLarge, FrontDoor, TooDeep, guarded
 from producers.ingest.resources import Publish, Resources, newest
 from producers.mapping import MappingError
 from producers.transport import SPAN, SpanTransport
@@ -166,30 +166,25 @@ class LightningStoreRoutes:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    @guarded()
     async def next_sequence_id(self, request: web.Request) -> web.Response:
         """``get_next_span_sequence_id``: the attempt's counter in the control records, 1 up, each id once through
         any replica. Without them, 0: the span stage numbers the span (:func:`unnumber`)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             key = sequence_key(await self._json(request))
         except MappingError as exc:
             return self.door.refuse(422, f"not a sequence id request: {exc}")
         if self.control is None:
             return web.json_response({"sequence_id": UNNUMBERED})
-        try:
-            _status, n = await self._write({"op": "sequence", "key": key})
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        _status, n = await self._write({"op": "sequence", "key": key})
         return web.json_response({"sequence_id": n})
 
     async def _write(self, record: dict[str, Any]) -> Any:
         assert self.control is not None
         return await asyncio.get_running_loop().run_in_executor(None, self.control.write, record)
 
+    @guarded()
     async def add_span(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             body = await self._json(request)
             span = span_from_agl(body, now_ns=time.time_ns())
@@ -199,17 +194,14 @@ class LightningStoreRoutes:
             return self.door.refuse(400, f"not an Agent Lightning span: {exc}")
         key = f"{span['rollout_id']}/{span['attempt_id']}"
         if self.control is not None and seq > self.control.peek(lambda s: s.sequence.get(key, 0)):
-            try:  # an id the counter has not handed out yet (the caller's own): the counter goes on above it
-                await self._write({"op": "sequence_seen", "key": key, "id": seq})
-            except KafkaUnavailable as exc:
-                return self.door.busy(f"{exc}; retry later")
+            # an id the counter has not handed out yet (the caller's own): the counter goes on above it
+            await self._write({"op": "sequence_seen", "key": key, "id": seq})
         if (busy := self._send(span["rollout_id"], value)) is not None:
             return busy
         return web.json_response(body, status=201)
 
+    @guarded()
     async def update_attempt(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
         try:
             body = check_attempt_update(await self._json(request))
@@ -288,10 +280,9 @@ class LightningStoreRoutes:
         current = self.resources()
         return resources_update(current) if current is not None else None
 
+    @guarded()
     async def enqueue(self, request: web.Request) -> web.Response:
         """``enqueue_rollout(s)``: each rollout a task on rb.tasks; answers its ``Rollout``s (queuing)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.queue is None:
             return await self.not_on_the_bus(request)
         try:
@@ -301,18 +292,14 @@ class LightningStoreRoutes:
         if not reqs:
             return web.json_response([], status=201)
         await self._remember(self._newest())
-        try:
-            replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        replies = await asyncio.get_running_loop().run_in_executor(None, self.queue.enqueue, reqs, self._resources_id())
         await self._record({"op": "v03_rollouts", "rollouts": replies})
         return web.json_response(replies, status=201)
 
+    @guarded()
     async def dequeue(self, request: web.Request) -> web.Response:
         """``dequeue_rollout(s)``: rollouts of the tasks this replica owns, each claimed by the caller; []
         when it has none (the client's None)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.queue is None:
             return await self.not_on_the_bus(request)
         try:
@@ -326,19 +313,15 @@ class LightningStoreRoutes:
             return self.door.refuse(422, "the request is {\"limit\": <int>, \"worker_id\": <string or null>}")
         if limit <= 0:
             return web.json_response([])
-        try:
-            got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
         if got:
             await self._record({"op": "v03_rollouts", "rollouts": got})
         return web.json_response(got)
 
+    @guarded()
     async def start_rollout(self, request: web.Request) -> web.Response:
         """``start_rollout``: a rollout its caller runs now: no task on rb.tasks, its attempt STARTED on
         rb.spans (task id = rollout id); answers the ``AttemptedRollout``."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             body = await self._json(request)
             [req] = enqueue_requests(body)
@@ -359,11 +342,10 @@ class LightningStoreRoutes:
         await self._record({"op": "v03_rollouts", "rollouts": [reply]})
         return web.json_response(reply, status=201)
 
+    @guarded()
     async def start_attempt(self, request: web.Request) -> web.Response:
         """``start_attempt``: a new attempt of a recorded rollout, run by its caller now: numbered by the control
         records (one above its attempts so far), its STARTED on rb.spans; answers the ``AttemptedRollout``."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.control is None:
             return await self.not_on_the_bus(request)
         rid = request.match_info["rollout_id"]
@@ -375,11 +357,8 @@ class LightningStoreRoutes:
         except MappingError as exc:
             return self.door.refuse(422, f"not a start_attempt request: {exc}")
         now = time.time()
-        try:
-            status, reply = await self._write({"op": "v03_attempt", "rollout_id": rid, "attempt_id": new_attempt_id(),
-                                               "worker_id": worker, "now": now})
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        status, reply = await self._write({"op": "v03_attempt", "rollout_id": rid, "attempt_id": new_attempt_id(),
+                                           "worker_id": worker, "now": now})
         if status != 201:
             return self.door.refuse(status, reply["detail"])
         attempt = reply["attempt"]
@@ -390,12 +369,11 @@ class LightningStoreRoutes:
             return busy
         return web.json_response(reply, status=201)
 
+    @guarded()
     async def update_rollout(self, request: web.Request) -> web.Response:
         """``update_rollout``: its fields set in the control records (read back at once through any replica). A status
         that puts it back in the queue (``queuing``, ``requeuing``) answers 501: the queue is rb.tasks, whose record
         of it is not taken back; ``start_attempt`` runs a new attempt of it instead."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.control is None:
             return await self.not_on_the_bus(request)
         try:
@@ -405,36 +383,28 @@ class LightningStoreRoutes:
         if fields.get("status") in ("queuing", "requeuing"):
             return self.door.refuse(501, f"update_rollout(status={fields['status']!r}) is not served by rolloutbus: the "
                                          "queue is rb.tasks, whose task is not put back; start_attempt runs a new attempt")
-        try:
-            status, reply = await self._write({"op": "v03_update", "rollout_id": request.match_info["rollout_id"],
-                                               "fields": fields, "now": time.time()})
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        status, reply = await self._write({"op": "v03_update", "rollout_id": request.match_info["rollout_id"],
+                                           "fields": fields, "now": time.time()})
         if status != 200:
             return self.door.refuse(status, reply["detail"])
         return web.json_response(reply)
 
+    @guarded()
     async def statistics(self, request: web.Request) -> web.Response:
         """``statistics``: what the control records count (the rollouts, attempts and workers of this API, the
         resource sets held); spans are ClickHouse's (null here)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.control is None:
             return await self.not_on_the_bus(request)
-        try:
-            counts = await self._controlled(lambda s: (len(s.rollouts_v03), sum(map(len, s.attempts_v03.values())),
-                                                       len(s.workers), set(s.resource_sets)))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        counts = await self._controlled(lambda s: (len(s.rollouts_v03), sum(map(len, s.attempts_v03.values())),
+                                                   len(s.workers), set(s.resource_sets)))
         return web.json_response({"name": "rolloutbus", "total_rollouts": counts[0], "total_attempts": counts[1],
                                   "total_spans": None, "total_resources": len(counts[3] | {self._resources_id()} - {None}),
                                   "total_workers": counts[2], "uptime": time.monotonic() - self.started})
 
+    @guarded()
     async def query_resources(self, request: web.Request) -> web.Response:
         """``query_resources``: the sets this API named or served (the control records), and the newest, filtered and
         paged as its store pages them."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         current = self.resources()
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
@@ -448,8 +418,6 @@ class LightningStoreRoutes:
             return web.json_response(page(items, **self._paging(q, None)))
         except MappingError as exc:
             return self.door.refuse(422, f"not a query: {exc}")
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
 
     # ------------------------------------------------------------------ reads (ClickHouse)
 
@@ -488,9 +456,8 @@ class LightningStoreRoutes:
 
     async def _read(self, request: web.Request, answer: Callable[[dict[str, Any]], Any], *,
                     controlled: bool = False) -> web.Response:
-        """Run one read: 501 without ClickHouse, 422 for a bad query, 503 when ClickHouse cannot answer."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
+        """Run one read for a guarded handler: 501 without ClickHouse, 422 for a bad query, 503 when ClickHouse cannot
+        answer."""
         if self.clickhouse is None and (self.control is None or not controlled):
             return self.door.refuse(501, f"{request.method} {request.path} reads ClickHouse: this gateway has no ClickHouse "
                                          "server to read (ROLLOUTBUS_CLICKHOUSE_DSN=http://...; an embedded chdb:// store is "
@@ -503,8 +470,6 @@ class LightningStoreRoutes:
         except _Unavailable as exc:
             log.warning("a /v1/agl read failed: %s", exc)
             return self.door.busy(f"ClickHouse cannot answer now: {exc}")
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
 
     @staticmethod
     def _paging(query: dict[str, Any], default_sort: str | None) -> dict[str, Any]:
@@ -514,6 +479,7 @@ class LightningStoreRoutes:
         return {"sort_by": query.get("sort_by", default_sort), "sort_order": query.get("sort_order") or "asc",
                 "limit": limit, "offset": offset}
 
+    @guarded()
     async def query_rollouts(self, request: web.Request) -> web.Response:
         """``query_rollouts``: the rollouts with an ended attempt, each with its latest attempt."""
         async def answer(q: dict[str, Any]) -> Any:
@@ -531,6 +497,7 @@ class LightningStoreRoutes:
 
         return await self._read(request, answer, controlled=True)
 
+    @guarded()
     async def get_rollout(self, request: web.Request) -> web.Response:
         """``get_rollout_by_id``: an ended one from ClickHouse (its attempts' rows), else as the control records have it
         (from its enqueue on: through any replica); null when neither has it."""
@@ -572,12 +539,14 @@ class LightningStoreRoutes:
         known = {a["attempt_id"] for a in recorded}
         return recorded + [attempt_from_row(r) for r in rows if r["attempt_id"] not in known]
 
+    @guarded()
     async def query_attempts(self, request: web.Request) -> web.Response:
         async def answer(q: dict[str, Any]) -> Any:
             return page(await self._attempts(request.match_info["rollout_id"]), **self._paging(q, "sequence_id"))
 
         return await self._read(request, answer, controlled=True)
 
+    @guarded()
     async def latest_attempt(self, request: web.Request) -> web.Response:
         async def answer(_q: dict[str, Any]) -> Any:
             attempts = await self._attempts(request.match_info["rollout_id"])
@@ -585,6 +554,7 @@ class LightningStoreRoutes:
 
         return await self._read(request, answer, controlled=True)
 
+    @guarded()
     async def query_spans(self, request: web.Request) -> web.Response:
         """``query_spans``: the spans of a rollout (of one attempt, or its ``latest``) as the span stage stored them."""
         async def answer(q: dict[str, Any]) -> Any:
@@ -604,9 +574,8 @@ class LightningStoreRoutes:
 
         return await self._read(request, answer)
 
+    @guarded()
     async def latest_resources(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         current = self.resources()
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
@@ -614,9 +583,8 @@ class LightningStoreRoutes:
         await self._remember(update)
         return web.json_response(update)
 
+    @guarded()
     async def resources_by_id(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         current = self.resources()
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
@@ -626,16 +594,13 @@ class LightningStoreRoutes:
             return web.json_response(update)
         if self.control is None:
             return web.json_response(None)  # only the newest set is held: another id answers null, as its store does
-        try:  # an older set this API named or served; null for one it never did, as its store answers
-            return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.resource_sets.get(wanted))))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        # an older set this API named or served; null for one it never did, as its store answers
+        return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.resource_sets.get(wanted))))
 
+    @guarded()
     async def add_resources(self, request: web.Request) -> web.Response:
         """``add_resources`` and ``update_resources``: the next version of each named resource on rb.resources;
         answers the ``ResourcesUpdate`` of the newest set (its id names the versions: ``policy=4,prompt=2``)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.publish is None:
             return await self.not_on_the_bus(request)
         current = self.resources()
@@ -645,15 +610,13 @@ class LightningStoreRoutes:
             versions = versions_from_agl(await self._json(request), current, now_ns=time.time_ns())
         except MappingError as exc:
             return self.door.refuse(422, f"not Agent Lightning's NamedResources: {exc}")
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, self.publish, versions)
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        await asyncio.get_running_loop().run_in_executor(None, self.publish, versions)
         log.info("published through the store API: %s", ", ".join(f"{v.name} v{v.version}" for v in versions))
         update = resources_update(newest(current, versions))
         await self._remember(update)
         return web.json_response(update, status=201 if "resources_id" not in request.match_info else 200)
 
+    @guarded()
     async def wait_for_rollouts(self, request: web.Request) -> web.Response:
         """``wait_for_rollouts``: the named rollouts that finished (ClickHouse's rollouts, read until all did
         or its timeout passed; no timeout waits :data:`WAIT_CAP_S`)."""
@@ -670,38 +633,29 @@ class LightningStoreRoutes:
 
         return await self._read(request, answer)
 
+    @guarded()
     async def update_worker(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             body = await self._json(request)
             reply = worker_reply(request.match_info["worker_id"], body, now=time.time())
         except MappingError as exc:
             return self.door.refuse(400, f"not a worker update: {exc}")
         if self.control is not None:
-            try:
-                reply = (await asyncio.get_running_loop().run_in_executor(None, self.control.write,
-                                                                          {"op": "worker", "worker": reply}))[1]
-            except KafkaUnavailable as exc:
-                return self.door.busy(f"{exc}; retry later")
+            reply = (await asyncio.get_running_loop().run_in_executor(None, self.control.write,
+                                                                      {"op": "worker", "worker": reply}))[1]
         return web.json_response(reply)
 
+    @guarded()
     async def get_worker(self, request: web.Request) -> web.Response:
         """``get_worker_by_id``: its last heartbeat, through any replica; null for one never heard."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.control is None:
             return await self.not_on_the_bus(request)
         wid = request.match_info["worker_id"]
-        try:
-            return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.workers.get(wid))))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        return web.json_response(await self._controlled(lambda s: copy.deepcopy(s.workers.get(wid))))
 
+    @guarded()
     async def query_workers(self, request: web.Request) -> web.Response:
         """``query_workers`` (``status_in``, ``worker_id_contains``, ``filter_logic``, sorting, paging)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.control is None:
             return await self.not_on_the_bus(request)
         try:
@@ -719,8 +673,6 @@ class LightningStoreRoutes:
             return web.json_response(page(items, **self._paging(q, "worker_id")))
         except (MappingError, ValueError) as exc:
             return self.door.refuse(422, f"not a worker query: {exc}")
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
 
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
         call = f"{request.method} {request.path}"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from foundation.errors import EncodeError, KafkaUnavailable
+from foundation.errors import EncodeError
 from producers.context import new_span_id
 from producers.ingest.agl.v1_api import (
     DEFAULT_ATTEMPT_ID,
@@ -56,7 +56,7 @@ from producers.ingest.agl.v1_api import (
 )
 from producers.ingest.agl.v1_events import EVENT_PATH, event_to_span
 from producers.ingest.agl.v1_store_http import AgentLightning1Store
-from producers.ingest.front_door import BadRequest, Counts, FrontDoor, TooDeep, not_a_json_constant, parse_json
+from producers.ingest.front_door import BadRequest, Counts, FrontDoor, TooDeep, guarded, not_a_json_constant, parse_json
 from producers.ingest.resources import Resources
 from producers.mapping import MappingError
 from producers.transport import SPAN, SpanTransport
@@ -152,10 +152,9 @@ class AgentLightning1Routes:
     def _busy(self, exc: Exception) -> web.Response:
         return self.door.busy(f"{exc}; retry later")
 
+    @guarded()
     async def create_rollouts(self, request: web.Request) -> web.Response:
         """``POST /api/rollouts``: a task per rollout on rb.tasks (delivered before the answer), its rollouts queuing."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         if self.queue is None:
             return self._no_queue(request)
         try:
@@ -179,17 +178,13 @@ class AgentLightning1Routes:
                 rollouts.append(rollout)
         except (EncodeError, ValueError) as exc:
             return self.door.refuse(422, f"a rollout cannot be queued: {exc}")
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, self.queue.publish, tasks)
-        except KafkaUnavailable as exc:
-            return self._busy(exc)
+        await asyncio.get_running_loop().run_in_executor(None, self.queue.publish, tasks)
         log.info("%d rollouts queued on rb.tasks through Agent Lightning 1.x's API", len(rollouts))
         return web.json_response(rollouts, status=201)
 
+    @guarded()
     async def list_rollouts(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts?state_in=...&limit=...``: this replica's offered (queuing) and claimed (running) rollouts."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             states, limit = check_list_query(request.query.getall("state_in", []), request.query.get("limit"))
         except MappingError as exc:
@@ -204,12 +199,11 @@ class AgentLightning1Routes:
         running = [(c.slot.rollout_id, c.slot.task, c.attempt_id or DEFAULT_ATTEMPT_ID, c.started) for c in claims]
         return web.json_response(listing([(s.rollout_id, s.task) for s in offered], running, states, limit))
 
+    @guarded()
     async def get_rollout(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts/{id}``: its ``RolloutDetail`` — queuing or running from this replica's queue, ended
         from ClickHouse's ``rollouts``; 404 when neither has it (queued in another replica's partition, or not
         yet written by the stream worker)."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rollout_id = request.match_info["rollout_id"]
         loop = asyncio.get_running_loop()
         if self.queue is not None:
@@ -235,10 +229,9 @@ class AgentLightning1Routes:
             return self.door.refuse(404, f"Rollout not found: {rollout_id}")
         return web.json_response(ended_rollout([dict(zip(ENDED_COLUMNS, row)) for row in rows]))
 
+    @guarded()
     async def patch_rollout(self, request: web.Request) -> web.Response:
         """``PATCH /api/rollouts/{id}``: ``running`` claims it (its STARTED), a terminal state is its FINISHED."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rollout_id = request.match_info["rollout_id"]
         try:
             status = check_rollout_patch(await self._json(request))
@@ -250,10 +243,7 @@ class AgentLightning1Routes:
         claim = None
         if self.queue is not None and state in ("running", *TERMINAL):
             # running: the claim; a terminal state from queuing (its controller's failed spawn): claimed, then ended
-            try:
-                claim = await asyncio.get_running_loop().run_in_executor(None, self.queue.claim_agl1, rollout_id, attempt_id)
-            except KafkaUnavailable as exc:
-                return self._busy(exc)
+            claim = await asyncio.get_running_loop().run_in_executor(None, self.queue.claim_agl1, rollout_id, attempt_id)
             if claim is None and state == "running":
                 return self.door.refuse(409, f"Rollout {rollout_id}: cannot transition to running: this gateway replica does not "
                                              "offer it (running already, ended, or queued in a partition another replica owns; "
@@ -277,20 +267,18 @@ class AgentLightning1Routes:
             return web.json_response(reply)
         return web.json_response(patched_rollout(rollout_id, status, now=now))
 
+    @guarded()
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /api/models``: the model versions on rb.resources, latest first, as its ``Model`` list."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         current = self.resources()
         if current is None:
             return self.door.busy("rb.resources is still being read; retry", retry_after_s=1)
         return web.json_response(models_reply(current))
 
+    @guarded("events_door")
     async def add_event(self, request: web.Request) -> web.Response:
         """One event of its agents (their ``AGL_EVENT_URL``) → one span on rb.spans; answers the stored event."""
         door, counts = self.events_door, self.counts
-        if (refused := door.refused(request)) is not None:
-            return refused
         try:
             # NaN and Infinity are not JSON: kept, they would go back in the reply and on the span as text no
             # strict reader takes.
@@ -317,12 +305,11 @@ class AgentLightning1Routes:
             await self.store.record_event(stored)
         return web.json_response(stored)
 
+    @guarded()
     async def llm_call(self, request: web.Request) -> web.StreamResponse:
         """Its server's LLM proxy route, as its controllers hand it to every agent
         (``AGL_OPENAI_BASE_URL``): forwarded to ``rolloutbus proxy``'s route for the attempt (which records the
         call's token ids on rb.spans), at the endpoint the policy's newest version names."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         m = request.match_info
         if m["mode"] not in ("train", "val"):
             return self.door.refuse(404, f"Unsupported proxy mode: {m['mode']}")
@@ -374,9 +361,8 @@ class AgentLightning1Routes:
                                          f"{self._served()}; rollouts and their steps are in ClickHouse")
         return handler
 
+    @guarded()
     async def not_on_the_bus(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         return self.door.refuse(501, f"{request.method} {request.path} is not served by rolloutbus: {self._served()}")
 
     @staticmethod

@@ -25,7 +25,6 @@ from producers.ingest.agl.control import LEFT_QUEUING, ControlState, Result
 from producers.ingest.agl.v1_api import (
     DEFAULT_ATTEMPT_ID,
     PREFIX,
-    TERMINAL,
     check_list_query,
     check_rollout_creates,
     check_rollout_patch,
@@ -35,7 +34,7 @@ from producers.ingest.agl.v1_api import (
     task_from_create,
 )
 from producers.ingest.agl.v1_triplets import events_reply
-from producers.ingest.front_door import BadRequest
+from producers.ingest.front_door import BadRequest, guarded
 from producers.mapping import MappingError
 from schemas.codec import encode
 from schemas.models import RolloutEvent
@@ -135,11 +134,10 @@ class AgentLightning1Store:
 
     # ------------------------------------------------------------------ rollouts
 
+    @guarded()
     async def create(self, request: web.Request) -> web.Response:
         """``POST /api/rollouts``: each new rollout recorded (one with a known id answered as stored), then its task
         onto rb.tasks."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             reqs = check_rollout_creates(await self._body(request))
         except BadRequest as exc:
@@ -159,49 +157,35 @@ class AgentLightning1Store:
             status, body = await self._write({"op": "create", "rollouts": rollouts})
         except (EncodeError, ValueError) as exc:
             return self.door.refuse(422, f"a rollout cannot be queued: {exc}")
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
         new = [t for t, created in zip(tasks, body["created"]) if created]
         if new and self.api.queue is not None:
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.api.queue.publish, new)
-            except KafkaUnavailable as exc:
-                return self.door.busy(f"{exc}; retry later")
+            await asyncio.get_running_loop().run_in_executor(None, self.api.queue.publish, new)
         return web.json_response(body["rollouts"], status=status)
 
+    @guarded()
     async def list(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts?state_in=...&limit=...``: the rollouts in those states, in creation order."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             states, limit = check_list_query(request.query.getall("state_in", []), request.query.get("limit"))
         except MappingError as exc:
             return self.door.refuse(422, str(exc))
-        try:
-            return web.json_response(await self._read(lambda s: s.listed(states, limit)))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        return web.json_response(await self._read(lambda s: s.listed(states, limit)))
 
+    @guarded()
     async def get(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts/{id}``: its ``RolloutDetail``; 404 for an unknown (or deleted) one."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rid = request.match_info["rollout_id"]
 
         def detail(s: ControlState) -> Result:
             if rid not in s.rollouts:
                 return 404, {"detail": f"Rollout not found: {rid}"}
             return 200, {"rollout": s.rollouts[rid], "attempts": s.attempts(rid)}
-        try:
-            return self._answer(await self._read(detail))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        return self._answer(await self._read(detail))
 
+    @guarded()
     async def patch(self, request: web.Request) -> web.Response:
         """``PATCH /api/rollouts/{id}``: its status, as its transitions allow (409 otherwise); ``running`` records the
         attempt's STARTED, a terminal state its FINISHED."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rid = request.match_info["rollout_id"]
         try:
             status = check_rollout_patch(await self._body(request))
@@ -209,10 +193,7 @@ class AgentLightning1Store:
             return self.door.refuse(400, str(exc))
         except MappingError as exc:
             return self.door.refuse(422, f"not an Agent Lightning rollout patch: {exc}")
-        try:
-            code, body = await self._write({"op": "patch", "rollout_id": rid, "status": status, "now": time.time()})
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        code, body = await self._write({"op": "patch", "rollout_id": rid, "status": status, "now": time.time()})
         # Whether this patch moved it off queuing: then, and only then, its attempt starts (one STARTED). A later
         # patch (running -> succeeded) must not claim: the task may reach this replica's queue only now.
         started = bool(body.pop(LEFT_QUEUING, False)) if isinstance(body, dict) else False
@@ -238,46 +219,34 @@ class AgentLightning1Store:
             await loop.run_in_executor(None, self.api.queue.finished, finished.attempt_id, finished.status or "failed", rid)
         return web.json_response(body)
 
+    @guarded()
     async def delete(self, request: web.Request) -> web.Response:
         """``DELETE /api/rollouts/{id}``: 204, known or not."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
-        try:
-            return self._answer(await self._write({"op": "delete", "rollout_id": request.match_info["rollout_id"]}))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        return self._answer(await self._write({"op": "delete", "rollout_id": request.match_info["rollout_id"]}))
 
+    @guarded()
     async def events(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts/{id}/events?event_type=&format=triplet``: its last attempt's events."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         rid, q = request.match_info["rollout_id"], request.query
 
         def read(s: ControlState) -> Result:
             if rid not in s.rollouts:
                 return 404, {"detail": f"Rollout not found: {rid}"}
             return 200, s.rollout_events(rid, q.get("event_type"))
-        try:
-            code, body = await self._read(read)
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        code, body = await self._read(read)
         if code != 200:
             return web.json_response(body, status=code)
         routed = q.get("include_routed_experts", "true").lower() not in ("false", "0", "no", "off")
         return web.json_response(events_reply(body, triplet=q.get("format") == "triplet", routed_experts=routed))
 
+    @guarded()
     async def terminal(self, request: web.Request) -> web.Response:
         """``GET /api/rollouts/terminal?after=&limit=``: the ended rollouts in the order they ended, a page."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             after, limit = int(request.query.get("after", 0)), int(request.query.get("limit", 1000))
         except ValueError:
             return self.door.refuse(422, "after and limit are integers")
-        try:
-            return web.json_response(await self._read(lambda s: s.terminal_page(after, limit)))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        return web.json_response(await self._read(lambda s: s.terminal_page(after, limit)))
 
     def settled(self, rollout_ids: list[str]) -> set[str]:
         """Of rollouts the queue offers, those the control records have past queuing (run through another replica)."""
@@ -294,9 +263,8 @@ class AgentLightning1Store:
 
     # ------------------------------------------------------------------ models, the proxy's pause
 
+    @guarded()
     async def add_models(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             models = check_models(await self._body(request))
         except BadRequest as exc:
@@ -305,15 +273,13 @@ class AgentLightning1Store:
             return self.door.refuse(422, str(exc))
         return await self._call({"op": "models", "models": models})
 
+    @guarded()
     async def clear_models(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         return await self._call({"op": "models_clear"})
 
+    @guarded()
     async def pause(self, request: web.Request) -> web.Response:
         """``POST /proxy/pause`` (``retry_after_seconds``, ``reason``): the LLM route answers 503 until resumed."""
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         try:
             body = await self._body(request) or {}
         except BadRequest as exc:
@@ -323,25 +289,17 @@ class AgentLightning1Store:
             return self.door.refuse(422, "the body is {\"retry_after_seconds\": int, \"reason\": str}")
         return await self._call({"op": "pause", "retry_after_seconds": retry, "reason": body.get("reason")}, inflight=True)
 
+    @guarded()
     async def resume(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
         return await self._call({"op": "resume"}, inflight=True)
 
+    @guarded()
     async def proxy_state(self, request: web.Request) -> web.Response:
-        if (refused := self.door.refused(request)) is not None:
-            return refused
-        try:
-            state = await self._read(lambda s: dict(s.proxy))
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        state = await self._read(lambda s: dict(s.proxy))
         return web.json_response({**state, "inflight": self.api.inflight})
 
     async def _call(self, record: dict[str, Any], *, inflight: bool = False) -> web.Response:
-        try:
-            code, body = await self._write(record)
-        except KafkaUnavailable as exc:
-            return self.door.busy(f"{exc}; retry later")
+        code, body = await self._write(record)
         if inflight:
             body = {**body, "inflight": self.api.inflight}
         return web.json_response(body, status=code)
@@ -351,7 +309,7 @@ class AgentLightning1Store:
         that is not a JSON object. None: forward it."""
         try:
             proxy, known = await self._read(lambda s: (dict(s.proxy), rollout_id in s.rollouts))
-        except KafkaUnavailable as exc:
+        except KafkaUnavailable as exc:  # called by the LLM route, not a guarded handler of this class
             return self.door.busy(f"{exc}; retry later")
         if proxy["paused"]:
             return self.door.refuse(503, f"the LLM proxy is paused: {proxy['reason'] or 'no reason given'}",

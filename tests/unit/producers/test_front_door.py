@@ -177,3 +177,43 @@ def test_the_events_route_is_counted_with_the_otlp_route() -> None:
         'rolloutbus_gateway_requests_total{code="200"}': 1, 'rolloutbus_gateway_requests_total{code="422"}': 1,
         'rolloutbus_gateway_requests_total{code="401"}': 1}
     assert len(transport.records) == 1
+
+
+def test_the_one_guard_answers_401_before_the_handler_and_503_for_kafka_down() -> None:
+    """``guarded``, the guard of every route: without the token the handler never runs (401); Kafka down inside it
+    is 503 with Retry-After in the door's shape; what the handler answers itself passes through."""
+    from aiohttp import web
+
+    from foundation.errors import KafkaUnavailable
+    from producers.ingest.front_door import FrontDoor, guarded
+
+    ran: list[str] = []
+
+    class Routes:
+        door = FrontDoor(token="tok", max_body_bytes=1000, retry_after_s=7, detail=True)
+
+        @guarded()
+        async def down(self, request: web.Request) -> web.Response:
+            ran.append("down")
+            raise KafkaUnavailable("rb.control not reachable")
+
+        @guarded()
+        async def fine(self, request: web.Request) -> web.Response:
+            ran.append("fine")
+            return self.door.refuse(422, "its own words")
+
+    async def go() -> list[tuple[int, str, str | None]]:
+        routes, app = Routes(), web.Application()
+        app.router.add_get("/down", routes.down)
+        app.router.add_get("/fine", routes.fine)
+        async with TestClient(TestServer(app)) as client:
+            out = []
+            for path, headers in (("/down", {}), ("/down", AUTH), ("/fine", AUTH)):
+                r = await client.get(path, headers=headers)
+                out.append((r.status, await r.text(), r.headers.get("Retry-After")))
+            return out
+
+    (no_token, down, fine) = asyncio.run(go())
+    assert no_token[0] == 401 and ran == ["down", "fine"]
+    assert down[0] == 503 and down[2] == "7" and json.loads(down[1]) == {"detail": "rb.control not reachable; retry later"}
+    assert fine[0] == 422 and json.loads(fine[1]) == {"detail": "its own words"}
