@@ -293,6 +293,33 @@ _RULES = {
 }
 
 
+def shown_default(cls: type[BaseSettings], field: str) -> str | None:
+    """A field's default as a flag's help shows it (None: none to show: no default, a computed one, a switch). Pure."""
+    info = cls.model_fields[field]
+    default = info.default
+    if info.default_factory is not None or default is None or isinstance(default, bool) or "SecretStr" in repr(info.annotation):
+        return None
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default)) if abs(default) >= 1 or default == 0 else repr(default)
+    return str(default)
+
+
+def describe_flags(parser: Any, cls: type[BaseSettings], dests: Any = None) -> None:
+    """Each flag's variable and default appended to its help from the settings model ``cls``, so a default is written
+    once, in the model: ``(env ROLLOUTBUS_LR, default 0.0005)``. ``dests``: flag dest → settings field (default: every
+    flag whose dest is a field). A help that names its variable itself (a default the model computes) is left as written."""
+    if dests is None:
+        dests = list(cls.model_fields)
+    fields = dict(dests) if isinstance(dests, Mapping) else {d: d for d in dests}
+    for action in parser._actions:
+        field = fields.get(action.dest)
+        if field is None or field not in cls.model_fields or not action.help or "(env " in action.help or action.help == "==SUPPRESS==":
+            continue
+        default = shown_default(cls, field) if action.nargs != 0 else None
+        env = ENV_PREFIX + field.upper()
+        action.help = f"{action.help} (env {env}" + (f", default {default})" if default is not None else ")")
+
+
 def setting_bounds(cls: type[BaseSettings], field: str) -> dict[str, float]:
     """The numeric bounds (``ge``/``gt``/``le``/``lt``) declared on one settings field."""
     info = cls.model_fields[field]

@@ -13,36 +13,34 @@ log = logging.getLogger("rolloutbus.streams")
 
 # flag → settings field. Every flag defaults to None so the environment / documented default applies.
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
-    ("--group-size", {"type": int, "dest": "group_size", "help": "rollouts per GRPO group (env ROLLOUTBUS_GROUP_SIZE, default 4)"}),
-    ("--group-min-rollouts", {"type": int, "dest": "group_min_rollouts", "help": "fewest rollouts a timed-out group emits with (default 2)"}),
-    ("--group-timeout", {"type": float, "dest": "group_timeout_s", "help": "seconds after a group's first rollout to emit it anyway (default 300)"}),
+    ("--group-size", {"type": int, "dest": "group_size", "help": "rollouts per GRPO group"}),
+    ("--group-min-rollouts", {"type": int, "dest": "group_min_rollouts", "help": "fewest rollouts a timed-out group emits with"}),
+    ("--group-timeout", {"type": float, "dest": "group_timeout_s", "help": "seconds after a group's first rollout to emit it anyway"}),
     ("--no-std-scaling", {"action": "store_const", "const": False, "dest": "scale_by_std", "help": "advantages are R - mean, not divided by std"}),
-    ("--credit", {"dest": "credit", "metavar": "MODE", "help": "credit assignment: a registered mode, identical (default), discounted, "
-                  "per-turn (env ROLLOUTBUS_CREDIT; ROLLOUTBUS_PLUGINS imports modules that register more)"}),
+    ("--credit", {"dest": "credit", "metavar": "MODE", "help": "credit assignment: a registered mode: identical, discounted, per-turn (ROLLOUTBUS_PLUGINS imports modules that register more)"}),
     ("--advantage-estimator", {"dest": "advantage_estimator", "metavar": "NAME",
-                               "help": "how the group's step returns become advantages: grpo (default), rloo, or a registered one "
-                                       "(env ROLLOUTBUS_ADVANTAGE_ESTIMATOR)"}),
-    ("--gamma", {"type": float, "dest": "gamma", "help": "discount for --credit discounted (default 1.0)"}),
+                               "help": "how the group's step returns become advantages: grpo, rloo, verl:<name> (verl's), or a registered one"}),
+    ("--gamma", {"type": float, "dest": "gamma", "help": "discount for --credit discounted"}),
     ("--agent-match", {"dest": "agent_match", "help": "regex of agent names to train; others are stored with trained=false"}),
     ("--llm-call-match", {"dest": "llm_call_match", "help": "regex of span names that are LLM calls (default: any span with an LLM record)"}),
     ("--include-llm-calls-in-reward", {"action": "store_const", "const": False, "dest": "exclude_llm_call_in_reward",
                                        "help": "count LLM calls made inside reward spans (an LLM judge) as steps"}),
     ("--reward-rules", {"dest": "reward_rules", "help": "TOML/JSON file of intermediate reward rules"}),
-    ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out (default 600)"}),
-    ("--finish-grace", {"type": float, "dest": "finish_grace_s", "help": "seconds after FINISHED to wait for missing sequence ids (default 10)"}),
-    ("--completed-retention", {"type": float, "dest": "completed_retention_s", "help": "seconds a completed attempt is remembered, so later spans count as late (default 3600)"}),
-    ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert (default 20000)"}),
-    ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert (default 1.0)"}),
+    ("--rollout-timeout", {"type": float, "dest": "rollout_timeout_s", "help": "seconds of silence before a rollout is timed out"}),
+    ("--finish-grace", {"type": float, "dest": "finish_grace_s", "help": "seconds after FINISHED to wait for missing sequence ids"}),
+    ("--completed-retention", {"type": float, "dest": "completed_retention_s", "help": "seconds a completed attempt is remembered, so later spans count as late"}),
+    ("--sink-batch-size", {"type": int, "dest": "sink_batch_size", "help": "rows per ClickHouse insert"}),
+    ("--sink-interval", {"type": float, "dest": "sink_interval_s", "help": "longest seconds rows wait for an insert"}),
     ("--sink-sync", {"action": "store_const", "const": False, "dest": "sink_pipelined",
                      "help": "wait for each insert instead of reading on while ClickHouse takes it (env ROLLOUTBUS_SINK_PIPELINED=false)"}),
     ("--metrics-port", {"type": int, "dest": "streams_metrics_port",
-                        "help": "port of /metrics, /healthz and /readyz (env ROLLOUTBUS_STREAMS_METRICS_PORT, default 9101; 0: off)"}),
+                        "help": "port of /metrics, /healthz and /readyz (0: off)"}),
     ("--metrics-host", {"dest": "streams_metrics_host",
-                        "help": "address they bind (env ROLLOUTBUS_STREAMS_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)"}),
-    ("--shutdown-timeout", {"type": float, "dest": "shutdown_timeout_s", "help": "seconds SIGTERM may take, broker gone or not (default 60)"}),
-    ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// (default) or rocksdb://"}),
+                        "help": "address they bind (0.0.0.0 for probes from outside)"}),
+    ("--shutdown-timeout", {"type": float, "dest": "shutdown_timeout_s", "help": "seconds SIGTERM may take, broker gone or not"}),
+    ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// or rocksdb://"}),
     ("--feedback-window", {"type": float, "dest": "feedback_window_s",
-                           "help": "seconds after a rollout finished that its late feedback is applied (default 3600)"}),
+                           "help": "seconds after a rollout finished that its late feedback is applied"}),
     ("--feedback-baseline", {"choices": ["none", "loo", "prompt"], "dest": "feedback_baseline",
                              "help": "advantage of a task-less rollout trained on its feedback: loo (default: the agent's running "
                                      "leave-one-out mean), prompt (the same prompt's earlier feedback) or none"}),
@@ -63,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kw in _FLAGS:
         extra = {"choices": registered[kw["dest"]]} if kw["dest"] in registered else {}
         parser.add_argument(flag, default=None, **kw, **extra)
+    from foundation.config import describe_flags
+    from streams.settings import StreamSettings
+
+    describe_flags(parser, StreamSettings, [kw["dest"] for _, kw in _FLAGS])  # each flag's variable and default
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

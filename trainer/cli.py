@@ -61,60 +61,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", choices=["grpo", "sft"],
                    help="grpo: GRPO on rb.batches; sft: supervised fine-tuning on the transitions that pass the --sft-* filter, "
                    "read from ClickHouse (env ROLLOUTBUS_TRAIN_ALGORITHM, default grpo)")
-    p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model (env ROLLOUTBUS_TRAIN_MODEL, default tiny)")
+    p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model")
     p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
-    p.add_argument("--resource-name", help="name of the published resource on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
+    p.add_argument("--resource-name", help="name of the published resource on rb.resources")
     p.add_argument("--llm-endpoint", help="base URL of `rolloutbus proxy` in front of the served versions, published as each "
-                   "version's config.endpoint: the LLM endpoint Agent Lightning runners get from the gateway (env ROLLOUTBUS_TRAIN_LLM_ENDPOINT)")
+                   "version's config.endpoint: the LLM endpoint Agent Lightning runners get from the gateway")
     p.add_argument("--group", help="consumer group on rb.batches (env ROLLOUTBUS_TRAIN_GROUP, default <prefix>trainer.<name>)")
-    p.add_argument("--groups-per-step", type=int, help="GRPO groups per optimiser step (env ROLLOUTBUS_GROUPS_PER_STEP, default 8)")
-    p.add_argument("--max-staleness", type=int, help="max version lag trained on (env ROLLOUTBUS_MAX_STALENESS, default 4)")
+    p.add_argument("--groups-per-step", type=int, help="GRPO groups per optimiser step")
+    p.add_argument("--max-staleness", type=int, help="max version lag trained on")
     p.add_argument("--min-version", type=int, help="drop batches served by a version below this one, whatever their lag: the "
-                   "policy that served them was replaced (env ROLLOUTBUS_MIN_VERSION, default 0)")
-    p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag (env ROLLOUTBUS_STALE_WEIGHT, default 0.5)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (env ROLLOUTBUS_LR, default 5e-4)")
-    p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation (env ROLLOUTBUS_LOSS_AGG, default grpo)")
-    p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip (default), decoupled (AReaL's, for "
-                   "stale batches), or a registered one (env ROLLOUTBUS_POLICY_LOSS; ROLLOUTBUS_PLUGINS imports modules that register more)")
-    p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight (env ROLLOUTBUS_IS_CAP, default 2)")
-    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters "
-                   "merged (env ROLLOUTBUS_LORA_RANK, default 0: full fine-tuning)")
-    p.add_argument("--lora-alpha", type=float, help="LoRA alpha (env ROLLOUTBUS_LORA_ALPHA, default 16)")
-    p.add_argument("--lora-targets", help="modules that get adapters (env ROLLOUTBUS_LORA_TARGETS, default q_proj,k_proj,v_proj,o_proj)")
+                   "policy that served them was replaced")
+    p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag")
+    p.add_argument("--lr", type=float, help="AdamW learning rate")
+    p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation")
+    p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip, decoupled (AReaL's, for stale batches), verl:<name> (verl's), or a registered one (ROLLOUTBUS_PLUGINS imports modules that register more)")
+    p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight")
+    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters merged (0: full fine-tuning)")
+    p.add_argument("--lora-alpha", type=float, help="LoRA alpha")
+    p.add_argument("--lora-targets", help="modules that get adapters")
     p.add_argument("--activation-checkpointing", action="store_true", default=None,
-                   help="recompute activations in backward: less memory (env ROLLOUTBUS_ACTIVATION_CHECKPOINTING)")
+                   help="recompute activations in backward: less memory")
     p.add_argument("--nproc-per-node", type=int, help="training processes on this machine, each a rank of an FSDP2 trainer "
-                   "(torchrun; gloo on the CPU, NCCL on GPUs) (env ROLLOUTBUS_NPROC_PER_NODE, default 1)")
-    p.add_argument("--nnodes", type=int, help="machines taking part, each with --nproc-per-node ranks (env ROLLOUTBUS_NNODES, default 1)")
+                   "(torchrun; gloo on the CPU, NCCL on GPUs)")
+    p.add_argument("--nnodes", type=int, help="machines taking part, each with --nproc-per-node ranks")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT where the machines' ranks meet (torchrun's c10d rendezvous; env ROLLOUTBUS_RDZV_ENDPOINT)")
-    p.add_argument("--clip-eps", type=float, help="PPO clip epsilon (env ROLLOUTBUS_CLIP_EPS, default 0.2)")
-    p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher (env ROLLOUTBUS_CLIP_EPS_HIGH)")
-    p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator (env ROLLOUTBUS_KL_BETA, default 0)")
-    p.add_argument("--micro-batch-tokens", type=int, help="padded tokens per forward/backward (env ROLLOUTBUS_MICRO_BATCH_TOKENS, default 0: 4096 on the CPU, 16384 on a GPU)")
-    p.add_argument("--max-steps", type=int, help="stop after this many total steps (env ROLLOUTBUS_MAX_STEPS, 0 = forever)")
-    p.add_argument("--idle-exit", type=float, help="exit after N seconds without batches (env ROLLOUTBUS_IDLE_EXIT_S, 0 = never)")
-    p.add_argument("--seed", type=int, help="seed of the tiny model and torch (env ROLLOUTBUS_TRAIN_SEED, default 0)")
-    p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
-    p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all (env ROLLOUTBUS_TRAIN_LAYERS, default 0)")
+    p.add_argument("--clip-eps", type=float, help="PPO clip epsilon")
+    p.add_argument("--clip-eps-high", type=float, help="upper clip epsilon, DAPO clip-higher")
+    p.add_argument("--kl-beta", type=float, help="KL-to-reference weight, k3 estimator")
+    p.add_argument("--micro-batch-tokens", type=int, help="padded tokens per forward/backward (0: 4096 on the CPU, 16384 on a GPU)")
+    p.add_argument("--max-steps", type=int, help="stop after this many total steps (0: forever)")
+    p.add_argument("--idle-exit", type=float, help="exit after N seconds without batches (0: never)")
+    p.add_argument("--seed", type=int, help="seed of the tiny model and torch")
+    p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
+    p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all")
     p.add_argument("--skip-zero-variance", action="store_true", default=None,
-                   help="drop groups whose rewards are all equal, so a step waits for groups that teach (env ROLLOUTBUS_SKIP_ZERO_VARIANCE)")
+                   help="drop groups whose rewards are all equal, so a step waits for groups that teach")
     p.add_argument("--validation-tasks", help="validation set, JSONL of task inputs: published as mode-test tasks for each new "
-                   "version, scored by the runners, best version reported (env ROLLOUTBUS_VALIDATION_TASKS)")
-    p.add_argument("--validate-every", type=int, help="validate every Nth version (env ROLLOUTBUS_VALIDATE_EVERY, default 1)")
-    p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best "
-                   "(env ROLLOUTBUS_EARLY_STOP_PATIENCE, default 0: never)")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (env ROLLOUTBUS_KEEP_CHECKPOINTS, default 3)")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live "
-                   "(env ROLLOUTBUS_TRAIN_DEVICE, default auto: a GPU when one is visible)")
+                   "version, scored by the runners, best version reported")
+    p.add_argument("--validate-every", type=int, help="validate every Nth version")
+    p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best (0: never)")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live (auto: a GPU when one is visible)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16-mixed"],
-                   help="bf16-mixed: forward passes in bfloat16 under autocast, weights and optimiser state float32 "
-                   "(env ROLLOUTBUS_TRAIN_PRECISION, default auto: bf16-mixed on a GPU, fp32 on the CPU)")
+                   help="bf16-mixed: forward passes in bfloat16 under autocast, weights and optimiser state float32 (auto: bf16-mixed on a GPU, fp32 on the CPU)")
     p.add_argument("--metrics-port", type=int,
-                   help="port of /metrics, /healthz and /readyz (env ROLLOUTBUS_TRAIN_METRICS_PORT, default 9100; 0: off)")
-    p.add_argument("--metrics-host", help="address they bind (env ROLLOUTBUS_TRAIN_METRICS_HOST, default 127.0.0.1; 0.0.0.0 for probes from outside)")
+                   help="port of /metrics, /healthz and /readyz (0: off)")
+    p.add_argument("--metrics-host", help="address they bind (0.0.0.0 for probes from outside)")
+    from foundation.config import describe_flags
+    from trainer.settings import SFTSettings
+    from trainer.sft_cli import SFT_FLAGS
     from trainer.sft_cli import add_arguments as add_sft_arguments
 
     add_sft_arguments(p)
+    describe_flags(p, SFTSettings, {**_FLAGS, **SFT_FLAGS})  # each flag's variable and default, from the settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

@@ -35,10 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sft-min-reward", type=float, help="SFT: rollouts with final reward >= this (env ROLLOUTBUS_SFT_MIN_REWARD)")
     p.add_argument("--sft-where", help="SFT: an SQL condition over the rollouts columns, alias r, e.g. \"r.task_id LIKE 'calc%%'\" "
                    "(env ROLLOUTBUS_SFT_WHERE)")
-    p.add_argument("--sft-key", choices=["task", "prompt"], help="SFT: top-k within each task or each first prompt (default task)")
-    p.add_argument("--sft-epochs", type=int, help="SFT: epochs, one version published after each (env ROLLOUTBUS_SFT_EPOCHS, default 1)")
-    p.add_argument("--sft-batch-size", type=int, help="SFT: pairs per optimiser step (env ROLLOUTBUS_SFT_BATCH_SIZE, default 16)")
-    p.add_argument("--sft-lr", type=float, help="SFT: learning rate (env ROLLOUTBUS_SFT_LR, default 3e-4)")
+    p.add_argument("--sft-key", choices=["task", "prompt"], help="SFT: top-k within each task or each first prompt")
+    p.add_argument("--sft-epochs", type=int, help="SFT: epochs, one version published after each")
+    p.add_argument("--sft-batch-size", type=int, help="SFT: pairs per optimiser step")
+    p.add_argument("--sft-lr", type=float, help="SFT: learning rate")
 
 
 def train_sft(s: Any) -> int:

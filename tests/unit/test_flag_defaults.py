@@ -1,0 +1,61 @@
+"""A default is written once, in the settings model: every flag of ``rolloutbus train`` and ``rolloutbus process`` that
+sets a field shows the model's default and variable in its help (derived by ``foundation.config.describe_flags``), and
+no help states another default by hand."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from foundation.config import ENV_PREFIX, shown_default
+
+
+def _parser(module: str) -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(module).add_arguments(parser)
+    return parser
+
+
+def _cases() -> list[tuple[str, str, str, type]]:
+    from streams.cli import _FLAGS as STREAM_FLAGS
+    from streams.settings import StreamSettings
+    from trainer.cli import _FLAGS as TRAIN_FLAGS
+    from trainer.settings import SFTSettings
+    from trainer.sft_cli import SFT_FLAGS
+
+    train = {**TRAIN_FLAGS, **SFT_FLAGS}
+    return ([("trainer.cli", dest, field, SFTSettings) for dest, field in train.items()]
+            + [("streams.cli", kw["dest"], kw["dest"], StreamSettings) for _, kw in STREAM_FLAGS])
+
+
+@pytest.mark.parametrize(("module", "dest", "field", "model"), _cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_flag_shows_the_models_default_and_no_other(module: str, dest: str, field: str, model: type) -> None:
+    action = next(a for a in _parser(module)._actions if a.dest == dest)
+    text = " ".join((action.help or "").split())
+    assert f"env {ENV_PREFIX}{field.upper()}" in text, text
+    stated = re.findall(r"default (\S+?)(?=\)|; |: | \(|$)", text)
+    want = shown_default(model, field)
+    if want is not None and action.nargs != 0:
+        assert stated == [want], (dest, text)  # exactly one default, the model's
+    else:
+        assert all(model.model_fields[field].default is None or model.model_fields[field].default_factory for _ in stated), (dest, text)
+
+
+def test_a_changed_default_shows_in_the_help() -> None:
+    """The help follows the model: a subclass with another learning rate shows it."""
+    from pydantic import Field
+
+    from foundation.config import describe_flags
+    from trainer.settings import TrainerSettings
+
+    class Other(TrainerSettings):
+        lr: float = Field(default=3e-5, gt=0, description="")
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, help="AdamW learning rate")
+    describe_flags(parser, Other, {"lr": "lr"})
+    assert parser._actions[-1].help == "AdamW learning rate (env ROLLOUTBUS_LR, default 3e-05)"
