@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from rolloutbus.localproc import free_port
-from tests.integration.fit_script import fit_script
+from tests.integration.fit_script import VERL, fit_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
                                                           reason="the demo runs on the local stack only")]
 
 TABLES = ["spans", "rollouts", "transitions", "groups", "resource_versions", "train_steps"]
 
-FIT = fit_script(max_steps=1)
+FIT = fit_script(max_steps=1, algorithm=VERL)  # the write-ups' agl.VERL(config), through a whole fit
 
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
@@ -76,6 +76,7 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
                          text=True, timeout=420)
     assert fit.returncode == 0, f"{fit.stdout[-3000:]}\n{fit.stderr[-3000:]}"
     assert "reset" not in fit.stdout, fit.stdout
+    assert "config key(s) steer only verl's own machinery and are not used here: " in fit.stdout, fit.stdout
     result = json.loads(next(ln for ln in fit.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
     run = result["run"]
     assert re.fullmatch(r"[0-9a-f]{8}", run) and result["database"] == f"rolloutbus_fit_{run}", result
