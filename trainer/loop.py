@@ -182,6 +182,8 @@ class Trainer:
         ref = None
         if settings.kl_beta > 0:
             ref = self._load_reference()
+            if self.ranks is not None:
+                distributed.shard(ref)  # each rank holds its shard of the reference too, as of the policy
         try:
             grpo = GRPOConfig(settings.clip_eps, settings.clip_eps_high, settings.loss_agg, settings.kl_beta, settings.max_response_len,  # type: ignore[arg-type]
                               settings.policy_loss, settings.is_cap)

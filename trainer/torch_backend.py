@@ -243,7 +243,8 @@ class TorchGRPOBackend:
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature)
+                        ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
+                                              through_root)  # a sharded reference (several ranks) as the policy
             old = torch.where(b["has_old"], b["old_logp"], logp.detach())
             loss, m = grpo_loss(
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
