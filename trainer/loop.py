@@ -131,8 +131,9 @@ class Trainer:
             torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(settings.train_seed)
         self.store = CheckpointStore(settings.resolved_checkpoint_dir())
-        for p in self.store.clean_partial():
-            log.info("removed a partial checkpoint %s (crash mid-write)", p)
+        if int(os.environ.get("RANK", "0")) == 0:  # the one rank that writes checkpoints cleans them: no race
+            for p in self.store.clean_partial():
+                log.info("removed a partial checkpoint %s (crash mid-write)", p)
         published = read_latest(self.conf, self.topics.resources).get(settings.resource_name)
         self.published_version = published.version if published else None
         latest = self.store.latest()
