@@ -297,7 +297,8 @@ def shown_default(cls: type[BaseSettings], field: str) -> str | None:
     """A field's default as a flag's help shows it (None: none to show: no default, a computed one, a switch). Pure."""
     info = cls.model_fields[field]
     default = info.default
-    if info.default_factory is not None or default is None or isinstance(default, bool) or "SecretStr" in repr(info.annotation):
+    if (info.default_factory is not None or default is None or default == "" or isinstance(default, bool)
+            or "SecretStr" in repr(info.annotation)):
         return None
     if isinstance(default, float) and default.is_integer():
         return str(int(default)) if abs(default) >= 1 or default == 0 else repr(default)

@@ -7,13 +7,22 @@ import argparse
 from foundation.flags import Bounded
 
 
+# flag dest → settings field: what the flags set, and where their help's variable and default come from
+_FLAGS = {"concurrency": "runner_concurrency", "group": "runner_group", "max_attempts": "runner_max_attempts",
+          "timeout": "runner_timeout_s"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("agent", help="the agent, as package.module:AgentClass (a LitAgent or a @litagent function)")
-    parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once (env ROLLOUTBUS_RUNNER_CONCURRENCY, default 4)")
-    parser.add_argument("--group", default=None, help="consumer group (env ROLLOUTBUS_RUNNER_GROUP)")
-    parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout (env ROLLOUTBUS_RUNNER_MAX_ATTEMPTS, default 2)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds before an attempt ends as timeout (env ROLLOUTBUS_RUNNER_TIMEOUT_S)")
+    parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once")
+    parser.add_argument("--group", default=None, help="consumer group")
+    parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before an attempt ends as timeout")
     parser.add_argument("--max-tasks", type=Bounded(int, ge=1), default=None, help="exit after this many tasks")
+    from foundation.config import describe_flags
+    from producers.settings import RunnerSettings
+
+    describe_flags(parser, RunnerSettings, _FLAGS)  # each flag's variable and default, from the settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,8 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from producers.transport import SpanTransport
     from foundation.entry import settings_from_args
 
-    s = settings_from_args(RunnerSettings, args, {"concurrency": "runner_concurrency", "group": "runner_group",
-                                                  "max_attempts": "runner_max_attempts", "timeout": "runner_timeout_s"})
+    s = settings_from_args(RunnerSettings, args, _FLAGS)
     agent = load_agent(args.agent)
     transport = SpanTransport.from_settings(s, spool_name="runner")
     runner = TaskRunner(

@@ -42,23 +42,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "config object per candidate) or text with candidates between '---' lines")
     p.add_argument("--initial", type=Path, help="the prompt to publish as version 0 if the resource has none yet (same formats)")
     p.add_argument("--dry-run", action="store_true", help="score the incumbent and --candidates only: no LLM, nothing published")
-    p.add_argument("--resource", help="the prompt_template resource (env ROLLOUTBUS_APO_RESOURCE, default prompt)")
-    p.add_argument("--llm-url", help="optimizer LLM, OpenAI-compatible base URL (env ROLLOUTBUS_APO_LLM_URL; key: ROLLOUTBUS_APO_LLM_KEY)")
-    p.add_argument("--llm-model", help="optimizer LLM model name (env ROLLOUTBUS_APO_LLM_MODEL, default policy)")
-    p.add_argument("--llm-temperature", type=float, help="critique and rewrite temperature (env ROLLOUTBUS_APO_LLM_TEMPERATURE, default 0.8)")
-    p.add_argument("--beam-width", type=int, help="candidates kept per round (env ROLLOUTBUS_APO_BEAM_WIDTH, default 2)")
-    p.add_argument("--branch", type=int, help="new candidates per beam member per round (env ROLLOUTBUS_APO_BRANCH, default 2)")
-    p.add_argument("--rounds", type=int, help="rounds of critique, rewrite and scoring (env ROLLOUTBUS_APO_ROUNDS, default 2)")
-    p.add_argument("--score-timeout", type=float, help="seconds to wait for a round's validation rollouts "
-                                                       "(env ROLLOUTBUS_APO_SCORE_TIMEOUT_S, default 1800)")
+    p.add_argument("--resource", help="the prompt_template resource")
+    p.add_argument("--llm-url", help="optimizer LLM, OpenAI-compatible base URL (key: ROLLOUTBUS_APO_LLM_KEY)")
+    p.add_argument("--llm-model", help="optimizer LLM model name")
+    p.add_argument("--llm-temperature", type=float, help="critique and rewrite temperature")
+    p.add_argument("--beam-width", type=int, help="candidates kept per round")
+    p.add_argument("--branch", type=int, help="new candidates per beam member per round")
+    p.add_argument("--rounds", type=int, help="rounds of critique, rewrite and scoring")
+    p.add_argument("--score-timeout", type=float, help="seconds to wait for a round's validation rollouts")
     p.add_argument("--min-gain", type=float, help="publish only a candidate whose validation score is more than this above "
-                                                  "the incumbent's, e.g. 0.05 (env ROLLOUTBUS_APO_MIN_GAIN, default 0)")
+                                                  "the incumbent's, e.g. 0.05")
     p.add_argument("--max-val-tasks", type=Bounded(int, ge=1), default=None, help="use only the first N validation tasks")
     p.add_argument("--run-id", help="this run's id in prompt_candidates (lowercase letters, digits, '-'; default apo-<random>)")
     p.add_argument("--out", type=Path, help="also write the run's summary here as JSON")
 
 
 # --------------------------------------------------------------------------- reading the user's files
+    from foundation.config import describe_flags
+    from trainer.settings import ApoSettings
+
+    describe_flags(p, ApoSettings, _FLAGS)  # each flag's variable and default, from the settings
 
 
 def parse_prompts(text: str, name: str) -> list[dict[str, str]]:

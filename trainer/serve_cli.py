@@ -16,20 +16,30 @@ from foundation import tls
 log = logging.getLogger(__name__)
 
 
+# flag dest → settings field: what the flags set, and where their help's variable and default come from
+_FLAGS = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
+          "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow", "insecure": "insecure",
+          "engine": "serve_engine", "vllm_args": "serve_vllm_args"}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model dir or 'tiny' (env ROLLOUTBUS_SERVE_MODEL; unset: wait for the first version on rb.resources)")
-    p.add_argument("--host", help="bind address (env ROLLOUTBUS_SERVE_HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (env ROLLOUTBUS_SERVE_PORT, default 8000)")
-    p.add_argument("--resource-name", help="resource to follow on rb.resources (env ROLLOUTBUS_RESOURCE_NAME, default policy)")
+    p.add_argument("--model", help="model dir or 'tiny' (unset: wait for the first version on rb.resources)")
+    p.add_argument("--host", help="bind address")
+    p.add_argument("--port", type=int, help="port")
+    p.add_argument("--resource-name", help="resource to follow on rb.resources")
     p.add_argument("--no-follow", action="store_true", help="do not hot-reload from rb.resources (env ROLLOUTBUS_SERVE_FOLLOW=false)")
-    p.add_argument("--max-batch", type=int, help="requests in flight at once, one forward pass per decode step for all (env ROLLOUTBUS_SERVE_MAX_BATCH, default 16)")
+    p.add_argument("--max-batch", type=int, help="requests in flight at once, one forward pass per decode step for all")
     p.add_argument("--insecure", action="store_true", default=None,
-                   help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
-    p.add_argument("--threads", type=int, help="torch threads (env ROLLOUTBUS_TORCH_THREADS, 0 = torch default)")
+                   help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (logged loudly)")
+    p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
     p.add_argument("--engine", choices=["torch", "vllm"],
-                   help="torch: the project's server; vllm: vLLM's, installed once by `make vllm` (env ROLLOUTBUS_SERVE_ENGINE, default torch)")
-    p.add_argument("--vllm-args", help="more vLLM server arguments, shell words (env ROLLOUTBUS_SERVE_VLLM_ARGS)")
+                   help="torch: the project's server; vllm: vLLM's, installed once by `make vllm`")
+    p.add_argument("--vllm-args", help="more vLLM server arguments, shell words")
     tls.add_arguments(p)
+    from foundation.config import describe_flags
+    from trainer.settings import ServeSettings
+
+    describe_flags(p, ServeSettings, _FLAGS)  # each flag's variable and default, from the settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -38,10 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     if getattr(args, "no_follow", False):
         args.serve_follow = False  # --no-follow sets serve_follow: false
-    return settings_from_args(ServeSettings, args, {
-        "model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
-        "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow",
-        "insecure": "insecure", "engine": "serve_engine", "vllm_args": "serve_vllm_args"})
+    return settings_from_args(ServeSettings, args, _FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:

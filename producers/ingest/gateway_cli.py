@@ -26,13 +26,21 @@ class ClientErrorsInOneLine(logging.Filter):
 from typing import Any
 
 
+# flag dest → settings field: what the flags set, and where their help's variable and default come from
+_FLAGS = {"host": "gateway_host", "port": "gateway_port", "max_body_bytes": "gateway_max_body_bytes", "insecure": "insecure"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_GATEWAY_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_GATEWAY_PORT, default 4318)")
-    parser.add_argument("--max-body-bytes", type=int, default=None, help="413 above this (env ROLLOUTBUS_GATEWAY_MAX_BODY_BYTES)")
+    parser.add_argument("--host", default=None, help="listen address")
+    parser.add_argument("--port", type=int, default=None, help="listen port")
+    parser.add_argument("--max-body-bytes", type=int, default=None, help="413 above this")
     parser.add_argument("--insecure", action="store_true", default=None,
-                        help="listen on a non-loopback address without ROLLOUTBUS_GATEWAY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
+                        help="listen on a non-loopback address without ROLLOUTBUS_GATEWAY_TOKEN (logged loudly)")
     tls.add_arguments(parser)
+    from foundation.config import describe_flags
+    from producers.ingest.settings import GatewaySettings
+
+    describe_flags(parser, GatewaySettings, _FLAGS)  # each flag's variable and default, from the settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from foundation.entry import settings_from_args
     from foundation.exposure import check_listen, is_loopback
 
-    s = settings_from_args(GatewaySettings, args, {"host": "gateway_host", "port": "gateway_port",
-                                                   "max_body_bytes": "gateway_max_body_bytes", "insecure": "insecure"})
+    s = settings_from_args(GatewaySettings, args, _FLAGS)
     check_listen(s.gateway_host, s.gateway_token is not None, s.insecure, "ROLLOUTBUS_GATEWAY_TOKEN", "rolloutbus gateway")
     ssl_context = tls.from_args(args)  # before anything starts: a bad certificate is one line, not a half-started gateway
     transport = SpanTransport.from_settings(s, spool_name="gateway")

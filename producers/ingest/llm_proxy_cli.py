@@ -7,19 +7,28 @@ import argparse
 from foundation import tls
 
 
+# flag dest → settings field: what the flags set, and where their help's variable and default come from
+_FLAGS = {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port", "upstream_kind": "proxy_upstream_kind",
+          "max_response_bytes": "proxy_max_response_bytes", "insecure": "insecure"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1 (env ROLLOUTBUS_PROXY_UPSTREAM)")
-    parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_PROXY_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_PROXY_PORT, default 8788)")
+    parser.add_argument("--upstream", default=None, help="upstream OpenAI-compatible base URL incl. /v1")
+    parser.add_argument("--host", default=None, help="listen address")
+    parser.add_argument("--port", type=int, default=None, help="listen port")
     parser.add_argument("--upstream-kind", choices=["vllm", "rolloutbus-serve", "openai"], default=None,
                         help="what the upstream accepts (env ROLLOUTBUS_PROXY_UPSTREAM_KIND, default vllm): vllm and "
                              "rolloutbus-serve are asked for token ids and logprobs; openai gets the request unchanged "
                              "and its spans carry text only")
     parser.add_argument("--max-response-bytes", type=int, default=None,
-                        help="502 for a larger upstream answer (env ROLLOUTBUS_PROXY_MAX_RESPONSE_BYTES, default 16 MiB)")
+                        help="502 for a larger upstream answer")
     parser.add_argument("--insecure", action="store_true", default=None,
-                        help="listen on a non-loopback address without ROLLOUTBUS_PROXY_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
+                        help="listen on a non-loopback address without ROLLOUTBUS_PROXY_TOKEN (logged loudly)")
     tls.add_arguments(parser)
+    from foundation.config import describe_flags
+    from producers.ingest.settings import ProxySettings
+
+    describe_flags(parser, ProxySettings, _FLAGS)  # each flag's variable and default, from the settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from foundation.exposure import check_listen, is_loopback
     from foundation.errors import ConfigError
 
-    s = settings_from_args(ProxySettings, args, {"upstream": "proxy_upstream", "host": "proxy_host", "port": "proxy_port",
-                                                 "upstream_kind": "proxy_upstream_kind",
-                                                 "max_response_bytes": "proxy_max_response_bytes", "insecure": "insecure"})
+    s = settings_from_args(ProxySettings, args, _FLAGS)
     check_listen(s.proxy_host, s.proxy_token is not None, s.insecure, "ROLLOUTBUS_PROXY_TOKEN", "rolloutbus proxy")
     if not s.proxy_upstream:
         raise ConfigError("no upstream: pass --upstream http://host:port/v1 or set ROLLOUTBUS_PROXY_UPSTREAM")

@@ -107,7 +107,7 @@ def _field(action: argparse.Action) -> tuple[str, type[CommonSettings]] | None:
     """The settings field a flag falls back to: the variable its help names, else its dest.
 
     A ``Bounded`` flag has no settings field unless its help names one."""
-    m = re.search(r"ROLLOUTBUS_([A-Z0-9_]+)", action.help or "")
+    m = re.search(r"\(env ROLLOUTBUS_([A-Z0-9_]+)", action.help or "") or re.search(r"ROLLOUTBUS_([A-Z0-9_]+)", action.help or "")
     names = [m.group(1).lower()] if m else [] if isinstance(action.type, Bounded) else [action.dest]
     for name in names:
         for cls in CLASSES:

@@ -1,4 +1,5 @@
-"""A default is written once, in the settings model: every flag of ``rolloutbus train`` and ``rolloutbus process`` that
+"""A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
+``proxy``, ``run-agent``, ``serve`` and ``optimize-prompt`` that
 sets a field shows the model's default and variable in its help (derived by ``foundation.config.describe_flags``), and
 no help states another default by hand."""
 
@@ -27,14 +28,26 @@ def _cases() -> list[tuple[str, str, str, type]]:
     from trainer.settings import SFTSettings
     from trainer.sft_cli import SFT_FLAGS
 
+    import importlib
+
     train = {**TRAIN_FLAGS, **SFT_FLAGS}
-    return ([("trainer.cli", dest, field, SFTSettings) for dest, field in train.items()]
-            + [("streams.cli", kw["dest"], kw["dest"], StreamSettings) for _, kw in STREAM_FLAGS])
+    cases = ([("trainer.cli", dest, field, SFTSettings) for dest, field in train.items()]
+             + [("streams.cli", kw["dest"], kw["dest"], StreamSettings) for _, kw in STREAM_FLAGS])
+    for module, settings in (("producers.ingest.gateway_cli", "producers.ingest.settings:GatewaySettings"),
+                             ("producers.ingest.llm_proxy_cli", "producers.ingest.settings:ProxySettings"),
+                             ("producers.runner_cli", "producers.settings:RunnerSettings"),
+                             ("trainer.serve_cli", "trainer.settings:ServeSettings"),
+                             ("trainer.apo_cli", "trainer.settings:ApoSettings")):
+        model = getattr(importlib.import_module(settings.split(":")[0]), settings.split(":")[1])
+        cases += [(module, dest, field, model) for dest, field in importlib.import_module(module)._FLAGS.items()]
+    return cases
 
 
 @pytest.mark.parametrize(("module", "dest", "field", "model"), _cases(), ids=lambda v: v if isinstance(v, str) else "")
 def test_each_flag_shows_the_models_default_and_no_other(module: str, dest: str, field: str, model: type) -> None:
-    action = next(a for a in _parser(module)._actions if a.dest == dest)
+    action = next((a for a in _parser(module)._actions if a.dest == dest), None)
+    if action is None:  # a field set from another flag's value (serve's --no-follow sets serve_follow)
+        return
     text = " ".join((action.help or "").split())
     assert f"env {ENV_PREFIX}{field.upper()}" in text, text
     stated = re.findall(r"default (\S+?)(?=\)|; |: | \(|$)", text)
