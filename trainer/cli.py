@@ -38,6 +38,8 @@ _FLAGS: dict[str, str] = {
     "seed": "train_seed",
     "threads": "torch_threads",
     "keep_checkpoints": "keep_checkpoints",
+    "report_to": "report_to",
+    "tracker_dir": "tracker_dir",
     "train_layers": "train_layers",
     "skip_zero_variance": "skip_zero_variance",
     "validation_tasks": "validation_tasks",
@@ -101,6 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-every", type=int, help="validate every Nth version")
     p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best (0: never)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk")
+    p.add_argument("--report-to", metavar="TRACKERS", help="experiment trackers, comma-separated: tensorboard (each step's "
+                   "metrics, the configuration, each version's validation score; ClickHouse keeps them all regardless)")
+    p.add_argument("--tracker-dir", help="where the trackers write (default <data dir>/trackers)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live (auto: a GPU when one is visible)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16-mixed"],
                    help="bf16-mixed: forward passes in bfloat16 under autocast, weights and optimiser state float32 (auto: bf16-mixed on a GPU, fp32 on the CPU)")

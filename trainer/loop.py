@@ -221,6 +221,13 @@ class Trainer:
         self._last_data = time.monotonic()
         self._version_steps: dict[int, int] = {}  # version → checkpoint step, as published by this process
         self.validator = self._validator()
+        from trainer.trackers import Trackers
+
+        # The trackers (--report-to): rank 0 reports, as it publishes; the run's name is its resource and run id.
+        self.trackers = Trackers.open(settings.report_to if int(os.environ.get("RANK", "0")) == 0 else "",
+                                      settings.resolved_tracker_dir(), f"{settings.resource_name}-{self.state.run_id}",
+                                      self._config())
+        self._tracked_scores: set[int] = set()  # versions whose validation score the trackers have
 
     # ------------------------------------------------------------------ setup
 
@@ -454,6 +461,7 @@ class Trainer:
         self.store.prune(self.s.keep_checkpoints, self._protected_steps())
         self.pending.clear()
         self.counters = Counters()
+        self.trackers.log(step, metrics)
         log.info("step %d → version %d: loss %.4f kl %.4f clip %.3f reward %.3f, %d groups, %.0f tok/s",
                  step, version, metrics.get("loss", 0.0), metrics.get("kl", 0.0), metrics.get("clip_fraction", 0.0),
                  metrics.get("reward_mean", 0.0), len(groups), metrics.get("tokens_per_s", 0.0))
@@ -465,6 +473,7 @@ class Trainer:
         if self.validator is None:
             return frozenset()
         scores = self.validator.poll()
+        self._track_scores(scores)
         b = self.validator.best
         keep = {b.version} if b is not None else set()
         keep |= {v for v in self.validator.published if v not in scores or scores[v].answered < len(self.validator.inputs)}
@@ -526,7 +535,7 @@ class Trainer:
             if self.counters.dead_lettered:
                 self._flush()
             if self.validator is not None:
-                self.validator.poll(force=True)
+                self._track_scores(self.validator.poll(force=True))
                 log.info("%s", self.validator.summary())
         finally:
             signal.signal(signal.SIGTERM, old)
@@ -556,7 +565,17 @@ class Trainer:
             self.leader.stop()
             self.leader = None
 
+    def _track_scores(self, scores: dict[int, Any]) -> None:
+        """Each fully validated version's score to the trackers, once, at the step that made the version."""
+        for version, score in sorted(scores.items()):
+            if version in self._tracked_scores or self.validator is None or score.answered < len(self.validator.inputs):
+                continue
+            self._tracked_scores.add(version)
+            self.trackers.log(self._version_steps.get(version, 0), {"validation/mean_reward": score.mean,
+                                                                    "validation/version": float(version)})
+
     def close(self) -> None:
+        self.trackers.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

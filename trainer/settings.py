@@ -16,6 +16,12 @@ METRICS_PORT = 9100  # the stream worker's is 9101: both run on one host in the 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
+def _tracker_names(v: str) -> str:
+    from trainer.trackers import check_names  # light: the registry, not the trackers' libraries
+
+    return check_names(v)
+
+
 def _model_ref(v: str | None) -> str | None:
     if v is not None and v != "tiny" and not Path(v).is_dir():
         raise ValueError("must be 'tiny' or an existing model directory")
@@ -62,6 +68,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
                                     "0: 4096 on the CPU, 16384 on a GPU (where smaller ones leave it waiting on the host).")
     train_temperature: float = Field(default=1.0, gt=0, description="Sampling temperature the behaviour log-probs used.")
     keep_checkpoints: int = Field(default=3, ge=1)
+    report_to: str = Field(default="", description="Experiment trackers the run reports to, comma-separated: tensorboard "
+                           "(trainer.trackers.TRACKERS; empty: none).")
+    tracker_dir: Path | None = Field(default=None, description="Where the trackers write; default <data_dir>/trackers.")
     max_steps: int = Field(default=0, ge=0, description="Stop after this many total steps (0: run forever).")
     idle_exit_s: float = Field(default=0.0, ge=0, description="Exit after this long without new batches (0: never).")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads (0: torch's default).")
@@ -89,6 +98,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
             raise ValueError("nnodes > 1 needs rdzv_endpoint (HOST:PORT where the machines' ranks meet)")
         return self
 
+    check_report_to = field_validator("report_to")(_tracker_names)
     check_policy_loss = field_validator("policy_loss")(registered_in("trainer.policy_losses:POLICY_LOSSES"))
 
     @field_validator("train_device")
@@ -110,6 +120,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
 
     def resolved_checkpoint_dir(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints" / self.resource_name
+
+    def resolved_tracker_dir(self) -> Path:
+        return self.tracker_dir or self.data_dir / "trackers"
 
 
 class ServeSettings(CommonSettings):

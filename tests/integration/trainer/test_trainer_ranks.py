@@ -55,11 +55,20 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
     merged) that load as any version does; only the adapted projections moved; the KL to the reference, sharded as
     the policy, is in the loss once the policy moved."""
     _produce(kafka_conf, topics.batches, [encode(g) for g in groups])
-    env = dict(test_env, ROLLOUTBUS_LORA_RANK="4", ROLLOUTBUS_ACTIVATION_CHECKPOINTING="true", ROLLOUTBUS_KL_BETA="0.05")
+    env = dict(test_env, ROLLOUTBUS_LORA_RANK="4", ROLLOUTBUS_ACTIVATION_CHECKPOINTING="true", ROLLOUTBUS_KL_BETA="0.05",
+               ROLLOUTBUS_REPORT_TO="tensorboard", ROLLOUTBUS_TRACKER_DIR=str(tmp_path / "trackers"))
     run = _train(env, tmp_path / "ckpt", ranks=2, max_steps=3)
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [r for r in _read_all(kafka_conf, topics.metrics) if isinstance(r, TrainStep)]
     assert len(steps) == 3 and steps[-1].metrics["kl"] > 0, [s.metrics.get("kl") for s in steps]
+    # --report-to tensorboard: rank 0 alone reports, every step's loss and KL as train_steps has them
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = (tmp_path / "trackers" / "tensorboard").iterdir()
+    ea = EventAccumulator(str(run_dir))
+    ea.Reload()
+    assert [(e.step, round(e.value, 5)) for e in ea.Scalars("train/kl")] == [(s.step, round(s.metrics["kl"], 5)) for s in steps]
+    assert [e.step for e in ea.Scalars("train/loss")] == [1, 2, 3]
     versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].config["lora_rank"] == "4"
     first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))  # version 0 is pruned (3 kept)
