@@ -60,12 +60,13 @@ def gateway(test_env: dict[str, str], tmp_path: Path) -> Any:
 
 def test_the_code_compares_tokens_in_constant_time() -> None:
     from producers.ingest import auth as gateway_auth
-    from producers.ingest.front_door import FrontDoor
+    from producers.ingest.front_door import FrontDoor, guarded
     from producers.ingest.gateway import Gateway
     from producers.ingest.llm_proxy import LLMProxy
 
-    # The gateway's every route goes through its one check (the front door's), which compares in constant time.
-    assert "door.refused(" in inspect.getsource(Gateway.traces)
+    # The gateway's every route goes through its one guard, whose check (the front door's) compares in constant time.
+    assert "@guarded()" in inspect.getsource(Gateway.traces)
+    assert ".refused(request)" in inspect.getsource(guarded)
     assert "authorized(" in inspect.getsource(FrontDoor.refused)
     assert inspect.getsource(gateway_auth.authorized).count("hmac.compare_digest") == 2
     assert "hmac.compare_digest" in inspect.getsource(LLMProxy._handle)
