@@ -305,10 +305,11 @@ def shown_default(cls: type[BaseSettings], field: str) -> str | None:
     return str(default)
 
 
-def describe_flags(parser: Any, cls: type[BaseSettings], dests: Any = None) -> None:
+def describe_now(parser: Any, cls: type[BaseSettings], dests: Any = None) -> None:
     """Each flag's variable and default appended to its help from the settings model ``cls``, so a default is written
     once, in the model: ``(env ROLLOUTBUS_LR, default 0.0005)``. ``dests``: flag dest → settings field (default: every
-    flag whose dest is a field). A help that names its variable itself (a default the model computes) is left as written."""
+    flag whose dest is a field). A help that names its variable itself (a default the model computes) is left as
+    written. :func:`foundation.flags.describe_flags` calls it when the help is shown."""
     if dests is None:
         dests = list(cls.model_fields)
     fields = dict(dests) if isinstance(dests, Mapping) else {d: d for d in dests}

@@ -74,4 +74,23 @@ class Bounded:
         return f"Bounded({self.kind.__name__}, {self.bounds})"
 
 
-__all__ = ["OneLineParser", "Bounded"]
+def describe_flags(parser: argparse.ArgumentParser, settings: str, dests: Any = None) -> None:
+    """The flags' help gets each one's variable and default from the settings model ``settings`` (``module:Class``)
+    when the help is shown (``--help``), not before: a command starts without importing the models.
+    :func:`foundation.config.describe_now` does it; ``dests``: flag dest → settings field."""
+    shown = parser.format_help
+
+    def format_help() -> str:
+        import importlib
+
+        from foundation.config import describe_now
+
+        module, name = settings.split(":")
+        describe_now(parser, getattr(importlib.import_module(module), name), dests)
+        parser.format_help = shown  # type: ignore[method-assign]
+        return shown()
+
+    parser.format_help = format_help  # type: ignore[method-assign]
+
+
+__all__ = ["OneLineParser", "Bounded", "describe_flags"]

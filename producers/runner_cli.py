@@ -19,10 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before an attempt ends as timeout")
     parser.add_argument("--max-tasks", type=Bounded(int, ge=1), default=None, help="exit after this many tasks")
-    from foundation.config import describe_flags
-    from producers.settings import RunnerSettings
+    from foundation.flags import describe_flags
 
-    describe_flags(parser, RunnerSettings, _FLAGS)  # each flag's variable and default, from the settings
+    describe_flags(parser, "producers.settings:RunnerSettings", _FLAGS)  # each flag's variable and default, from the settings
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,10 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kw in _FLAGS:
         extra = {"choices": registered[kw["dest"]]} if kw["dest"] in registered else {}
         parser.add_argument(flag, default=None, **kw, **extra)
-    from foundation.config import describe_flags
-    from streams.settings import StreamSettings
+    from foundation.flags import describe_flags
 
-    describe_flags(parser, StreamSettings, [kw["dest"] for _, kw in _FLAGS])  # each flag's variable and default
+    describe_flags(parser, "streams.settings:StreamSettings", [kw["dest"] for _, kw in _FLAGS])  # each flag's variable and default
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

@@ -58,10 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- reading the user's files
-    from foundation.config import describe_flags
-    from trainer.settings import ApoSettings
+    from foundation.flags import describe_flags
 
-    describe_flags(p, ApoSettings, _FLAGS)  # each flag's variable and default, from the settings
+    describe_flags(p, "trainer.settings:ApoSettings", _FLAGS)  # each flag's variable and default, from the settings
 
 
 def parse_prompts(text: str, name: str) -> list[dict[str, str]]:

@@ -112,13 +112,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int,
                    help="port of /metrics, /healthz and /readyz (0: off)")
     p.add_argument("--metrics-host", help="address they bind (0.0.0.0 for probes from outside)")
-    from foundation.config import describe_flags
-    from trainer.settings import SFTSettings
+    from foundation.flags import describe_flags
     from trainer.sft_cli import SFT_FLAGS
     from trainer.sft_cli import add_arguments as add_sft_arguments
 
     add_sft_arguments(p)
-    describe_flags(p, SFTSettings, {**_FLAGS, **SFT_FLAGS})  # each flag's variable and default, from the settings
+    describe_flags(p, "trainer.settings:SFTSettings", {**_FLAGS, **SFT_FLAGS})  # each flag's variable and default, from the settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

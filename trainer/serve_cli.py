@@ -36,10 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch: the project's server; vllm: vLLM's, installed once by `make vllm`")
     p.add_argument("--vllm-args", help="more vLLM server arguments, shell words")
     tls.add_arguments(p)
-    from foundation.config import describe_flags
-    from trainer.settings import ServeSettings
+    from foundation.flags import describe_flags
 
-    describe_flags(p, ServeSettings, _FLAGS)  # each flag's variable and default, from the settings
+    describe_flags(p, "trainer.settings:ServeSettings", _FLAGS)  # each flag's variable and default, from the settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

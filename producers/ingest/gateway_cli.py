@@ -37,10 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="listen on a non-loopback address without ROLLOUTBUS_GATEWAY_TOKEN (logged loudly)")
     tls.add_arguments(parser)
-    from foundation.config import describe_flags
-    from producers.ingest.settings import GatewaySettings
+    from foundation.flags import describe_flags
 
-    describe_flags(parser, GatewaySettings, _FLAGS)  # each flag's variable and default, from the settings
+    describe_flags(parser, "producers.ingest.settings:GatewaySettings", _FLAGS)  # each flag's variable and default, from the settings
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,7 @@ COMMON_ENV: list[tuple[str, str]] = [
 def _leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
+        parser.format_help()  # the flags' variables and defaults are added to their help when it is shown
         yield path, parser
         return
     for action in subs:

@@ -1,6 +1,6 @@
 """A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
 ``proxy``, ``run-agent``, ``serve`` and ``optimize-prompt`` that
-sets a field shows the model's default and variable in its help (derived by ``foundation.config.describe_flags``), and
+sets a field shows the model's default and variable in its help (derived by ``foundation.flags.describe_flags`` when the help is shown), and
 no help states another default by hand."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ def _parser(module: str) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser()
     importlib.import_module(module).add_arguments(parser)
+    parser.format_help()  # the variables and defaults are added when the help is shown
     return parser
 
 
@@ -62,7 +63,7 @@ def test_a_changed_default_shows_in_the_help() -> None:
     """The help follows the model: a subclass with another learning rate shows it."""
     from pydantic import Field
 
-    from foundation.config import describe_flags
+    from foundation.config import describe_now
     from trainer.settings import TrainerSettings
 
     class Other(TrainerSettings):
@@ -70,5 +71,5 @@ def test_a_changed_default_shows_in_the_help() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--lr", type=float, help="AdamW learning rate")
-    describe_flags(parser, Other, {"lr": "lr"})
+    describe_now(parser, Other, {"lr": "lr"})
     assert parser._actions[-1].help == "AdamW learning rate (env ROLLOUTBUS_LR, default 3e-05)"
