@@ -14,6 +14,8 @@ from foundation.errors import ConfigError
 class GRPO:
     """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
     name for ``rolloutbus model import``, or ``tiny``). Training stops after ``minutes`` or ``max_steps``.
+    ``lr`` is 1e-4 here, for the pretrained models ``fit`` trains; ``rolloutbus train``'s own default (5e-4) is the
+    tiny demo model's.
     Validation rollouts call the LLMs at ``val_temperature`` (0: greedy, as verl's ``val_kwargs`` and the demo;
     None: the LLM's own sampling parameters), so a version's score does not vary with sampling.
 
