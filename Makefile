@@ -49,16 +49,14 @@ $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.t
 	fi
 
 # verl's algorithm library (estimators, policy losses) beside the project's own torch and transformers, without
-# verl's dependency pins (deploy/python/verl-core.txt says why): trainer/verl_algos.py registers it.
+# verl's dependency pins (deploy/python/verl-core.txt says why), registered by trainer/verl_losses.py and
+# streams/verl_estimators.py; deploy/python/verl_wheel_fix.py removes the `tests` package verl's wheel ships.
 VERL_STAMP := $(VENV)/.verl-core
 verl-core: $(VERL_STAMP)
-$(VERL_STAMP): $(STAMP) deploy/python/verl-core.txt
+$(VERL_STAMP): $(STAMP) deploy/python/verl-core.txt deploy/python/verl_wheel_fix.py
 	$(PIP) install -q --no-deps -r deploy/python/verl-core.txt
-	@# verl's wheel also installs its own test suite as a top-level package named `tests`, which hides this project's
-	@# tests/ (tests.installs, tests.unit...): those files, as verl's RECORD lists them, are removed.
-	$(BIN)/python -c "import verl.trainer.ppo.core_algos, tests, os; from importlib.metadata import distribution as d; \
-	  [os.remove(f.locate()) for f in d('verl').files if f.parts[0] == 'tests' and os.path.exists(f.locate())]; \
-	  import shutil; shutil.rmtree(os.path.dirname(tests.__file__), ignore_errors=True) if 'site-packages' in (tests.__file__ or '') else None"
+	$(BIN)/python deploy/python/verl_wheel_fix.py
+	$(BIN)/python -c "import verl.trainer.ppo.core_algos, tests; assert tests.__file__ is None, tests.__file__"
 	@touch $@
 
 kafka-jars: $(STAMP)

@@ -131,7 +131,9 @@ class Trainer:
             torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(settings.train_seed)
         self.store = CheckpointStore(settings.resolved_checkpoint_dir())
-        if int(os.environ.get("RANK", "0")) == 0:  # the one rank that writes checkpoints cleans them: no race
+        # Rank 0 (or the only process) writes checkpoints, publishes and reports; torchrun sets RANK before anything here.
+        self.main_rank = int(os.environ.get("RANK", "0")) == 0
+        if self.main_rank:  # the one rank that writes checkpoints cleans them: no race
             for p in self.store.clean_partial():
                 log.info("removed a partial checkpoint %s (crash mid-write)", p)
         published = read_latest(self.conf, self.topics.resources).get(settings.resource_name)
@@ -223,8 +225,8 @@ class Trainer:
         self.validator = self._validator()
         from trainer.trackers import Trackers
 
-        # The trackers (--report-to): rank 0 reports, as it publishes; the run's name is its resource and run id.
-        self.trackers = Trackers.open(settings.report_to if int(os.environ.get("RANK", "0")) == 0 else "",
+        # The trackers (--report-to): the run's name is its resource and run id.
+        self.trackers = Trackers.open(settings.report_to if self.main_rank else "",
                                       settings.resolved_tracker_dir(), f"{settings.resource_name}-{self.state.run_id}",
                                       self._config())
         self._tracked_scores: set[int] = set()  # versions whose validation score the trackers have

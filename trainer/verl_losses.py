@@ -19,6 +19,7 @@ clip mask given back is that fraction on every token.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,10 +35,16 @@ NAMES = ("vanilla", "dppo_tv", "dppo_kl", "gpg", "cispo")
 
 
 def verl_config(config: GRPOConfig) -> ActorConfig:
-    """The actor config verl's losses read, from this trainer's objective settings (``rollout_n`` and the micro-batch
-    size are required by its checks and read by no loss)."""
-    return ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=1, clip_ratio=config.clip_eps,
-                       clip_ratio_low=config.clip_eps, clip_ratio_high=config.eps_high)
+    """The actor config verl's losses read, from this trainer's objective settings."""
+    return _actor_config(config.clip_eps, config.eps_high)
+
+
+@functools.lru_cache(maxsize=8)
+def _actor_config(clip_eps: float, eps_high: float) -> ActorConfig:
+    """Built once per clip setting, not at every micro-batch (``rollout_n`` and the micro-batch size are required by
+    its checks and read by no loss)."""
+    return ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=1, clip_ratio=clip_eps,
+                       clip_ratio_low=clip_eps, clip_ratio_high=eps_high)
 
 
 def _loss(name: str) -> PolicyLoss:
