@@ -102,8 +102,18 @@ demo: setup
 # in a scratch data dir, or ROLLOUTBUS_KAFKA_BOOTSTRAP) and the real ClickHouse engine (chDB), the
 # monitoring tests against a real Prometheus, and the deploy/ topology in containers (tests/deploy:
 # podman, images built here and cached by content hash; `make test-deploy` runs it alone).
+#
+# Two passes: most tests wait (on brokers, workers, deadlines) more than they compute (the CPUs were 28% busy
+# during the integration tests run one at a time), so they run on TEST_WORKERS processes at once, each with
+# its own broker, a test file to one process; then the tests marked `solo` (the learning test's margin depends
+# on CPU time, the container topology fills the memory) run alone. Both passes always run; either failing fails.
+# A pass that selects no test (PYTEST_ARGS naming files of the other kind) is not a failure.
+TEST_WORKERS ?= 3
 test: setup browser-deps prometheus-tools containers-host validate-deploy vllm
-	$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	@rc=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" tests $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(BIN)/python -m pytest -q -m solo tests $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)

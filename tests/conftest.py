@@ -100,6 +100,8 @@ def unexpected_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests.installs import strict
 
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: its reports reach the controller, which judges them all once
     bad = unexpected_skips(_SKIPPED)
     if strict() and bad:
         lines = "\n".join(f"  {node}: {why}" for node, why in bad)
@@ -107,10 +109,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-if not os.environ.get("ROLLOUTBUS_TEST_KAFKA_PORT"):
-    # Exported, so the tests' subprocesses and modules that derive their own ports (port + 500) agree.
-    os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"] = str(_free_port_pair())
-TEST_PORT = int(os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"])
+def session_port(env: dict[str, str], choose: Any = _free_port_pair) -> tuple[int, str]:
+    """The session broker's port and who chose it, from ``env`` (pure but for ``choose``). Under pytest-xdist each
+    worker process is a session of its own with a broker of its own: a port chosen by another process's session (the
+    controller's, inherited) is chosen again; one the user gave is kept, shifted by 1000 per worker (gw1: +1000)."""
+    me = env.get("PYTEST_XDIST_WORKER", "main")
+    given, owner = env.get("ROLLOUTBUS_TEST_KAFKA_PORT"), env.get("ROLLOUTBUS_TEST_KAFKA_PORT_OWNER")
+    if given and owner is None:
+        return int(given) + 1000 * int(me.removeprefix("gw") if me != "main" else 0), "user"
+    if given and owner == me:
+        return int(given), me
+    return choose(), me
+
+
+TEST_PORT, _owner = session_port(dict(os.environ))
+# Exported, so the tests' subprocesses and modules that derive their own ports (port + 500) agree.
+os.environ["ROLLOUTBUS_TEST_KAFKA_PORT"] = str(TEST_PORT)
+if _owner != "user":
+    os.environ["ROLLOUTBUS_TEST_KAFKA_PORT_OWNER"] = _owner
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ GROUP_SIZE = 4  # the stream workers' default group size: one train task = one G
 TEST_COMPOSE = Path(__file__).resolve().parent / "compose.test.yml"
 TIMINGS: dict[str, Any] = {}
 OUTAGE_S = 40  # how long the killed broker and stream worker stay down
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.solo, pytest.mark.timeout(1800)]
 
 
 def say(msg: str) -> None:

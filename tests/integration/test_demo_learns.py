@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import free_port_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200),
+pytestmark = [pytest.mark.integration, pytest.mark.solo, pytest.mark.timeout(1200),
               pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")), reason="the demo runs on the local stack only")]
 
 STEPS = 150  # optimiser steps (about half of what the default 6-minute run takes here)
