@@ -1,5 +1,5 @@
-"""``rolloutbus train``: the GRPO trainer on ``rb.batches`` (``--algorithm sft``: :mod:`trainer.sft_cli`). Flags
-override ``ROLLOUTBUS_*`` variables.
+"""``rolloutbus train``: the algorithm ``--algorithm`` names (:data:`trainer.algorithms.TRAIN_ALGORITHMS`: GRPO on
+``rb.batches`` by default, ``sft``: :mod:`trainer.sft_cli`). Flags override ``ROLLOUTBUS_*`` variables.
 
 Top-level imports stay light (the ``rolloutbus`` command imports this module to build its parser);
 torch and Kafka are imported inside :func:`run`.
@@ -60,9 +60,12 @@ _FLAGS: dict[str, str] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algorithm", choices=["grpo", "sft"],
-                   help="grpo: GRPO on rb.batches; sft: supervised fine-tuning on the transitions that pass the --sft-* filter, "
-                   "read from ClickHouse (env ROLLOUTBUS_TRAIN_ALGORITHM, default grpo)")
+    from trainer.algorithms import TRAIN_ALGORITHMS
+
+    # no choices=: a plugin's algorithm (ROLLOUTBUS_PLUGINS) registers once run() loads it; an unknown name is one line
+    p.add_argument("--algorithm", metavar="NAME",
+                   help="; ".join(f"{n}: {TRAIN_ALGORITHMS.help(n)}" for n in TRAIN_ALGORITHMS) +
+                   " (trainer/algorithms.py: one decorator adds one; env ROLLOUTBUS_TRAIN_ALGORITHM, default grpo)")
     p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model")
     p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
     p.add_argument("--resource-name", help="name of the published resource on rb.resources")
@@ -133,75 +136,12 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from foundation.errors import ConfigError
     from foundation.registry import load_plugins
+    from trainer.algorithms import TRAIN_ALGORITHMS
 
-    load_plugins()  # the user's registered policy losses, before the settings name one
-    algorithm = getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo")
-    if algorithm not in ("grpo", "sft"):
-        raise ConfigError(f"ROLLOUTBUS_TRAIN_ALGORITHM must be grpo or sft, got {algorithm!r}")
-    settings = settings_from_args(args)
-    if algorithm == "sft":
-        from trainer.sft_cli import train_sft
-
-        return train_sft(settings)
-    from foundation.health import serve_health
-    from trainer.device import resolve_device
-    from trainer.health import TrainerHealth
-    from trainer.loop import Trainer
-
-    device = resolve_device(settings.train_device)  # before anything is loaded or bound
-    if settings.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return _launch(settings)
-    rank = int(os.environ.get("RANK", "0"))
-    # Probes answer while the model loads: /healthz at once, /readyz 503 until the batches topic is assigned.
-    health = TrainerHealth(settings.train_stall_s)
-    if rank == 0:  # rank 0 alone reads the topics, publishes and answers the probes
-        serve_health(health.verdict, settings.train_metrics_host, settings.train_metrics_port,
-                     explicit="train_metrics_port" in settings.model_fields_set, registry=health.registry,
-                     flag="--metrics-port", env="ROLLOUTBUS_TRAIN_METRICS_PORT")
-    trainer = Trainer(settings, device=device, health=health)
-    if trainer.ranks is not None and not trainer.ranks.main:
-        import signal
-
-        from trainer import distributed
-
-        # Rank 0 decides when the run ends (a SIGTERM to the whole group stops it after its step, and it then tells
-        # the others); a rank 0 that dies ends the others' waits with a connection error.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        steps = distributed.follow(trainer.backend)
-        log.info("rank %d: followed %d steps", trainer.ranks.rank, steps)
-        return 0
-    log.info("training %s from %s on %s (groups/step %d, checkpoints %s)", settings.resource_name, settings.bootstrap,
-             trainer.topics.batches, settings.groups_per_step, trainer.store.root)
-    try:
-        steps = trainer.run()
-    finally:
-        trainer.stop_ranks()
-    print(f"trained {steps} steps; {settings.resource_name} is at version {trainer.state.version} (step {trainer.state.step})")
-    if trainer.validator is not None:
-        print(trainer.validator.summary())
-    return 0
-
-
-def _launch(settings: Any) -> int:
-    """``--nproc-per-node N``: this command again under ``torchrun`` (N processes here, ``--nnodes`` machines meeting
-    at ``--rdzv-endpoint``), each one rank of an FSDP2 trainer; returns torchrun's exit status."""
-    import os
-    import subprocess
-
-    argv = list(sys.argv[1:])
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(settings.nproc_per_node)]
-    if settings.nnodes > 1:
-        launcher += ["--nnodes", str(settings.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(settings.rdzv_endpoint)]
-    else:
-        launcher += ["--standalone"]
-    from pathlib import Path
-
-    own = sys.argv and Path(sys.argv[0]).parts[-2:] == ("trainer", "cli.py")  # python -m trainer.cli, else rolloutbus train
-    target = ["-m", "trainer.cli" if own else "rolloutbus.cli", *argv]
-    log.info("launching %d ranks: %s", settings.nproc_per_node * settings.nnodes, " ".join(launcher + target))
-    return subprocess.call([*launcher, *target], env=dict(os.environ, ROLLOUTBUS_NPROC_PER_NODE=str(settings.nproc_per_node)))
+    load_plugins()  # the user's registered algorithms and policy losses, before the settings name one
+    train = TRAIN_ALGORITHMS.get(getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo"))
+    return train(settings_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

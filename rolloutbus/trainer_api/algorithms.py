@@ -1,6 +1,11 @@
 """The algorithms ``Trainer`` takes: ``GRPO(...)``, the settings of ``rolloutbus train`` and the stream worker's groups;
 ``SFT(...)``, rejection-sampling fine-tuning by ``rolloutbus train --algorithm sft``; ``APO(...)``, automatic prompt
-optimization of a ``prompt_template`` resource by ``rolloutbus optimize-prompt``."""
+optimization of a ``prompt_template`` resource by ``rolloutbus optimize-prompt``; ``VERL(config)``, a verl config
+read into GRPO.
+
+:data:`ALGORITHMS` names them (``Trainer(algorithm="grpo")``); an algorithm is a class there whose ``fit(trainer,
+agent, train, val, test)`` runs it for ``Trainer.fit`` (the training algorithms of ``rolloutbus train`` are
+:data:`trainer.algorithms.TRAIN_ALGORITHMS`)."""
 
 from __future__ import annotations
 
@@ -8,8 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foundation.errors import ConfigError
+from foundation.registry import Registry
+
+ALGORITHMS: Registry[type] = Registry("algorithm")
 
 
+@ALGORITHMS.register("grpo")
 @dataclass
 class GRPO:
     """GRPO on the policy the ``main_llm`` resource names (``model``: a local HF directory, a packaged model's
@@ -56,11 +65,18 @@ class GRPO:
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
 
+    def fit(self, trainer: Any, agent: Any, train: list[str], val: list[str], test: list[str]) -> Any:
+        """``Trainer.fit``'s run: the runners, the stream worker's groups, ``rolloutbus train``."""
+        from rolloutbus.trainer_api.fit import run_fit
+
+        return run_fit(trainer, agent, train, val, test)
+
     def process_args(self) -> list[str]:
         """The stream worker's flags for this algorithm's advantages. Pure."""
         return ["--credit", self.credit, "--gamma", str(self.gamma), "--advantage-estimator", self.advantage_estimator]
 
 
+@ALGORITHMS.register("sft")
 @dataclass
 class SFT:
     """Rejection-sampling fine-tuning: the agent runs each task ``samples_per_task`` times on the policy as it is
@@ -92,6 +108,12 @@ class SFT:
         if self.collect_minutes <= 0 or self.lr <= 0:
             raise ConfigError("SFT(collect_minutes=, lr=) must be greater than 0")
 
+    def fit(self, trainer: Any, agent: Any, train: list[str], val: list[str], test: list[str]) -> Any:
+        """``Trainer.fit``'s run: the collection, then ``rolloutbus train --algorithm sft``."""
+        from rolloutbus.trainer_api.fit import run_fit
+
+        return run_fit(trainer, agent, train, val, test)
+
     def command(self, model: str) -> list[str]:
         """The ``rolloutbus train`` command line of the fine-tuning (after the collection)."""
         return ["train", "--algorithm", "sft", "--model", model, "--threads", "1", "--seed", str(self.seed),
@@ -102,6 +124,7 @@ class SFT:
                 *(["--sft-where", self.where] if self.where else []), *self.train_args]
 
 
+@ALGORITHMS.register("apo")
 @dataclass
 class APO:
     """Automatic prompt optimization of the ``prompt_template`` resource (a :class:`~rolloutbus.trainer_api.resources.
@@ -147,6 +170,12 @@ class APO:
             if not self.optimizer_model:
                 raise ConfigError("APO(client) calls that client's endpoint: name the model, APO(client, optimizer_model=...)")
             self.optimizer_url = self.optimizer_url or str(self.client.base_url).rstrip("/")
+
+    def fit(self, trainer: Any, agent: Any, train: list[str], val: list[str], test: list[str]) -> Any:
+        """``Trainer.fit``'s run: the prompt optimized by ``rolloutbus optimize-prompt``, the policy served as given."""
+        from rolloutbus.trainer_api.fit_apo import run_apo
+
+        return run_apo(trainer, agent, train, val, test)
 
     def optimizer_key(self) -> str | None:
         """The ``client``'s API key (given to ``optimize-prompt`` as ``ROLLOUTBUS_APO_LLM_KEY``, not on its command line)."""
@@ -200,6 +229,7 @@ def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@ALGORITHMS.register("verl")
 @dataclass
 class VERL(GRPO):
     """The write-ups' ``agl.VERL(verl_config)``: a verl PPO/GRPO configuration (the nested dict, or dotted keys as

@@ -17,7 +17,7 @@ from typing import Any
 
 from foundation.errors import ConfigError
 from rolloutbus.trainer_api.agent import Adapted, check_agent
-from rolloutbus.trainer_api.algorithms import APO, GRPO, SFT
+from rolloutbus.trainer_api.algorithms import ALGORITHMS, APO, GRPO, SFT
 from rolloutbus.trainer_api.resources import LLM
 from rolloutbus.trainer_api.shipped import CHILD_ENV
 
@@ -46,7 +46,7 @@ def row_json(row: Any, index: int) -> str:
 class Trainer:
     """Runs an agent: ``dev`` once per task against an endpoint, ``fit`` in a training loop."""
 
-    def __init__(self, n_runners: int | None = None, algorithm: GRPO | SFT | APO | None = None, adapter: Mapping[str, str] | None = None,
+    def __init__(self, n_runners: int | None = None, algorithm: GRPO | SFT | APO | str | None = None, adapter: Mapping[str, str] | None = None,
                  initial_resources: Mapping[str, Any] | None = None, *, n_workers: int | None = None,
                  out: str | Path = "rolloutbus-output", keep_store: bool = False, engine: str = "torch",
                  say: Callable[[str], None] | None = None) -> None:
@@ -54,6 +54,11 @@ class Trainer:
         if engine not in ENGINES:
             raise ConfigError(f"engine {engine!r} is not one fit serves with: {' or '.join(ENGINES)}")
         self.engine = engine  # fit: ``rolloutbus serve --engine``
+        if isinstance(algorithm, str):  # a registered name, at its defaults: Trainer(algorithm="grpo")
+            algorithm = ALGORITHMS.get(algorithm)()
+        if algorithm is not None and not callable(getattr(algorithm, "fit", None)):
+            raise ConfigError(f"algorithm {type(algorithm).__name__} is not one fit runs: one of "
+                              f"{', '.join(f'{ALGORITHMS.get(n).__name__}(...)' for n in ALGORITHMS)}, or a name of them")
         self.algorithm = algorithm
         unknown = set(adapter or {}) - set(ADAPTER_KEYS)
         if unknown:
@@ -102,9 +107,6 @@ class Trainer:
         version kept, with the paired difference (``result.held_out``). Everything started is stopped on return,
         an error or Ctrl-C."""
         from rolloutbus.localproc import restore_sigterm, stop_on_sigterm
-        from rolloutbus.trainer_api.fit import run_fit
-        from rolloutbus.trainer_api.fit_apo import run_apo
-
         self._guard()
         check_agent(agent)
         train = [row_json(row, i) for i, row in enumerate(train_dataset)]
@@ -117,8 +119,7 @@ class Trainer:
                               "packaged model's name, not 'tiny' (the project's own)")
         previous = stop_on_sigterm()  # a SIGTERM to the script stops what fit started, as Ctrl-C does
         try:
-            run = run_apo if isinstance(self.algorithm, APO) else run_fit  # APO: the prompt optimized, the policy as given
-            return run(self, agent, train, val, test)
+            return (self.algorithm or GRPO()).fit(self, agent, train, val, test)  # ALGORITHMS: each says how it runs
         finally:
             restore_sigterm(previous)
 

@@ -52,7 +52,10 @@ def test_fit_takes_grpo_or_sft_and_refuses_anything_else() -> None:
     class Other:
         pass
 
-    t = Trainer(algorithm=Other())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"algorithm Other is not one fit runs: one of GRPO\(...\), SFT\(...\), APO\(...\)"):
+        Trainer(algorithm=Other())  # type: ignore[arg-type]
+    t = Trainer()
+    t.algorithm = Other()  # type: ignore[assignment]
     with pytest.raises(ConfigError, match=r"is not one fit runs: GRPO\(...\), SFT\(...\) or APO\(...\)"):
         run_fit(t, object(), ["{}"], [])
     assert isinstance(GRPO(), GRPO) and isinstance(SFT(), SFT)

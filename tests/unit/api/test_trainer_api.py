@@ -172,3 +172,37 @@ def test_held_out_pairs_the_same_tasks() -> None:
     assert (held.first_mean, held.chosen_mean, d) == (0.25, 0.75, 0.5)
     assert abs(se - (1 / 3) ** 0.5 / 2) < 1e-12  # differences 1, 0, 0, 1: sample sd sqrt(1/3) over sqrt(4)
     assert held.line() == "v0 25.0% -> v3 75.0% on 4 tasks (+50.0 points, paired standard error 28.9)"
+
+
+def test_algorithms_are_registered_by_name_and_each_says_how_fit_runs_it() -> None:
+    from dataclasses import dataclass
+
+    from rolloutbus import APO, SFT, VERL
+    from rolloutbus.trainer_api.algorithms import ALGORITHMS
+
+    assert {n: ALGORITHMS.get(n) for n in ALGORITHMS} == {"grpo": GRPO, "sft": SFT, "apo": APO, "verl": VERL}
+    assert Trainer(algorithm="sft").algorithm == SFT()
+    with pytest.raises(ConfigError, match="algorithm 'ppo' is not one of: grpo, sft, apo, verl"):
+        Trainer(algorithm="ppo")
+    with pytest.raises(ConfigError, match="algorithm dict is not one fit runs: one of GRPO\\(...\\), SFT\\(...\\), APO"):
+        Trainer(algorithm={"lr": 1e-5})  # type: ignore[arg-type]
+
+    calls: list[tuple[Any, ...]] = []
+
+    @ALGORITHMS.register("count-tasks")
+    @dataclass
+    class CountTasks:
+        """counts the tasks it was given (a test's algorithm)"""
+
+        def fit(self, trainer: Trainer, agent: Any, train: list[str], val: list[str], test: list[str]) -> int:
+            calls.append((trainer, agent, train, val, test))
+            return len(train)
+
+    try:
+        trainer, agent = Trainer(algorithm="count-tasks"), Echo()
+        # fit hands the algorithm the agent and every dataset as the tasks' JSON; nothing else is started
+        assert trainer.fit(agent, [{"x": 1}, {"x": 2}], val_dataset=[{"x": 3}]) == 2
+        assert calls == [(trainer, agent, ['{"x": 1}', '{"x": 2}'], ['{"x": 3}'], [])]
+        assert "count-tasks" in ALGORITHMS.table() and "counts the tasks it was given" in ALGORITHMS.table()
+    finally:
+        ALGORITHMS.unregister("count-tasks")
