@@ -9,7 +9,9 @@ __version__ = "0.1.0"
 
 _API = ("Trainer", "LitAgent", "LLM", "GRPO", "SFT", "APO", "VERL", "PromptTemplate", "NamedResources", "Rollout", "agent_scope",
         "emit_state", "emit_action", "emit_reward", "emit_message", "emit_object", "emit_exception", "emit_tool_call",
-        "emit_span")
+        "emit_span", "rollout", "llm_rollout", "prompt_rollout", "FunctionalLitAgent", "ALGORITHMS", "emit_annotation",
+        "operation", "Operation", "setup_logging", "setup_module_logging", "configure_logger", "RolloutMode", "RolloutStatus",
+        "AttemptStatus")
 
 
 def __getattr__(name: str) -> object:

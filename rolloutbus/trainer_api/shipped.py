@@ -25,7 +25,8 @@ CHILD_ENV = "ROLLOUTBUS_TRAINER_CHILD"
 def ship(agent: Any, path: Path) -> None:
     """Pickle ``agent`` to ``path`` with the script to re-run when its class lives in ``__main__``."""
     main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None) if type(agent.agent).__module__ == "__main__" else None
+    # an instance's __module__ is its class's, a decorated function's (FunctionalLitAgent) the function's
+    main_file = getattr(main, "__file__", None) if getattr(agent.agent, "__module__", None) == "__main__" else None
     try:
         body = pickle.dumps(agent)
     except Exception as exc:  # noqa: BLE001 - what pickle raises varies (PicklingError, TypeError, AttributeError)
