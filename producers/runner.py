@@ -326,6 +326,11 @@ def load_agent(spec: str) -> LitAgent:
         return obj()
     if isinstance(obj, LitAgent):
         return obj
+    # ``rolloutbus.LitAgent`` (a class, an instance, an @agl.rollout function): it says how it runs here
+    if isinstance(obj, type) and callable(getattr(obj, "as_runner_agent", None)):
+        obj = obj()
+    if callable(getattr(obj, "as_runner_agent", None)):
+        return obj.as_runner_agent()  # type: ignore[no-any-return]
     if callable(obj):
         from producers.litagent import litagent
 

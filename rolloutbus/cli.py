@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if s.uses_local_broker:
         pid = LocalKafka(s.data_dir, s.kafka_port).pid()
         if pid is None:
-            print(f"kafka    local broker not running (start it with `rolloutbus up`)")
+            print("kafka    local broker not running (start it with `rolloutbus up`)")
             return 1
         print(f"kafka    local broker pid {pid} on {s.bootstrap}")
     brokers, topics, groups = cluster_status(s.kafka_conf(), s.topic_prefix)

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from foundation.errors import ConfigError
 from producers.context import RolloutContext
 from producers.litagent import LitAgent as AttemptRunner
-from rolloutbus.trainer_api.resources import LLM, Rollout
+from rolloutbus.trainer_api.resources import LLM, Rollout, from_version
 from rolloutbus.trainer_api.tracing import Tracer, tracing
 
 T = TypeVar("T")
@@ -39,6 +39,12 @@ class LitAgent(Generic[T]):
 
     def rollout(self, task: T, resources: Mapping[str, Any], rollout: Rollout) -> float | None:
         raise NotImplementedError("implement rollout(task, resources, rollout) -> float | None")
+
+    def as_runner_agent(self) -> Adapted:
+        """What ``rolloutbus run-agent --agent module:name`` runs for this agent: the bus's resources as
+        :class:`~rolloutbus.trainer_api.resources.LLM` / ``PromptTemplate`` (:func:`~rolloutbus.trainer_api.resources.
+        from_version`), under their names on ``rb.resources``."""
+        return Adapted(self, {})
 
 
 def check_agent(agent: Any) -> None:
@@ -71,7 +77,9 @@ class Adapted(AttemptRunner):
 
     def named_resources(self, runner_resources: Mapping[str, Any], mode: str = "train") -> dict[str, Any]:
         """The Trainer's resources, each LLM pointed at the proxy and named as served under ``fit`` (at
-        ``val_temperature`` in a validation rollout); then the runner's (bus) resources."""
+        ``val_temperature`` in a validation rollout); then the runner's (bus) resources as the records they are, or,
+        with no Trainer resources (``rolloutbus run-agent``), an LLM or a prompt template as one
+        (:func:`~rolloutbus.trainer_api.resources.from_version`)."""
         named: dict[str, Any] = {}
         for key, value in self.resources.items():
             if isinstance(value, LLM) and self.proxy:
@@ -80,7 +88,8 @@ class Adapted(AttemptRunner):
                 value = replace(value, sampling_parameters={**value.sampling_parameters, "temperature": self.val_temperature})
             named[key] = value
         for key, value in runner_resources.items():
-            named.setdefault(key, value)
+            if key not in named:
+                named[key] = (None if self.resources else from_version(value)) or value
         return named
 
     def rollout(self, task: Any, resources: Mapping[str, Any], rollout: RolloutContext) -> float | None:

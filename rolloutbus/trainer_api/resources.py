@@ -63,6 +63,27 @@ class PromptTemplate:
 NamedResources = Mapping[str, Any]
 
 
+def from_version(rv: Any) -> LLM | PromptTemplate | None:
+    """A version on ``rb.resources`` as an agent of this API sees it (as the gateway answers Agent Lightning's
+    runners): a ``prompt_template`` as a :class:`PromptTemplate`; a ``model`` with an endpoint (the proxy's, which
+    ``rolloutbus train --llm-endpoint`` publishes) as an :class:`LLM` per attempt (``resource_type`` ``llm``: a plain
+    endpoint); anything else None (the record as it is)."""
+    import json
+
+    cfg = getattr(rv, "config", None) or {}
+    kind = getattr(rv, "kind", None)
+    if kind == "prompt_template":
+        return PromptTemplate.from_config(cfg)
+    if kind != "model" or not cfg.get("endpoint"):
+        return None
+    try:
+        sampling = json.loads(cfg["sampling_parameters"]) if cfg.get("sampling_parameters") else {}
+    except ValueError:
+        sampling = {}
+    return LLM(endpoint=cfg["endpoint"], model=cfg.get("model") or rv.name,
+               sampling_parameters=sampling if isinstance(sampling, dict) else {}, proxied=cfg.get("resource_type") != "llm")
+
+
 @dataclass(frozen=True)
 class Attempt:
     attempt_id: str
@@ -84,4 +105,4 @@ class Rollout:
         return cls(ctx.rollout_id, Attempt(ctx.attempt_id, ctx.attempt), ctx.mode, ctx.task_id, ctx)
 
 
-__all__ = ["LLM", "NamedResources", "PromptTemplate", "Rollout", "Attempt"]
+__all__ = ["LLM", "NamedResources", "PromptTemplate", "Rollout", "Attempt", "from_version"]

@@ -50,8 +50,22 @@ VERL = """agl.VERL({
     }, minutes=4, skip_zero_variance=False)"""
 
 
-def fit_script(max_steps: int, test_rows: int = 0, algorithm: str = GRPO) -> str:
+# The same agent as Agent Lightning's function agents are written: ``@agl.rollout`` over (task, llm, rollout).
+FUNCTION_AGENT = '''
+@agl.rollout
+def calc(task, llm, rollout):
+    text = chat(llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
+                [{"role": "user", "content": task["question"]}], temperature=1.0)
+    return float(len(text) % 2)
+'''
+
+
+def fit_script(max_steps: int, test_rows: int = 0, algorithm: str = GRPO, function_agent: bool = False) -> str:
     """The script's text: ``max_steps`` optimiser steps, the first ``test_rows`` rows as ``test_dataset``, ``algorithm``
-    (:data:`GRPO`, or :data:`VERL`: the write-ups' verl configuration through ``agl.VERL``)."""
-    return (TEMPLATE.replace("ALGORITHM", algorithm).replace("MAX_STEPS", str(max_steps))
+    (:data:`GRPO`, or :data:`VERL`: the write-ups' verl configuration through ``agl.VERL``); ``function_agent``: the
+    agent a decorated function (:data:`FUNCTION_AGENT`), sent to the runners from the script's ``__main__``."""
+    text = (TEMPLATE.replace("ALGORITHM", algorithm).replace("MAX_STEPS", str(max_steps))
             .replace("TEST_ROWS", str(test_rows)))
+    if function_agent:
+        text = text.replace("\nif __name__", FUNCTION_AGENT + "\nif __name__").replace("trainer.fit(Calc(),", "trainer.fit(calc,")
+    return text

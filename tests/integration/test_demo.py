@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("R
 
 TABLES = ["spans", "rollouts", "transitions", "groups", "resource_versions", "train_steps"]
 
-FIT = fit_script(max_steps=1, algorithm=VERL)  # the write-ups' agl.VERL(config), through a whole fit
+FIT = fit_script(max_steps=1, algorithm=VERL, function_agent=True)  # agl.VERL(config) and an @agl.rollout agent, through a whole fit
 
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:

@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.installs import installed
 
 from rolloutbus import LLM, Trainer
