@@ -127,8 +127,11 @@ class RolloutSpanProcessor(SpanProcessor):
         return self.exporter.force_flush(timeout_millis) if self.exporter else True
 
 
-def instrument(provider: TracerProvider | None = None, transport: SpanTransport | None = None) -> RolloutSpanProcessor:
-    """Add a :class:`RolloutSpanProcessor` to ``provider`` (default: the global one, created if needed)."""
+def instrument(provider: TracerProvider | None = None, transport: SpanTransport | None = None,
+               capture: Sequence[str] = ()) -> RolloutSpanProcessor:
+    """Add a :class:`RolloutSpanProcessor` to ``provider`` (default: the global one, created if needed); ``capture``
+    names agent frameworks to instrument on it (:data:`producers.capture.CAPTURES`: ``langchain``, ``openai-agents``,
+    ``autogen``, ``crewai``)."""
     from opentelemetry import trace
 
     if provider is None:
@@ -140,6 +143,10 @@ def instrument(provider: TracerProvider | None = None, transport: SpanTransport 
             trace.set_tracer_provider(provider)
     processor = RolloutSpanProcessor(transport)
     provider.add_span_processor(processor)
+    if capture:
+        from producers.capture import capture as instrument_frameworks
+
+        instrument_frameworks(*capture, provider=provider)
     return processor
 
 

@@ -10,12 +10,6 @@ from typing import Any
 from harness import MODEL, agent_headers, run
 
 
-def instrument(provider: Any) -> None:
-    from openinference.instrumentation.autogen_agentchat import AutogenAgentChatInstrumentor
-
-    AutogenAgentChatInstrumentor().instrument(tracer_provider=provider)
-
-
 def body(base_url: str) -> list[dict[str, Any]]:
     from autogen_agentchat.agents import AssistantAgent
     from autogen_agentchat.teams import RoundRobinGroupChat
@@ -39,4 +33,4 @@ def body(base_url: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    run("autogen", instrument, body)
+    run("autogen", "autogen", body)

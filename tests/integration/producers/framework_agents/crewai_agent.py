@@ -8,12 +8,6 @@ from typing import Any
 from harness import MODEL, agent_headers, run
 
 
-def instrument(provider: Any) -> None:
-    from openinference.instrumentation.crewai import CrewAIInstrumentor
-
-    CrewAIInstrumentor().instrument(tracer_provider=provider)
-
-
 def body(base_url: str) -> list[dict[str, Any]]:
     from crewai import LLM, Agent, Crew, Process, Task
 
@@ -34,4 +28,4 @@ def body(base_url: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    run("crewai", instrument, body)
+    run("crewai", "crewai", body)

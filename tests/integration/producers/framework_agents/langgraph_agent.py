@@ -8,12 +8,6 @@ from typing import Any, TypedDict
 from harness import MODEL, agent_headers, run
 
 
-def instrument(provider: Any) -> None:
-    from openinference.instrumentation.langchain import LangChainInstrumentor
-
-    LangChainInstrumentor().instrument(tracer_provider=provider)
-
-
 def body(base_url: str) -> list[dict[str, Any]]:
     from langchain_core.messages import HumanMessage
     from langchain_openai import ChatOpenAI
@@ -47,4 +41,4 @@ def body(base_url: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    run("langgraph", instrument, body)
+    run("langgraph", "langchain", body)

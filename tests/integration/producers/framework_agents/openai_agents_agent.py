@@ -10,14 +10,6 @@ from typing import Any
 from harness import MODEL, agent_headers, run
 
 
-def instrument(provider: Any) -> None:
-    from agents import set_trace_processors
-    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
-
-    set_trace_processors([])  # drop the default processor that uploads traces to OpenAI
-    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
-
-
 def body(base_url: str) -> list[dict[str, Any]]:
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner
     from openai import AsyncOpenAI
@@ -36,4 +28,4 @@ def body(base_url: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    run("openai-agents", instrument, body)
+    run("openai-agents", "openai-agents", body)
