@@ -10,21 +10,28 @@ from foundation import tls
 from rolloutbus.dashboard.settings import DashboardSettings  # noqa: F401
 
 
+# flag dest → settings field (DashboardSettings: each default written there)
+_FLAGS = {"host": "dashboard_host", "port": "dashboard_port", "refresh": "dashboard_refresh_s",
+          "analyst_user": "dashboard_analyst_user", "scrape": "dashboard_scrape", "insecure": "insecure"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="listen address (env ROLLOUTBUS_DASHBOARD_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="listen port (env ROLLOUTBUS_DASHBOARD_PORT, default 8050)")
-    parser.add_argument("--refresh", type=float, default=None,
-                        help="seconds between the page's refreshes (env ROLLOUTBUS_DASHBOARD_REFRESH_S, default 5)")
+    from foundation.flags import describe_flags
+
+    parser.add_argument("--host", default=None, help="listen address")
+    parser.add_argument("--port", type=int, default=None, help="listen port")
+    parser.add_argument("--refresh", type=float, default=None, help="seconds between the page's refreshes")
     parser.add_argument("--analyst-user", default=None,
-                        help="store user the SQL box runs as (env ROLLOUTBUS_DASHBOARD_ANALYST_USER; its password: "
-                        "ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD); unset: the DSN's user with readonly=1")
+                        help="store user the SQL box runs as (its password: ROLLOUTBUS_DASHBOARD_ANALYST_PASSWORD); unset: "
+                        "the DSN's user with readonly=1")
     parser.add_argument("--scrape", default=None, help="comma-separated Prometheus /metrics URLs of gateways and producers "
-                        "to show (env ROLLOUTBUS_DASHBOARD_SCRAPE)")
+                        "to show")
     parser.add_argument("--insecure", action="store_true", default=None,
-                        help="listen on a non-loopback address without ROLLOUTBUS_DASHBOARD_TOKEN (env ROLLOUTBUS_INSECURE; logged loudly)")
+                        help="listen on a non-loopback address without ROLLOUTBUS_DASHBOARD_TOKEN (logged loudly)")
     parser.add_argument("--no-kafka-lag", action="store_true",
                         help="do not ask Kafka for consumer-group lag (env ROLLOUTBUS_DASHBOARD_KAFKA_LAG=false)")
     tls.add_arguments(parser)
+    describe_flags(parser, "rolloutbus.dashboard.settings:DashboardSettings", _FLAGS)  # each flag's variable and default
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,13 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from foundation.exposure import check_listen
     from rolloutbus.dashboard.app import Dashboard, assets_missing
 
-    flags = {"dashboard_host": "--host", "dashboard_port": "--port", "dashboard_refresh_s": "--refresh",
-             "dashboard_analyst_user": "--analyst-user", "dashboard_scrape": "--scrape", "insecure": "--insecure"}
-    values = {"data_dir": getattr(args, "data_dir", None), "dashboard_host": args.host, "dashboard_port": args.port,
-              "dashboard_refresh_s": args.refresh, "dashboard_analyst_user": args.analyst_user,
-              "dashboard_kafka_lag": False if args.no_kafka_lag else None, "dashboard_scrape": args.scrape,
-              "insecure": getattr(args, "insecure", None)}
-    s = load_settings(DashboardSettings, {k: v for k, v in values.items() if v is not None}, flags)
+    names = {field: "--" + dest.replace("_", "-") for dest, field in _FLAGS.items()}
+    values = {"data_dir": getattr(args, "data_dir", None), **{field: getattr(args, dest, None) for dest, field in _FLAGS.items()},
+              "dashboard_kafka_lag": False if args.no_kafka_lag else None}
+    s = load_settings(DashboardSettings, {k: v for k, v in values.items() if v is not None}, names)
     log = logging.getLogger("rolloutbus.dashboard")
     check_listen(s.dashboard_host, s.dashboard_token is not None, s.insecure, "ROLLOUTBUS_DASHBOARD_TOKEN", "rolloutbus dashboard")
     ssl_context = tls.from_args(args)  # before anything starts: a bad certificate is one line

@@ -10,21 +10,27 @@ import threading
 log = logging.getLogger("rolloutbus.store")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="address to serve on (env ROLLOUTBUS_STORE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="port (env ROLLOUTBUS_STORE_PORT, default 8123)")
-    parser.add_argument("--insecure", action="store_true", default=None,
-                        help="listen on a non-loopback address with users that have no password (env ROLLOUTBUS_INSECURE; logged loudly)")
-    parser.add_argument("--path", default=None, help="the engine's data directory (default <data dir>/clickhouse)")
-    from foundation import tls
+# flag dest → settings field (rolloutbus.store.settings.StoreSettings: each default written there)
+_FLAGS = {"host": "store_host", "port": "store_port", "insecure": "insecure"}
 
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from foundation import tls
+    from foundation.flags import describe_flags
+
+    parser.add_argument("--host", default=None, help="address to serve on")
+    parser.add_argument("--port", type=int, default=None, help="port")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="listen on a non-loopback address with users that have no password (logged loudly)")
+    parser.add_argument("--path", default=None, help="the engine's data directory (default <data dir>/clickhouse)")
     tls.add_arguments(parser)
+    describe_flags(parser, "rolloutbus.store.settings:StoreSettings", _FLAGS)  # each flag's variable and default
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from foundation.config import load_settings
+    from foundation.entry import settings_from_args
     from foundation.errors import StoreError
     from foundation.chdb_lock import lock_store
     from foundation import tls
@@ -32,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from rolloutbus.store.server import Engine, StoreServer, serve
     from rolloutbus.store.settings import StoreSettings
 
-    overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None), "store_host": args.host,
-                                   "store_port": args.port, "insecure": getattr(args, "insecure", None)}.items() if v is not None}
-    s = load_settings(StoreSettings, overrides, {"store_host": "--host", "store_port": "--port", "insecure": "--insecure"})
+    s = settings_from_args(StoreSettings, args, _FLAGS)
     users, limits = s.users(), s.limits()
     check_listen(s.store_host, s.has_credentials(), s.insecure, "ROLLOUTBUS_STORE_USERS (name:role:password, every user with a password)",
                  "rolloutbus store")

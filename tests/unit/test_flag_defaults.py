@@ -1,5 +1,5 @@
 """A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
-``proxy``, ``run-agent``, ``serve`` and ``optimize-prompt`` that
+``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store`` and ``dashboard`` that
 sets a field shows the model's default and variable in its help (derived by ``foundation.flags.describe_flags`` when the help is shown), and
 no help states another default by hand."""
 
@@ -38,7 +38,9 @@ def _cases() -> list[tuple[str, str, str, type]]:
                              ("producers.ingest.llm_proxy_cli", "producers.ingest.settings:ProxySettings"),
                              ("producers.runner_cli", "producers.settings:RunnerSettings"),
                              ("trainer.serve_cli", "trainer.settings:ServeSettings"),
-                             ("trainer.apo_cli", "trainer.settings:ApoSettings")):
+                             ("trainer.apo_cli", "trainer.settings:ApoSettings"),
+                             ("rolloutbus.store.cli", "rolloutbus.store.settings:StoreSettings"),
+                             ("rolloutbus.dashboard.cli", "rolloutbus.dashboard.settings:DashboardSettings")):
         model = getattr(importlib.import_module(settings.split(":")[0]), settings.split(":")[1])
         cases += [(module, dest, field, model) for dest, field in importlib.import_module(module)._FLAGS.items()]
     return cases
