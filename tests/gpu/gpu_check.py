@@ -8,7 +8,7 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
     single-object records) through one step of a model of SmolLM2-135M's architecture (seeded random
     weights: the packaged GGUF is 89 MiB, over the 64 MiB a GPU run may carry), in float32 and bfloat16,
     on the device and on the CPU from the same weights; loss, the step's metrics and every gradient
-    compared. Two batch variants: ``recorded`` (the recorded behaviour log-probs, the tiny policy's, about
+    compared (and the same step with LoRA adapters, variant ``lora``). Two batch variants: ``recorded`` (the recorded behaviour log-probs, the tiny policy's, about
     -4.6 a token against a random 49k-vocabulary model's -10.8: ratios near 2e-3, so the loss is mostly
     its clipped terms and the gradient comes from the positive-advantage rows) and ``on_policy_kl``
     (behaviour log-probs dropped, so every response token carries gradient, plus the k3 KL to a reference
@@ -119,7 +119,11 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 AUTOCAST = {"bf16-mixed": torch.bfloat16}
 # sft: one step of ``rolloutbus train --algorithm sft`` (:func:`trainer.sft.sft_ids`) on the recorded transitions
 # (prompt ids, response ids); SFT takes no --precision (bf16-mixed runs it in float32, as the SFT CLI does).
-VARIANTS = ("recorded", "on_policy_kl", "sft")
+# lora: the recorded batch through a LoRA policy (``rolloutbus train --lora-rank 8``: peft adapters on the trainer's
+# default targets, seeded, B drawn non-zero as after some training so that A gets gradient too); only the adapters
+# train, so the comparison is over their gradients (the frozen weights' are zero on both sides).
+VARIANTS = ("recorded", "on_policy_kl", "sft", "lora")
+LORA_RANK = 8
 
 
 # ------------------------------------------------------------------------------------------ the batches
@@ -251,6 +255,8 @@ def run_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str,
     variant takes :func:`run_sft_step`."""
     if variant == "sft":
         return run_sft_step(policy, groups, device, dtype)
+    if variant == "lora":
+        policy = with_lora(policy)
     dev = torch.device(device)
     model = copy.deepcopy(policy).to(device=dev, dtype=DTYPES[dtype])
     ref_model = None if ref is None else copy.deepcopy(ref).to(device=dev, dtype=DTYPES[dtype])
@@ -267,6 +273,19 @@ def run_step(policy: Any, groups: Sequence[GroupBatch], device: str, dtype: str,
              for n, p in model.named_parameters()}
     del backend, model, ref_model
     return StepRun(f"{dev.type} {dtype}", metrics, grads, seconds)
+
+
+def with_lora(policy: Any, seed: int = 7) -> Any:
+    """A copy of ``policy`` with the trainer's LoRA adapters (:func:`trainer.lora.apply_lora`), the same on every call."""
+    from trainer.lora import LoraSettings, apply_lora
+
+    torch.manual_seed(seed)
+    model = apply_lora(copy.deepcopy(policy), LoraSettings(rank=LORA_RANK))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.02)
+    return model
 
 
 COMPARED_METRICS = ("loss", "pg_loss", "kl", "grad_norm", "ratio_mean", "clip_fraction")

@@ -53,6 +53,8 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
     # SFT's step (rolloutbus train --algorithm sft) is gated the same way: its loss is the response tokens' NLL.
     sft = next(r for r in rows if r["variant"] == "sft" and r["dtype"] == "float32")["vs_exact"]
     assert sft["grad_rel_err"] < 1e-4 and sft["loss_ref"] > 1.0
+    # LoRA's step (rolloutbus train --lora-rank 8): the adapters' gradients, float32 to float64's rounding.
+    assert next(r for r in rows if r["variant"] == "lora" and r["dtype"] == "float32")["vs_exact"]["grad_rel_err"] < 1e-4
     timing = res["timing"]
     assert [(t["model"], t["dtype"], t["micro_batch_tokens"]) for t in timing] == [
         ("tiny", "bf16-mixed", 16384), ("tiny-wide", "bf16-mixed", 16384),
@@ -130,3 +132,11 @@ def test_the_model_configs_have_the_sizes_they_claim(name: str, params: int) -> 
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
     per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
     assert v * h + L * per_layer + h == params
+
+
+def test_the_lora_variant_trains_the_adapters_alone_and_the_same_ones_each_time() -> None:
+    policy = gc.build_model(gc.TINY, 0)
+    a, b = gc.with_lora(policy), gc.with_lora(policy)
+    trainable = {n for n, p in a.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
