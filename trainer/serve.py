@@ -205,6 +205,8 @@ class PolicyServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request body is not JSON: {exc}") from exc
+        except LookupError as exc:  # Content-Type: application/json; charset=<one Python does not know>
+            raise BadRequest(f"cannot read the request body in its charset: {exc}") from exc
         except web.RequestPayloadError as exc:  # a body its Content-Encoding cannot decode, cut short, ...
             raise BadRequest(f"cannot read the request body: {exc}") from exc
         except RecursionError as exc:  # '[' * 100000: not a ValueError

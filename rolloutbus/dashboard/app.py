@@ -339,7 +339,8 @@ class Dashboard:
         try:
             payload = await request.json()
             sql = str(payload["sql"]).strip()
-        except (ValueError, KeyError, TypeError, RecursionError, web.RequestPayloadError):  # not JSON, nested too deep, unreadable
+        except (ValueError, KeyError, TypeError, LookupError, RecursionError, web.RequestPayloadError):  # not JSON, an unknown
+            # charset, nested too deep, unreadable
             return web.json_response({"error": 'send JSON {"sql": "SELECT ..."}'}, status=400)
         if not sql:
             return web.json_response({"error": "no SQL given"}, status=400)

@@ -277,7 +277,7 @@ NASTY = [b"[" * 100_000, b'{"messages":' * 50_000, b'{"sql":' + b"[" * 100_000, 
          b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": Infinity}', b'{"prompt": "x", "n": 1e400}',
          b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": NaN}',
          b'{"prompt": [1, 2], "max_tokens": -Infinity, "temperature": Infinity}']
-CTYPES = ["application/json", "application/x-www-form-urlencoded"]
+CTYPES = ["application/json", "application/x-www-form-urlencoded", "application/json; charset=nonsense"]  # the last: found by the fuzzer
 
 
 @pytest.mark.parametrize("app", ["store", "serve", "dashboard"])

@@ -13,15 +13,19 @@ from rolloutbus.localproc import restore_sigterm, stop_on_sigterm
 
 
 def test_sigterm_becomes_a_keyboard_interrupt_then_the_default_comes_back() -> None:
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    previous = stop_on_sigterm()
+    # from Python's default (what a script starts with; a test run's process may hold another: put back after)
+    outer = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        with pytest.raises(KeyboardInterrupt, match="signal 15"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler runs at the next bytecode; never reached
+        previous = stop_on_sigterm()
+        try:
+            with pytest.raises(KeyboardInterrupt, match="signal 15"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs at the next bytecode; never reached
+        finally:
+            restore_sigterm(previous)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
-        restore_sigterm(previous)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, outer)
 
 
 def test_a_handler_of_the_users_own_is_kept() -> None:
