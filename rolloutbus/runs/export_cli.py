@@ -1,0 +1,58 @@
+"""``rolloutbus export --report-to tensorboard``: a finished run's metrics from ClickHouse to the experiment trackers
+(:mod:`rolloutbus.runs.export`). The store is the one ``rolloutbus query`` reads (``ROLLOUTBUS_CLICKHOUSE_DSN``);
+``--run RUN`` a ``fit`` run's own database; the trackers write under ``--tracker-dir`` (default
+``<data dir>/trackers``), as ``rolloutbus train --report-to`` does."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--report-to", required=True, metavar="NAMES",
+                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard)")
+    parser.add_argument("--run", metavar="RUN", help="a fit run's own database (`rolloutbus runs` lists them)")
+    parser.add_argument("--run-id", help="one training run of the database (train_steps.run_id; default: every one)")
+    parser.add_argument("--resource-name", default="policy", help="the resource the run trained, the first half of "
+                        "the tracker's run name <resource>-<run id> (default policy)")
+    parser.add_argument("--tracker-dir", type=Path, help="where the trackers write (default <data dir>/trackers)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from foundation.clickhouse import connect
+    from foundation.config import CommonSettings, load_settings
+    from foundation.registry import load_plugins
+    from rolloutbus.runs.export import export
+    from trainer.trackers import TRACKERS
+
+    load_plugins()  # a user's registered trackers
+    for name in filter(None, (n.strip() for n in args.report_to.split(","))):
+        TRACKERS.get(name)  # an unknown name is one line, before anything is read
+    s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})
+    if args.run:
+        from rolloutbus.runs.scope import run_database
+
+        s = s.model_copy(update={"clickhouse_database": run_database(s, args.run)})
+    root = args.tracker_dir or s.data_dir / "trackers"
+    client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
+    try:
+        written = export(client, args.report_to, root, args.resource_name, args.run_id, s.clickhouse_database)
+    except Exception as exc:  # noqa: BLE001 - what the driver raises for a missing database or table varies
+        from clickhouse_connect.driver.exceptions import ClickHouseError as DriverError
+
+        from foundation.errors import ClickHouseError
+
+        if not isinstance(exc, DriverError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        raise ClickHouseError(f"cannot read the run's metrics from {s.clickhouse_database}: {first} (`rolloutbus runs` "
+                              "lists the fit runs; --run RUN reads one)") from exc
+    finally:
+        client.close()
+    if not written:
+        print(f"no training steps in {s.clickhouse_database}.train_steps" + (f" for run {args.run_id}" if args.run_id else ""))
+        return 1
+    for name, steps in written.items():
+        print(f"{name}: {steps} steps to {args.report_to} under {root}")
+    return 0
