@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from foundation.filelock import locked
+
 CACHE = Path.home() / ".cache" / "rolloutbus"
 
 AL03_VERSION = "0.3.0"  # what pip resolves on Python 3.11, the line whose tracers export OTLP
@@ -51,6 +53,18 @@ def ensure_venv(venv: Path, pins: Sequence[str], *, base: Callable[[], str] = la
     done = marker(venv, pins)
     if done.exists() and python.exists():
         return python
+    # Several processes may ask at once (the test session's workers, two benches): one installs, the others wait for
+    # it and then find the marker.
+    with locked(venv.parent / f".{venv.name}.lock"):
+        if done.exists() and python.exists():
+            return python
+        return _make(venv, pins, python, done, base=base, timeout=timeout, error=error, present=present, say=say,
+                     install=install)
+
+
+def _make(venv: Path, pins: Sequence[str], python: Path, done: Path, *, base: Callable[[], str], timeout: float,
+          error: type[Exception], present: Callable[[Path], bool] | None, say: Callable[[str], None] | None,
+          install: Callable[[str, float], None] | None) -> Path:
     if present is not None and python.exists() and present(python):
         done.write_text(f"{pins[0]}\n")
         return python

@@ -160,8 +160,15 @@ def _origin(gguf: Path | None, hf_dir: Path | None) -> str:
 
 def import_model(source: str, models_dir: Path) -> Path:
     """Make (or find) the HF directory for ``source`` under ``models_dir``; returns its path."""
+    from foundation.filelock import locked
+
     name, gguf, hf_dir = resolve_source(source)
     origin = _origin(gguf, hf_dir)
+    with locked(models_dir / f".{name}.lock"):  # another process importing the same model: wait, then find it made
+        return _import(name, gguf, hf_dir, origin, source, models_dir)
+
+
+def _import(name: str, gguf: Path | None, hf_dir: Path | None, origin: str, source: str, models_dir: Path) -> Path:
     target = models_dir / name
     marker = target / IMPORT_FILE
     if marker.exists():
