@@ -50,7 +50,8 @@ def test_two_ranks_train_and_one_rank_resumes_their_checkpoint(
 
 
 def test_two_ranks_train_lora_adapters_and_publish_them_merged(
-        groups: list[GroupBatch], kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path) -> None:
+        groups: list[GroupBatch], kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path,
+        ch: Any) -> None:
     """--lora-rank 4 --activation-checkpointing --kl-beta on two ranks: versions are full HF weights (the adapters
     merged) that load as any version does; only the adapted projections moved; the KL to the reference, sharded as
     the policy, is in the loss once the policy moved."""
@@ -69,6 +70,18 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
     ea.Reload()
     assert [(e.step, round(e.value, 5)) for e in ea.Scalars("train/kl")] == [(s.step, round(s.metrics["kl"], 5)) for s in steps]
     assert [e.step for e in ea.Scalars("train/loss")] == [1, 2, 3]
+    # rolloutbus export from the steps as ClickHouse holds them gives the live report's series, under its run name
+    from rolloutbus.runs.export import export
+
+    ch.insert("train_steps", [[s.run_id, s.step, s.time_ns, s.resource_version, s.group_ids, s.metrics] for s in steps],
+              column_names=["run_id", "step", "time_ns", "resource_version", "group_ids", "metrics"])
+    assert export(ch, "tensorboard", tmp_path / "exported", "policy") == {run_dir.name: 3}
+    again = EventAccumulator(str(tmp_path / "exported" / "tensorboard" / run_dir.name))
+    again.Reload()
+    live_tags = [t for t in ea.Tags()["scalars"] if t.startswith("train/")]
+    assert live_tags and sorted(live_tags) == sorted(again.Tags()["scalars"])
+    for tag in live_tags:
+        assert [(e.step, e.value) for e in again.Scalars(tag)] == [(e.step, e.value) for e in ea.Scalars(tag)], tag
     versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].config["lora_rank"] == "4"
     first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))  # version 0 is pruned (3 kept)
