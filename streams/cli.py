@@ -80,12 +80,19 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     return load_settings(StreamSettings, overrides, {kw["dest"]: flag for flag, kw in _FLAGS})
 
 
-def _span_partitions(conf: dict[str, Any], topic: str) -> int:
+def _span_partitions(conf: dict[str, Any], topic: str, wait_s: float = 30.0) -> int:
+    """The partitions of ``topic``; a topic just created (or a broker just restarted) may show none in the metadata
+    for a moment, so it is asked again until ``wait_s`` has passed (0: none there)."""
+    import time
+
     from foundation.kafka_admin import admin
 
-    md = admin(conf).list_topics(timeout=30)
-    t = md.topics.get(topic)
-    return len(t.partitions) if t is not None and t.partitions else 0
+    client, deadline = admin(conf), time.monotonic() + wait_s
+    while True:
+        t = client.list_topics(timeout=30).topics.get(topic)
+        if (t is not None and t.partitions) or time.monotonic() >= deadline:
+            return len(t.partitions) if t is not None and t.partitions else 0
+        time.sleep(0.5)
 
 
 def worker_topics(prefix: str, app_id: str, partitions: int) -> list[TopicSpec]:

@@ -35,7 +35,8 @@ from streams.app import done_topic_name
 from streams.grouping import group_id
 from streams.spans_stage import span_group
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600 if LONG else 300)]
+# solo: three stream workers and two emitters whose rebalances must finish within deadlines: the machine to itself
+pytestmark = [pytest.mark.integration, pytest.mark.solo, pytest.mark.timeout(600 if LONG else 300)]
 
 PARTITIONS = 6
 # Longer than a SIGKILLed worker's partitions wait for a new owner (session timeout 10 s, the rebalance,
