@@ -106,7 +106,8 @@ demo: setup
 # Two passes: most tests wait (on brokers, workers, deadlines) more than they compute (the CPUs were 28% busy
 # during the integration tests run one at a time), so they run on TEST_WORKERS processes at once, each with
 # its own broker, a test file to one process; then the tests marked `solo` (the learning test's margin depends
-# on CPU time, the container topology fills the memory, the scale-out test's rebalances have deadlines) run alone. Both passes always run; either failing fails.
+# on CPU time, the container topology fills the memory, the scale-out test's rebalances have deadlines) run
+# alone. Both passes always run; either failing fails.
 # A pass that selects no test (PYTEST_ARGS naming files of the other kind) is not a failure.
 TEST_WORKERS ?= 3
 test: setup browser-deps prometheus-tools containers-host validate-deploy vllm

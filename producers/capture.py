@@ -26,11 +26,17 @@ def _instrumentor(module: str, cls: str, package: str) -> Any:
         raise ConfigError(f"capturing needs {package} (pip install {package}): {exc}") from None
 
 
-@CAPTURES.register("langchain")
-def langchain(provider: Any) -> None:
-    """LangChain and LangGraph: OpenInference's LangChain instrumentation"""
-    _instrumentor("openinference.instrumentation.langchain", "LangChainInstrumentor",
-                  "openinference-instrumentation-langchain").instrument(tracer_provider=provider)
+def _openinference(name: str, module: str, cls: str, what: str) -> None:
+    """Register ``name``: OpenInference's instrumentation ``module.cls`` (package ``openinference-instrumentation-*``)."""
+    package = "openinference-instrumentation-" + module.rsplit(".", 1)[1].replace("_", "-")
+
+    def instrument(provider: Any) -> None:
+        _instrumentor(module, cls, package).instrument(tracer_provider=provider)
+
+    CAPTURES.register(name, f"{what}: OpenInference's instrumentation")(instrument)
+
+
+_openinference("langchain", "openinference.instrumentation.langchain", "LangChainInstrumentor", "LangChain and LangGraph")
 
 
 @CAPTURES.register("openai-agents")
@@ -44,18 +50,9 @@ def openai_agents(provider: Any) -> None:
     instrumentor.instrument(tracer_provider=provider)
 
 
-@CAPTURES.register("autogen")
-def autogen(provider: Any) -> None:
-    """AutoGen agentchat: OpenInference's AutoGen agentchat instrumentation"""
-    _instrumentor("openinference.instrumentation.autogen_agentchat", "AutogenAgentChatInstrumentor",
-                  "openinference-instrumentation-autogen-agentchat").instrument(tracer_provider=provider)
-
-
-@CAPTURES.register("crewai")
-def crewai(provider: Any) -> None:
-    """CrewAI: OpenInference's CrewAI instrumentation"""
-    _instrumentor("openinference.instrumentation.crewai", "CrewAIInstrumentor",
-                  "openinference-instrumentation-crewai").instrument(tracer_provider=provider)
+_openinference("autogen", "openinference.instrumentation.autogen_agentchat", "AutogenAgentChatInstrumentor",
+               "AutoGen agentchat")
+_openinference("crewai", "openinference.instrumentation.crewai", "CrewAIInstrumentor", "CrewAI")
 
 
 def capture(*names: str, provider: Any) -> None:

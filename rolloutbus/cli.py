@@ -33,6 +33,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "demo": ("rolloutbus.demo", "watch an agent learn, end to end, on the local stack"),
     "bench": ("rolloutbus.bench_cli", "measure the whole pipeline"),
     "runs": ("rolloutbus.runs.cli", "list the fit runs kept on this broker and store, or remove one (runs rm RUN)"),
+    "export": ("rolloutbus.runs.export_cli", "replay a finished run's metrics from ClickHouse to experiment trackers (--report-to)"),
     "dashboard": ("rolloutbus.dashboard.cli", "serve a live web dashboard: learning curves, pipeline health, trajectories, SQL"),
 }
 

@@ -69,7 +69,8 @@ def export(client: Any, report_to: str, root: Path, resource: str, run_id: str |
     where, params = ("WHERE run_id = {run:String}", {"run": run_id}) if run_id else ("", {})
     step_rows = client.query(STEPS_SQL.format(where=where), parameters=params).result_rows
     per_run = step_series(step_rows)
-    versions = version_series(client.query(VERSIONS_SQL).result_rows, version_steps(step_rows))
+    # the rollouts' versions belong to the run when the database holds one (a fit run's, a deployment's)
+    versions = version_series(client.query(VERSIONS_SQL).result_rows, version_steps(step_rows)) if len(per_run) == 1 else []
     written: dict[str, int] = {}
     for run, steps in per_run.items():
         name = f"{resource}-{run}"
@@ -77,9 +78,8 @@ def export(client: Any, report_to: str, root: Path, resource: str, run_id: str |
         try:
             for step, metrics in steps:
                 trackers.log(step, metrics)
-            if len(per_run) == 1:  # the rollouts' versions belong to the one run of this database
-                for step, metrics in versions:
-                    trackers.log(step, metrics)
+            for step, metrics in versions:
+                trackers.log(step, metrics)
         finally:
             trackers.close()
         written[name] = len(steps)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--report-to", required=True, metavar="NAMES",
-                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard)")
+    parser.add_argument("--report-to", metavar="NAMES",
+                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard; env ROLLOUTBUS_REPORT_TO)")
     parser.add_argument("--run", metavar="RUN", help="a fit run's own database (`rolloutbus runs` lists them)")
     parser.add_argument("--run-id", help="one training run of the database (train_steps.run_id; default: every one)")
     parser.add_argument("--resource-name", default="policy", help="the resource the run trained, the first half of "
@@ -20,16 +20,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+    import re
+
     from foundation.clickhouse import connect
-    from foundation.config import CommonSettings, load_settings
+    from foundation.config import CommonSettings
+    from foundation.entry import settings_from_args
+    from foundation.errors import ConfigError
     from foundation.registry import load_plugins
     from rolloutbus.runs.export import export
     from trainer.trackers import TRACKERS
 
+    s = settings_from_args(CommonSettings, args, {})  # a bad setting is one line before anything is read
+    if args.run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.run_id):
+        raise ConfigError(f"--run-id {args.run_id!r}: a run id is letters, digits, '.', '_' and '-' (train_steps.run_id)")
+    report_to = args.report_to or os.environ.get("ROLLOUTBUS_REPORT_TO", "")
+    names = [n.strip() for n in report_to.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("give the trackers to write to: --report-to tensorboard (or ROLLOUTBUS_REPORT_TO)")
     load_plugins()  # a user's registered trackers
-    for name in filter(None, (n.strip() for n in args.report_to.split(","))):
+    for name in names:
         TRACKERS.get(name)  # an unknown name is one line, before anything is read
-    s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})
     if args.run:
         from rolloutbus.runs.scope import run_database
 
@@ -37,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     root = args.tracker_dir or s.data_dir / "trackers"
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
     try:
-        written = export(client, args.report_to, root, args.resource_name, args.run_id, s.clickhouse_database)
+        written = export(client, ",".join(names), root, args.resource_name, args.run_id, s.clickhouse_database)
     except Exception as exc:  # noqa: BLE001 - what the driver raises for a missing database or table varies
         from clickhouse_connect.driver.exceptions import ClickHouseError as DriverError
 
@@ -54,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"no training steps in {s.clickhouse_database}.train_steps" + (f" for run {args.run_id}" if args.run_id else ""))
         return 1
     for name, steps in written.items():
-        print(f"{name}: {steps} steps to {args.report_to} under {root}")
+        print(f"{name}: {steps} steps to {','.join(names)} under {root}")
     return 0

@@ -5,8 +5,10 @@ own agents learn of a missing ``with rollout(...)`` at once). Never an exception
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -87,14 +89,10 @@ class Operation:
         self.attributes["operation.output"] = output
 
     def __enter__(self) -> Operation:
-        import time
-
         self._start = time.time_ns()
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        import time
-
         if not self.propagate:
             return
         fields: dict[str, Any] = {"start_time_ns": self._start, "end_time_ns": time.time_ns(),
@@ -104,8 +102,6 @@ class Operation:
         _record_operation(self.attributes, fields)
 
     def __call__(self, fn: F) -> F:
-        import asyncio
-
         name = self.attributes.get("operation.name", getattr(fn, "__name__", "operation"))
         if asyncio.iscoroutinefunction(fn):
             @functools.wraps(fn)

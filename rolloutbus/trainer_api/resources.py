@@ -64,24 +64,21 @@ NamedResources = Mapping[str, Any]
 
 
 def from_version(rv: Any) -> LLM | PromptTemplate | None:
-    """A version on ``rb.resources`` as an agent of this API sees it (as the gateway answers Agent Lightning's
-    runners): a ``prompt_template`` as a :class:`PromptTemplate`; a ``model`` with an endpoint (the proxy's, which
-    ``rolloutbus train --llm-endpoint`` publishes) as an :class:`LLM` per attempt (``resource_type`` ``llm``: a plain
-    endpoint); anything else None (the record as it is)."""
-    import json
+    """A version on ``rb.resources`` as an agent of this API sees it: what the gateway answers Agent Lightning's
+    runners for it (:func:`producers.ingest.agl.v0_3_store.agl_resource`) as a :class:`PromptTemplate` or an
+    :class:`LLM` (per attempt through the proxy, unless published as a plain ``llm``); a ``model`` without an endpoint
+    in its config (a checkpoint only, no ``--llm-endpoint``) and anything else None (the record as it is)."""
+    from producers.ingest.agl.v0_3_store import agl_resource
 
-    cfg = getattr(rv, "config", None) or {}
-    kind = getattr(rv, "kind", None)
-    if kind == "prompt_template":
-        return PromptTemplate.from_config(cfg)
-    if kind != "model" or not cfg.get("endpoint"):
+    if getattr(rv, "kind", None) == "model" and not (getattr(rv, "config", None) or {}).get("endpoint"):
         return None
-    try:
-        sampling = json.loads(cfg["sampling_parameters"]) if cfg.get("sampling_parameters") else {}
-    except ValueError:
-        sampling = {}
-    return LLM(endpoint=cfg["endpoint"], model=cfg.get("model") or rv.name,
-               sampling_parameters=sampling if isinstance(sampling, dict) else {}, proxied=cfg.get("resource_type") != "llm")
+    mapped = agl_resource(rv)
+    if mapped is None:
+        return None
+    if mapped["resource_type"] == "prompt_template":
+        return PromptTemplate(template=mapped["template"], engine=mapped["engine"])
+    return LLM(endpoint=mapped["endpoint"], model=mapped["model"], sampling_parameters=mapped["sampling_parameters"],
+               proxied=mapped["resource_type"] == "proxy_llm")
 
 
 @dataclass(frozen=True)

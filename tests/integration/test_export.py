@@ -57,3 +57,27 @@ def test_export_of_one_run_id_and_of_nothing(ch: Any, tmp_path: Path) -> None:
     assert _scalars(tmp_path / "tensorboard" / "mine-b")["train/loss"] == [(1, 2.0)]
     assert not (tmp_path / "tensorboard" / "mine-a").exists()
 
+
+def test_the_command_reads_the_store_it_is_given_and_says_what_it_wrote(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    installed("tensorboard", "pip install -e '.[all]'")
+    env = {**os.environ, "ROLLOUTBUS_DATA_DIR": str(tmp_path / "data"), "ROLLOUTBUS_CLICKHOUSE_DSN": f"chdb://{tmp_path / 'ch'}"}
+    cmd = [sys.executable, "-m", "rolloutbus.cli", "export"]
+    missing = subprocess.run([*cmd, "--report-to", "tensorboard"], env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "cannot read the run's metrics from rolloutbus" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    seed = ("from foundation.clickhouse import connect, migrate\n"
+            f"c = connect('chdb://{tmp_path / 'ch'}', database='rolloutbus')\nmigrate(c, 'rolloutbus')\n"
+            "c.insert('train_steps', [['r9', 3, 1, 1, [], {'loss': 0.125}]], "
+            "column_names=['run_id', 'step', 'time_ns', 'resource_version', 'group_ids', 'metrics'])\n")
+    subprocess.run([sys.executable, "-c", seed], env=env, check=True, timeout=120)
+    out = subprocess.run([*cmd, "--report-to", "tensorboard"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    root = tmp_path / "data" / "trackers"
+    assert f"policy-r9: 1 steps to tensorboard under {root}" in out.stdout
+    assert _scalars(root / "tensorboard" / "policy-r9")["train/loss"] == [(3, 0.125)]
+    bad = subprocess.run([*cmd, "--report-to", "mlflow"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "tracker 'mlflow' is not one of: tensorboard" in bad.stderr

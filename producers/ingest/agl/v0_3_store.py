@@ -192,7 +192,7 @@ def worker_reply(worker_id: str, body: Any, *, now: float) -> dict[str, Any]:
             "current_rollout_id": None, "current_attempt_id": None}
 
 
-def _resource(rv: ResourceVersion) -> dict[str, Any] | None:
+def agl_resource(rv: ResourceVersion) -> dict[str, Any] | None:
     cfg = rv.config
     if rv.kind == "prompt_template":
         engine = cfg.get("engine", "f-string")
@@ -283,7 +283,7 @@ def resources_page(update: dict[str, Any] | None, query: Mapping[str, Any]) -> l
 
 def resources_update(current: Mapping[str, ResourceVersion]) -> dict[str, Any] | None:
     """The newest version of every resource → Agent Lightning's ``ResourcesUpdate`` (None: none yet)."""
-    mapped = {name: r for name, rv in current.items() if (r := _resource(rv)) is not None}
+    mapped = {name: r for name, rv in current.items() if (r := agl_resource(rv)) is not None}
     if not mapped:
         return None
     kept = {name: current[name] for name in mapped}
@@ -447,7 +447,7 @@ def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
             "resource": {"attributes": dict(row["resource"] or {}), "schema_url": ""}}
 
 
-__all__ = ["PREFIX", "TERMINAL", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
+__all__ = ["PREFIX", "TERMINAL", "agl_resource", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
            "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
            "worker_reply", "resources_update", "resources_id", "versions_from_agl", "check_wait",
            "finished_rollouts", "WAIT_CAP_S", "STORE_SEQUENCE", "unnumber", "sequence_key", "check_rollout_update",
