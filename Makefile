@@ -21,7 +21,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[all,test]'
+	$(PIP) install -q -e '.[all,test,trackers]'
 	@touch $(STAMP)
 
 # The compiled hot paths (native/: the Span writer, the span stage's decoder; a Rust extension built

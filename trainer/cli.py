@@ -106,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-every", type=int, help="validate every Nth version")
     p.add_argument("--early-stop-patience", type=int, help="stop after N fully validated versions without beating the best (0: never)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk")
-    p.add_argument("--report-to", metavar="TRACKERS", help="experiment trackers, comma-separated: tensorboard (each step's "
+    p.add_argument("--report-to", metavar="TRACKERS", help="experiment trackers, comma-separated: tensorboard, mlflow, wandb (each step's "
                    "metrics, the configuration, each version's validation score; ClickHouse keeps them all regardless)")
     p.add_argument("--tracker-dir", help="where the trackers write (default <data dir>/trackers)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live (auto: a GPU when one is visible)")

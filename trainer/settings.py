@@ -68,7 +68,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
                                     "0: 4096 on the CPU, 16384 on a GPU (where smaller ones leave it waiting on the host).")
     train_temperature: float = Field(default=1.0, gt=0, description="Sampling temperature the behaviour log-probs used.")
     keep_checkpoints: int = Field(default=3, ge=1)
-    report_to: str = Field(default="", description="Experiment trackers the run reports to, comma-separated: tensorboard "
+    report_to: str = Field(default="", description="Experiment trackers the run reports to, comma-separated: tensorboard, mlflow, wandb "
                            "(trainer.trackers.TRACKERS; empty: none).")
     tracker_dir: Path | None = Field(default=None, description="Where the trackers write; default <data_dir>/trackers.")
     max_steps: int = Field(default=0, ge=0, description="Stop after this many total steps (0: run forever).")

@@ -1,23 +1,38 @@
-"""The experiment trackers a training run reports to (``rolloutbus train --report-to tensorboard``): the run's
+"""The experiment trackers a training run reports to (``rolloutbus train --report-to tensorboard,mlflow,wandb``): the run's
 configuration once, every optimiser step's metrics (loss, KL, clip fraction, tokens/s, reward, staleness, ...) and
 each version's validation score, named by the run so runs can be compared. ClickHouse stays the source of truth
 (every step is in ``train_steps``); a tracker is a view for the tools a team already uses.
 
 Each tracker is a class registered in :data:`TRACKERS` (``@TRACKERS.register("name")``; ``--report-to`` takes the
 registry's names): built with the directory the run's files go under, the run's name and its configuration, it
-takes ``log(step, metrics)`` and ``close()``. Built in: ``tensorboard`` (event files under
-``<tracker dir>/tensorboard/<run>``: ``tensorboard --logdir <tracker dir>/tensorboard``).
+takes ``log(step, metrics)`` and ``close()``. Built in (each from the ``trackers`` extra):
+
+- ``tensorboard``: event files under ``<tracker dir>/tensorboard/<run>`` (``tensorboard --logdir <tracker dir>/tensorboard``);
+- ``mlflow``: a run named ``<run>`` in the experiment ``rolloutbus`` (``MLFLOW_EXPERIMENT_NAME``) of the tracking
+  server ``MLFLOW_TRACKING_URI`` names, else of a file store under ``<tracker dir>/mlflow``
+  (``mlflow ui --backend-store-uri <tracker dir>/mlflow``); the configuration as the run's parameters;
+- ``wandb``: a Weights & Biases run named ``<run>`` in the project ``rolloutbus`` (``WANDB_PROJECT``), its files under
+  ``<tracker dir>/wandb``; online when ``WANDB_API_KEY`` is set (or ``WANDB_MODE`` says), otherwise offline, which it
+  says once (``wandb sync <tracker dir>/wandb/offline-run-*`` uploads it later). Each point carries its
+  ``step`` as the x-axis, since W&B's own step only rises and a version's score is logged at an earlier step.
+
+Every tracker names a metric as TensorBoard does (:func:`tag`): ``train/<name>`` unless it has a section already.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from foundation.errors import ConfigError
 from foundation.registry import Registry
+
+
+log = logging.getLogger(__name__)
 
 
 class Tracker(Protocol):
@@ -37,26 +52,109 @@ def finite(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def tag(key: str) -> str:
+    """A metric's name in every tracker: ``train/<key>`` unless it names its section already. Pure."""
+    return key if "/" in key else f"train/{key}"
+
+
+def _needs(module: str, tracker: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"--report-to {tracker} needs the {tracker} package: pip install -e '.[trackers]' ({exc})") from None
+
+
 @TRACKERS.register("tensorboard")
 class TensorBoard:
     """TensorBoard event files under <tracker dir>/tensorboard/<run> (torch.utils.tensorboard)"""
 
     def __init__(self, root: Path, run: str, config: Mapping[str, str]) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # torch's writer needs the tensorboard package
-            raise ConfigError(f"--report-to tensorboard needs the tensorboard package: pip install tensorboard ({exc})") from None
+        _needs("tensorboard", "tensorboard")  # torch's writer needs the tensorboard package
+        from torch.utils.tensorboard import SummaryWriter
+
         self.dir = Path(root) / "tensorboard" / run
         self.writer = SummaryWriter(str(self.dir))
         self.writer.add_text("config", "\n\n".join(f"`{k}`: {v}" for k, v in sorted(config.items())), 0)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in finite(metrics).items():
-            self.writer.add_scalar(key if "/" in key else f"train/{key}", value, step)
+            self.writer.add_scalar(tag(key), value, step)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
+
+
+@TRACKERS.register("mlflow")
+class MLflow:
+    """An MLflow run named by the run (MLFLOW_TRACKING_URI, else a file store under <tracker dir>/mlflow)"""
+
+    BATCH = 100  # the most parameters one log_batch takes
+
+    def __init__(self, root: Path, run: str, config: Mapping[str, str]) -> None:
+        mlflow = _needs("mlflow", "mlflow")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(root) / "mlflow").resolve().as_uri()
+        if self.uri.startswith("file:"):
+            # MLflow 3 keeps its file store in maintenance and refuses it unless asked; a local run asks.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.mlflow = mlflow
+        self.client = MlflowClient(tracking_uri=self.uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "rolloutbus")
+        found = self.client.get_experiment_by_name(name)
+        experiment = found.experiment_id if found else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(experiment, run_name=run, tags={"rolloutbus.run": run}).info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(config.items())]
+        for i in range(0, len(params), self.BATCH):
+            self.client.log_batch(self.run_id, params=params[i:i + self.BATCH])
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [Metric(tag(k), v, now, step) for k, v in finite(metrics).items()]
+        if points:
+            self.client.log_batch(self.run_id, metrics=points)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+@TRACKERS.register("wandb")
+class WandB:
+    """A Weights & Biases run named by the run, files under <tracker dir>/wandb; offline without WANDB_API_KEY"""
+
+    def __init__(self, root: Path, run: str, config: Mapping[str, str]) -> None:
+        wandb = _needs("wandb", "wandb")
+        self.dir = Path(root) / "wandb"  # wandb.init(dir=root) writes under <root>/wandb
+        Path(root).mkdir(parents=True, exist_ok=True)
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        settings = wandb.Settings(silent=True, console="off", save_code=False, disable_git=True, x_disable_stats=True)
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rolloutbus"), name=run, dir=str(root),
+                              config=dict(config), mode=mode, settings=settings, reinit="create_new")
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        if mode == "offline":
+            log.warning("W&B runs offline (no WANDB_API_KEY): %s; `wandb sync %s` uploads it", self.run.dir,
+                        Path(self.run.dir).parent)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        points = {tag(k): v for k, v in finite(metrics).items()}
+        if points:
+            self.run.log({**points, "step": step})
+
+    def close(self) -> None:
+        self.run.finish()
+        # finish() can return before wandb-core has flushed the run's file; its teardown waits for that (the
+        # next run in this process starts the service again)
+        self.wandb.teardown()
 
 
 class Trackers:
@@ -89,4 +187,4 @@ def check_names(names: str) -> str:
     return names
 
 
-__all__ = ["TRACKERS", "TensorBoard", "Tracker", "Trackers", "check_names", "finite"]
+__all__ = ["TRACKERS", "MLflow", "TensorBoard", "Tracker", "Trackers", "WandB", "check_names", "finite", "tag"]

@@ -1,4 +1,4 @@
-"""``rolloutbus export --report-to tensorboard``: a finished run's metrics from ClickHouse to the experiment trackers
+"""``rolloutbus export --report-to tensorboard,mlflow,wandb``: a finished run's metrics from ClickHouse to the experiment trackers
 (:mod:`rolloutbus.runs.export`). The store is the one ``rolloutbus query`` reads (``ROLLOUTBUS_CLICKHOUSE_DSN``);
 ``--run RUN`` a ``fit`` run's own database; the trackers write under ``--tracker-dir`` (default
 ``<data dir>/trackers``), as ``rolloutbus train --report-to`` does."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-to", metavar="NAMES",
-                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard; env ROLLOUTBUS_REPORT_TO)")
+                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard, mlflow, wandb; env ROLLOUTBUS_REPORT_TO)")
     parser.add_argument("--run", metavar="RUN", help="a fit run's own database (`rolloutbus runs` lists them)")
     parser.add_argument("--run-id", help="one training run of the database (train_steps.run_id; default: every one)")
     parser.add_argument("--resource-name", default="policy", help="the resource the run trained, the first half of "
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     report_to = args.report_to or os.environ.get("ROLLOUTBUS_REPORT_TO", "")
     names = [n.strip() for n in report_to.split(",") if n.strip()]
     if not names:
-        raise ConfigError("give the trackers to write to: --report-to tensorboard (or ROLLOUTBUS_REPORT_TO)")
+        raise ConfigError("give the trackers to write to: --report-to tensorboard, mlflow or wandb (or ROLLOUTBUS_REPORT_TO)")
     load_plugins()  # a user's registered trackers
     for name in names:
         TRACKERS.get(name)  # an unknown name is one line, before anything is read

@@ -1,5 +1,5 @@
 """``rolloutbus export``: a finished run's metrics, read from the real ClickHouse engine, written to TensorBoard as a
-live ``--report-to tensorboard`` run writes them: every step's metrics at its step, each version's validation score
+live ``--report-to`` run writes them (TensorBoard, MLflow, W&B offline): every step's metrics at its step, each version's validation score
 and its training rollouts' reward and success at the step that published it."""
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ import pytest
 
 from rolloutbus.runs.export import export
 from tests.installs import installed
+from tests.tracker_files import READERS
 
 pytestmark = pytest.mark.integration
 
 
 def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    accumulator = installed("tensorboard.backend.event_processing.event_accumulator", "pip install -e '.[all]'")
-    ea = accumulator.EventAccumulator(str(run_dir))
-    ea.Reload()
-    return {tag: [(e.step, round(e.value, 6)) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+    return READERS["tensorboard"](run_dir.parent.parent, run_dir.name)[0]
 
 
 def _rollout(rid: str, mode: str, version: int, reward: float) -> dict[str, Any]:
@@ -27,8 +25,11 @@ def _rollout(rid: str, mode: str, version: int, reward: float) -> dict[str, Any]
             "status": "succeeded", "final_reward": reward}
 
 
-def test_export_replays_steps_and_versions_to_tensorboard(ch: Any, tmp_path: Path) -> None:
-    installed("tensorboard", "pip install -e '.[all]'")
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
+def test_export_replays_steps_and_versions_to_each_tracker(tracker: str, ch: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    installed(tracker, "pip install -e '.[trackers]'")
     steps = [["run1", 1, 1_000, 1, [], {"loss": 0.5, "kl": 0.01}], ["run1", 2, 2_000, 2, [], {"loss": 0.25, "kl": 0.02}]]
     ch.insert("train_steps", steps * 2,  # a row written twice (a redelivery) counts once: FINAL
               column_names=["run_id", "step", "time_ns", "resource_version", "group_ids", "metrics"])
@@ -37,10 +38,10 @@ def test_export_replays_steps_and_versions_to_tensorboard(ch: Any, tmp_path: Pat
     cols = list(rows[0])
     ch.insert("rollouts", [[r[c] for c in cols] for r in rows], column_names=cols)
 
-    written = export(ch, "tensorboard", tmp_path, "policy", database=ch.database)
+    written = export(ch, tracker, tmp_path, "policy", database=ch.database)
 
     assert written == {"policy-run1": 2}
-    scalars = _scalars(tmp_path / "tensorboard" / "policy-run1")
+    scalars, _config = READERS[tracker](tmp_path, "policy-run1")
     assert scalars["train/loss"] == [(1, 0.5), (2, 0.25)] and scalars["train/kl"] == [(1, 0.01), (2, 0.02)]
     # version 0 at step 0, version 1 at step 1 (the step that published it), version 2 at step 2
     assert scalars["rollouts/reward_mean"] == [(0, 0.5), (1, 1.0)]
@@ -79,5 +80,5 @@ def test_the_command_reads_the_store_it_is_given_and_says_what_it_wrote(tmp_path
     root = tmp_path / "data" / "trackers"
     assert f"policy-r9: 1 steps to tensorboard under {root}" in out.stdout
     assert _scalars(root / "tensorboard" / "policy-r9")["train/loss"] == [(3, 0.125)]
-    bad = subprocess.run([*cmd, "--report-to", "mlflow"], env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "tracker 'mlflow' is not one of: tensorboard" in bad.stderr
+    bad = subprocess.run([*cmd, "--report-to", "neptune"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "tracker 'neptune' is not one of: tensorboard, mlflow, wandb" in bad.stderr

@@ -57,6 +57,10 @@ def test_all_spells_out_every_cpu_extra() -> None:
     def names(reqs: list[str]) -> set[str]:
         return {re.split(r"[<>=!~;\[ ]", r)[0].lower() for r in reqs}
 
+    # GPU-only and the optional state store stay apart; the trackers' clients (MLflow's and W&B's, some 100 MB with
+    # their dependencies) too, outside the image's default, and `make setup` installs them beside `all`
     missing = {extra: sorted(names(reqs) - names(extras["all"])) for extra, reqs in extras.items()
-               if extra not in ("all", "test", "gpu", "rocksdb")}  # GPU-only and the optional state store stay apart
+               if extra not in ("all", "test", "gpu", "rocksdb", "trackers")}
     assert missing == {k: [] for k in missing}
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert "install -q -e '.[all,test,trackers]'" in makefile

@@ -15,6 +15,7 @@ import pytest
 from schemas.codec import encode
 from schemas.models import GroupBatch, ResourceVersion, TrainStep
 from tests.integration.trainer.test_trainer_crash import N_GROUPS, _produce, _read_all, groups  # noqa: F401 - the fixture
+from tests.tracker_files import READERS
 from trainer.model import load_policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -57,31 +58,29 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
     the policy, is in the loss once the policy moved."""
     _produce(kafka_conf, topics.batches, [encode(g) for g in groups])
     env = dict(test_env, ROLLOUTBUS_LORA_RANK="4", ROLLOUTBUS_ACTIVATION_CHECKPOINTING="true", ROLLOUTBUS_KL_BETA="0.05",
-               ROLLOUTBUS_REPORT_TO="tensorboard", ROLLOUTBUS_TRACKER_DIR=str(tmp_path / "trackers"))
+               ROLLOUTBUS_REPORT_TO="tensorboard,mlflow,wandb", ROLLOUTBUS_TRACKER_DIR=str(tmp_path / "trackers"))
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT"):
+        env.pop(var, None)
     run = _train(env, tmp_path / "ckpt", ranks=2, max_steps=3)
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [r for r in _read_all(kafka_conf, topics.metrics) if isinstance(r, TrainStep)]
     assert len(steps) == 3 and steps[-1].metrics["kl"] > 0, [s.metrics.get("kl") for s in steps]
-    # --report-to tensorboard: rank 0 alone reports, every step's loss and KL as train_steps has them
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    # --report-to: rank 0 alone reports, every step's loss and KL as train_steps has them, in each tracker
     (run_dir,) = (tmp_path / "trackers" / "tensorboard").iterdir()
-    ea = EventAccumulator(str(run_dir))
-    ea.Reload()
-    assert [(e.step, round(e.value, 5)) for e in ea.Scalars("train/kl")] == [(s.step, round(s.metrics["kl"], 5)) for s in steps]
-    assert [e.step for e in ea.Scalars("train/loss")] == [1, 2, 3]
+    live = {name: read(tmp_path / "trackers", run_dir.name)[0] for name, read in READERS.items()}
+    for name, series in live.items():
+        assert series["train/kl"] == [(s.step, round(s.metrics["kl"], 6)) for s in steps], name
+        assert [step for step, _ in series["train/loss"]] == [1, 2, 3], name
     # rolloutbus export from the steps as ClickHouse holds them gives the live report's series, under its run name
     from rolloutbus.runs.export import export
 
     ch.insert("train_steps", [[s.run_id, s.step, s.time_ns, s.resource_version, s.group_ids, s.metrics] for s in steps],
               column_names=["run_id", "step", "time_ns", "resource_version", "group_ids", "metrics"])
-    assert export(ch, "tensorboard", tmp_path / "exported", "policy") == {run_dir.name: 3}
-    again = EventAccumulator(str(tmp_path / "exported" / "tensorboard" / run_dir.name))
-    again.Reload()
-    live_tags = [t for t in ea.Tags()["scalars"] if t.startswith("train/")]
-    assert live_tags and sorted(live_tags) == sorted(again.Tags()["scalars"])
-    for tag in live_tags:
-        assert [(e.step, e.value) for e in again.Scalars(tag)] == [(e.step, e.value) for e in ea.Scalars(tag)], tag
+    assert export(ch, "tensorboard,mlflow,wandb", tmp_path / "exported", "policy") == {run_dir.name: 3}
+    for name, read in READERS.items():
+        again = read(tmp_path / "exported", run_dir.name)[0]
+        train = {tag: points for tag, points in live[name].items() if tag.startswith("train/")}
+        assert train and train == again, name
     versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].config["lora_rank"] == "4"
     first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))  # version 0 is pruned (3 kept)
