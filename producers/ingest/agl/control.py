@@ -57,6 +57,9 @@ class ControlState:
     attempts_v03: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # rollout → its attempts, in order
     resource_sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # resources_id → its ResourcesUpdate
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Rollouts a start_attempt or a status update took out of the queue: the owner of their task on rb.tasks settles
+    # it instead of handing it out (TaskQueue.settled_v03), at its next sweep or dequeue.
+    left_queue_v03: set[str] = field(default_factory=set)
 
     def apply(self, record: Mapping[str, Any]) -> Result:
         """Apply one record; its answer. A record of an unknown op (a newer gateway's) changes nothing: 400."""
@@ -196,32 +199,32 @@ class ControlState:
 
     def _op_v03_attempt(self, rec: Mapping[str, Any]) -> Result:
         """``rollout_id``, ``attempt_id``, ``worker_id``, ``now``: a new attempt of a known rollout (``start_attempt``),
-        numbered one above its attempts so far, its rollout ``preparing``; 404 for a rollout never recorded."""
+        numbered one above its attempts so far, its rollout ``preparing``; 404 for a rollout never recorded. As its
+        store does, one still in the queue (``queuing``, or offered again after a failed attempt) leaves it: its
+        task's owner replica no longer hands it out (:attr:`left_queue_v03`)."""
         rid = rec["rollout_id"]
         rollout = self.rollouts_v03.get(rid)
         if rollout is None:
             return 404, {"detail": f"Rollout {rid} not found"}
-        if rollout.get("status") == "queuing":  # its task is on rb.tasks: a dequeue would start it a second time
-            return 409, {"detail": f"Rollout {rid} is queuing: a dequeue starts its attempt"}
         attempt = {"rollout_id": rid, "attempt_id": rec["attempt_id"], "sequence_id": len(self.attempts_v03.get(rid, [])) + 1,
                    "start_time": rec["now"], "end_time": None, "status": "preparing", "worker_id": rec.get("worker_id"),
                    "last_heartbeat_time": None, "metadata": None}
         self._keep_attempt(rid, attempt)
+        self.left_queue_v03.add(rid)
         rollout.update(status="preparing", end_time=None)
         return 201, {**copy.deepcopy(rollout), "attempt": dict(attempt)}
 
     def _op_v03_update(self, rec: Mapping[str, Any]) -> Result:
         """``rollout_id``, ``fields`` (``update_rollout``'s: input, mode, resources_id, status, config, metadata),
-        ``now``: set on a known rollout; an ended status sets its end time. 404 for one never recorded."""
+        ``now``: set on a known rollout; an ended status sets its end time, and any status takes it out of the queue
+        (:attr:`left_queue_v03`), as its store does. 404 for one never recorded."""
         rollout = self.rollouts_v03.get(rec["rollout_id"])
         if rollout is None:
             return 404, {"detail": f"Rollout {rec['rollout_id']} not found"}
-        if "status" in rec["fields"] and rollout.get("status") == "queuing":
-            # its task is on rb.tasks: a dequeue would still hand it out
-            return 409, {"detail": f"Rollout {rec['rollout_id']} is queuing: its status moves when it is dequeued"}
         rollout.update(copy.deepcopy(dict(rec["fields"])))
         if "status" in rec["fields"]:
             rollout["end_time"] = rec["now"] if rec["fields"]["status"] in ROLLOUT_ENDED else None
+            self.left_queue_v03.add(rec["rollout_id"])
         return 200, copy.deepcopy(rollout)
 
     def _op_resources_set(self, rec: Mapping[str, Any]) -> Result:

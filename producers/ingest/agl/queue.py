@@ -44,7 +44,8 @@ class TaskQueue:
         self.book = ClaimBook(claim_timeout_s, max_attempts)
         self.check_s = check_s
         self.ended = ended
-        self.settled: Settled | None = None
+        self.settled: Settled | None = None  # 1.x's rollouts that left queuing (its control records)
+        self.settled_v03: Settled | None = None  # 0.3's that a start_attempt or update_rollout took out of the queue
         self.resources = resources
         self.session_timeout_ms = session_timeout_ms
         self._lock = threading.RLock()
@@ -169,7 +170,8 @@ class TaskQueue:
     def sweep(self) -> None:
         """End claims whose attempts ended through another replica (ClickHouse); time out expired ones
         (a FINISHED ``timeout`` for the attempt, then offered again while attempts are left); drop offered 1.x
-        rollouts that left queuing through another replica (:attr:`settled`); commit."""
+        rollouts that left queuing through another replica (:attr:`settled`) and 0.3 rollouts a start_attempt or
+        update_rollout took out of the queue (:attr:`settled_v03`); commit."""
         self._settle()
         with self._lock:
             claims = self.book.claims()
@@ -202,19 +204,37 @@ class TaskQueue:
             self._commit(self.book.partitions())
 
     def _settle(self) -> None:
-        if self.settled is None:
-            return
-        with self._lock:
-            offered = [s.rollout_id for s in self.book.offered_slots(agl1=True)]
-        if not offered:
-            return
+        for agl1, settled in ((True, self.settled), (False, self.settled_v03)):
+            if settled is None:
+                continue
+            with self._lock:
+                offered = [s.rollout_id for s in self.book.offered_slots(agl1=agl1)]
+            if not offered:
+                continue
+            try:
+                gone = settled(offered)
+            except Exception as exc:  # noqa: BLE001 — they stay offered until the next sweep (a dequeue checks again)
+                log.warning("cannot read which offered rollouts left queuing: %s", exc)
+                continue
+            with self._lock:
+                self.book.settle(gone)
+
+    def _left_queue(self, taken: list[Claim]) -> list[Claim]:
+        """Of claims just taken for a dequeue, those whose rollouts a start_attempt or update_rollout took out of the
+        queue (through any replica, answered before this dequeue): put back and settled, never handed out. Called with
+        the lock held; the control records' read is one round trip to Kafka. Unreadable: none (a sweep checks again)."""
+        if self.settled_v03 is None or not taken:
+            return []
         try:
-            gone = self.settled(offered)
-        except Exception as exc:  # noqa: BLE001 — they stay offered (nobody lists them) until the next sweep
-            log.warning("cannot read which offered rollouts left queuing: %s", exc)
-            return
-        with self._lock:
-            self.book.settle(gone)
+            gone = self.settled_v03([c.slot.rollout_id for c in taken])
+        except Exception as exc:  # noqa: BLE001 — handed out as before the check; the attempts read back as two
+            log.warning("cannot read which rollouts left the queue before a dequeue: %s", exc)
+            return []
+        left = [c for c in taken if c.slot.rollout_id in gone]
+        for c in reversed(left):
+            self.book.untake(c)
+        self.book.settle(gone)
+        return left
 
     # ------------------------------------------------------------------ the routes' calls
 
@@ -299,6 +319,10 @@ class TaskQueue:
             taken = []
             while len(taken) < limit and (claim := self.book.take(worker_id, now=now)) is not None:
                 taken.append(claim)
+            while left := self._left_queue(taken):  # settled: take others in their place
+                taken = [c for c in taken if c not in left]
+                while len(taken) < limit and (claim := self.book.take(worker_id, now=now)) is not None:
+                    taken.append(claim)
             if not taken:
                 return []
             if not self._commit(sorted({c.slot.partition for c in taken})):

@@ -18,7 +18,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -109,6 +109,8 @@ class LightningStoreRoutes:
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
+        if self.control is not None and self.queue is not None:
+            self.queue.settled_v03 = self.settled
         r.add_get(f"{PREFIX}/health", self.health)
         r.add_post(f"{PREFIX}/queues/rollouts/enqueue", self.enqueue)
         r.add_post(f"{PREFIX}/queues/rollouts/dequeue", self.dequeue)
@@ -259,6 +261,12 @@ class LightningStoreRoutes:
         except Exception as exc:  # noqa: BLE001 — what it records was answered already (a claim made): never a 500 here
             log.warning("a /v1/agl control record was not written: %s", exc)
 
+    def settled(self, rollout_ids: Sequence[str]) -> set[str]:
+        """Of rollouts the queue would hand out, those a start_attempt or a status update (through any replica,
+        answered before this call) took out of the queue: the control records' :attr:`left_queue_v03`."""
+        assert self.control is not None
+        return self.control.read(lambda s: {r for r in rollout_ids if r in s.left_queue_v03})
+
     async def _controlled(self, fn: Callable[[Any], Any]) -> Any:
         assert self.control is not None
         return await asyncio.get_running_loop().run_in_executor(None, self.control.read, fn)
@@ -345,7 +353,8 @@ class LightningStoreRoutes:
     @guarded()
     async def start_attempt(self, request: web.Request) -> web.Response:
         """``start_attempt``: a new attempt of a recorded rollout, run by its caller now: numbered by the control
-        records (one above its attempts so far), its STARTED on rb.spans; answers the ``AttemptedRollout``."""
+        records (one above its attempts so far), its STARTED on rb.spans; answers the ``AttemptedRollout``. One still
+        queuing leaves the queue (a dequeue no longer hands it out)."""
         if self.control is None:
             return await self.not_on_the_bus(request)
         rid = request.match_info["rollout_id"]
@@ -371,9 +380,10 @@ class LightningStoreRoutes:
 
     @guarded()
     async def update_rollout(self, request: web.Request) -> web.Response:
-        """``update_rollout``: its fields set in the control records (read back at once through any replica). A status
-        that puts it back in the queue (``queuing``, ``requeuing``) answers 501: the queue is rb.tasks, whose record
-        of it is not taken back; ``start_attempt`` runs a new attempt of it instead."""
+        """``update_rollout``: its fields set in the control records (read back at once through any replica). Another
+        status takes a rollout still queuing out of the queue (its task's owner settles it, never hands it out). A
+        status that puts it back in the queue (``queuing``, ``requeuing``) answers 501: the queue is rb.tasks, whose
+        record of it is not taken back; ``start_attempt`` runs a new attempt of it instead."""
         if self.control is None:
             return await self.not_on_the_bus(request)
         try:

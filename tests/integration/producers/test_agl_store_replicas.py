@@ -112,6 +112,36 @@ def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[An
     assert _call(a2, "GET", f"/rollouts/{started['rollout_id']}/attempts/latest")["sequence_id"] == 2
 
 
+def test_a_queuing_rollout_leaves_the_queue_by_a_new_attempt_or_a_status_through_either_replica(replicas: list[Any]) -> None:
+    """As its store does: start_attempt on a rollout still queuing starts it (``preparing``, attempt 1) and update_rollout
+    with a status ends it, through the replica that does not own its task; neither is handed out by a dequeue after
+    that, on either replica, while the rollouts enqueued beside them are, each once."""
+    (a, _), (b, _) = replicas
+    out = _call(a, "POST", "/queues/rollouts/enqueue", json={"rollouts": [{"input": {"q": n}, "mode": "train"} for n in range(2)]})
+    started_id, cancelled_id = (r["rollout_id"] for r in out)
+    begun = _call(b, "POST", f"/rollouts/{started_id}/attempts", json={"worker_id": "w-9"})
+    assert (begun["status"], begun["attempt"]["sequence_id"], begun["attempt"]["worker_id"]) == ("preparing", 1, "w-9")
+    ended = _call(b, "POST", f"/rollouts/{cancelled_id}", json={"status": "cancelled"})
+    assert ended["status"] == "cancelled" and ended["end_time"]
+    assert _call(a, "GET", f"/rollouts/{started_id}")["status"] == "preparing", "read on the other replica at once"
+    others = {r["rollout_id"] for r in _call(a, "POST", "/queues/rollouts/enqueue",
+                                             json={"rollouts": [{"input": {"q": n}, "mode": "train"} for n in range(2, 8)]})}
+    handed: list[str] = []
+    deadline = time.monotonic() + 90
+    while not others <= set(handed) and time.monotonic() < deadline:
+        for base in (a, b):
+            handed += [g["rollout_id"] for g in _call(base, "POST", "/queues/rollouts/dequeue", json={"limit": 10, "worker_id": "w-1"})]
+        time.sleep(0.2)
+    for _ in range(5):  # a few more rounds: nothing else comes
+        for base in (a, b):
+            handed += [g["rollout_id"] for g in _call(base, "POST", "/queues/rollouts/dequeue", json={"limit": 10, "worker_id": "w-1"})]
+        time.sleep(0.2)
+    assert sorted(handed) == sorted(others), "the two that left the queue are never handed out; the others once each"
+    attempts = _call(a, "GET", f"/rollouts/{started_id}/attempts")["items"]
+    assert [(x["sequence_id"], x["attempt_id"]) for x in attempts] == [(1, begun["attempt"]["attempt_id"])]
+    assert _call(b, "GET", f"/rollouts/{cancelled_id}")["status"] == "cancelled"
+
+
 def test_its_own_client_writes_on_one_replica_and_reads_on_the_other(replicas: list[Any], tmp_path: Path) -> None:
     """The same semantics through Agent Lightning 0.3.0's own ``LightningStoreClient`` (al_replicas_driver.py, in its
     virtualenv), one client per replica."""

@@ -253,11 +253,18 @@ def test_0_3_attempts_start_attempt_update_rollout_and_statistics_on_the_control
     assert call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"status": "requeuing"})[0] == 501
     assert call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"status": "nonsense"})[0] == 422
     assert call(routes, "POST", "/v1/agl/rollouts/ro-none", {"metadata": {}})[0] == 404
-    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-q", "status": "queuing"}]})
-    assert call(routes, "POST", "/v1/agl/rollouts/ro-q", {"status": "cancelled"})[0] == 409, "its task is still on rb.tasks"
-    assert call(routes, "POST", "/v1/agl/rollouts/ro-q/attempts", None)[0] == 409, "a dequeue starts it"
+    # A rollout still queuing: a status update or a new attempt takes it out of the queue, as its store does.
+    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-q", "status": "queuing"},
+                                                               {"rollout_id": "ro-s", "status": "queuing"},
+                                                               {"rollout_id": "ro-k", "status": "queuing"}]})
+    status, cancelled = call(routes, "POST", "/v1/agl/rollouts/ro-q", {"status": "cancelled"})
+    assert status == 200 and cancelled["status"] == "cancelled" and cancelled["end_time"]
+    status, begun = call(routes, "POST", "/v1/agl/rollouts/ro-s/attempts", {"worker_id": "w-2"})
+    assert status == 201 and begun["status"] == "preparing" and begun["attempt"]["sequence_id"] == 1
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-k", {"metadata": {"n": 1}})[0] == 200, "no status: stays queued"
+    assert routes.settled(["ro-q", "ro-s", "ro-k", "ro-none"]) == {"ro-q", "ro-s"}
     stats = call(routes, "GET", "/v1/agl/statistics")[1]
-    assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (2, 2, 0)
+    assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (4, 3, 0)
 
 
 def test_0_3_query_resources_answers_the_newest_set() -> None:
