@@ -1,5 +1,6 @@
 """`rolloutbus demo --quick` end to end: every record crosses the real broker and lands in the real
-ClickHouse engine; versions are published and the runners move on to them. Then ``Trainer.fit`` on the same
+ClickHouse engine; versions are published and the runners move on to them; the trainer's report to TensorBoard, MLflow
+and W&B is what ``rolloutbus export`` replays from ClickHouse afterwards. Then ``Trainer.fit`` on the same
 local stack trains in a namespace of its own, and the demo's rows are all still there; ``rolloutbus runs``
 lists the fit run, ``rolloutbus query --run`` reads it and ``rolloutbus runs rm`` removes it alone."""
 
@@ -17,6 +18,7 @@ import pytest
 
 from rolloutbus.localproc import free_port
 from tests.integration.fit_script import VERL, fit_script
+from tests.tracker_files import READERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")),
                                                           reason="the demo runs on the local stack only")]
@@ -28,8 +30,11 @@ FIT = fit_script(max_steps=1, algorithm=VERL, function_agent=True)  # agl.VERL(c
 
 def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(tmp_path / "data"), ROLLOUTBUS_KAFKA_PORT="29992", PYTHONUNBUFFERED="1",
-               ROLLOUTBUS_STORE_PORT=str(free_port()))
-    env.pop("ROLLOUTBUS_CLICKHOUSE_DSN", None)
+               ROLLOUTBUS_STORE_PORT=str(free_port()), ROLLOUTBUS_REPORT_TO="tensorboard,mlflow,wandb",
+               ROLLOUTBUS_TRACKER_DIR=str(tmp_path / "trackers"))
+    for var in ("ROLLOUTBUS_CLICKHOUSE_DSN", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY", "WANDB_MODE",
+                "WANDB_PROJECT"):
+        env.pop(var, None)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "demo", "--quick", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=420)
@@ -68,6 +73,16 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "query", "DROP TABLE spans"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "readonly" in bad.stderr.lower()
+    # Its trainer reported every step to the three trackers; `rolloutbus export` of the finished run from ClickHouse
+    # gives each of them the same series, under the same run name.
+    (tracked,) = (tmp_path / "trackers" / "tensorboard").iterdir()
+    export = subprocess.run([sys.executable, "-m", "rolloutbus.cli", "export", "--report-to", "tensorboard,mlflow,wandb",
+                             "--tracker-dir", str(tmp_path / "exported")], env=env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0 and f"{tracked.name}: " in export.stdout, export.stdout + export.stderr
+    for name, read in READERS.items():
+        live = {tag: points for tag, points in read(tmp_path / "trackers", tracked.name)[0].items() if tag.startswith("train/")}
+        again = {tag: points for tag, points in read(tmp_path / "exported", tracked.name)[0].items() if tag.startswith("train/")}
+        assert live and len(live["train/loss"]) >= 1 and live == again, name
     # fit after the demo, on the same local stack: a namespace of its own; the demo's rows stay as they were.
     counts = {t: query(f"SELECT count() AS n FROM {t} FINAL").splitlines()[2] for t in TABLES}
     script = tmp_path / "fit.py"
