@@ -1,7 +1,8 @@
 """Atomic checkpoints: ``step-N.tmp/`` written in full, fsynced, then renamed to ``step-N/``.
 
 A checkpoint holds the weights (safetensors, via ``save_pretrained``) and the tokenizer, the optimizer
-state (``optimizer.pt``) and ``manifest.json``: the step, the version it publishes as, the offsets of
+state (``optimizer.pt`` of one device; ``optimizer.dcp/``, each rank's shard, of several:
+:func:`trainer.distributed.save_sharded_optimizer`) and ``manifest.json``: the step, the version it publishes as, the offsets of
 ``rb.batches`` consumed *through* this step, the group ids already trained on (for dedupe), the run
 id and the TrainStep record. A directory without ``manifest.json`` or ending in ``.tmp`` is not a
 checkpoint (a crash mid-write leaves at most such a directory, removed on the next start).
@@ -25,6 +26,7 @@ from trainer.tokenizer import Tokenizer
 
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
+SHARDED_OPTIMIZER = "optimizer.dcp"  # a torch.distributed.checkpoint directory: one file per rank, and .metadata
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -91,24 +93,42 @@ class CheckpointStore:
         except (OSError, ValueError, TypeError) as exc:
             raise TrainingError(f"checkpoint {path} has an unreadable manifest ({exc}); move it aside to resume from the one before") from exc
 
+    def prepare(self, step: int) -> Path:
+        """The empty ``step-N.tmp/`` a checkpoint of ``step`` is written into (before :meth:`save`, when every rank
+        writes its optimizer shard there first)."""
+        if self.path(step).exists():
+            raise TrainingError(f"checkpoint {self.path(step)} already exists: refusing to overwrite a published step")
+        tmp = self.root / f"step-{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        return tmp
+
     def save(self, model: Any, tok: Tokenizer, optimizer_state: dict[str, Any] | None, manifest: Manifest,
-             state_dict: dict[str, Any] | None = None) -> Path:
+             state_dict: dict[str, Any] | None = None, tmp: Path | None = None) -> Path:
+        """Write the checkpoint of ``manifest.step`` into ``tmp`` (:meth:`prepare`'s; a fresh one when None), fsync
+        every file, then rename it to ``step-N/``."""
         final = self.path(manifest.step)
         if final.exists():
             raise TrainingError(f"checkpoint {final} already exists: refusing to overwrite a published step")
-        tmp = self.root / f"step-{manifest.step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = tmp if tmp is not None else self.prepare(manifest.step)
         save_policy(model, tok, tmp, state_dict)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1, sort_keys=True))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            for f in d.iterdir():
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            _fsync_dir(d)
         os.rename(tmp, final)
         _fsync_dir(self.root)
         return final
+
+    def sharded_optimizer(self, path: Path) -> Path | None:
+        """The checkpoint's optimizer state as its ranks wrote it (a DCP directory), or None (one device's, or none)."""
+        d = path / SHARDED_OPTIMIZER
+        return d if (d / ".metadata").exists() else None
 
     def load_optimizer(self, path: Path) -> dict[str, Any] | None:
         f = path / OPTIMIZER
@@ -130,4 +150,4 @@ class CheckpointStore:
         return gone
 
 
-__all__ = ["CheckpointStore", "Manifest", "MANIFEST", "OPTIMIZER"]
+__all__ = ["CheckpointStore", "Manifest", "MANIFEST", "OPTIMIZER", "SHARDED_OPTIMIZER"]

@@ -9,14 +9,17 @@ batch's counts (so the gradients FSDP reduces are the one-device gradients), eve
 micro-batches as the busiest one (a rank with fewer runs zero-weight ones: FSDP's collectives stay in step).
 
 Rank 0 alone talks to Kafka and ClickHouse (:mod:`trainer.loop`): it reads the step's groups, hands them to the
-other ranks (:class:`Follower`), and commits offsets after the step as on one device. Checkpoints hold the full
-weights (gathered once, for the policy servers) and the full optimizer state, so a run resumes on any number of
-ranks.
+other ranks (:class:`Leader`, :func:`follow`), and commits offsets after the step as on one device. Checkpoints hold
+the full weights (gathered once, for the policy servers, in the HF directory they load) and the optimizer state as
+each rank holds it (``torch.distributed.checkpoint``: every rank writes its own shard, nothing is gathered), which
+:func:`load_sharded_optimizer` reshards on load: a run resumes on any number of ranks, one process included. Over
+several nodes the checkpoint directory is one every node writes to (a shared filesystem), as DCP needs.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +81,28 @@ def full_optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_sharded_optimizer(model: Any, optimizer: Any, path: str | os.PathLike[str]) -> None:
+    """The optimizer's state as this rank holds it, into the DCP directory ``path`` (a collective: every rank calls it
+    with the same path; each writes its shard, rank 0 the metadata)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path))
+
+
+def load_sharded_optimizer(model: Any, optimizer: Any, path: str | os.PathLike[str]) -> None:
+    """A state :func:`save_sharded_optimizer` wrote, on any number of ranks, into this process's optimizer: resharded
+    to its ranks (a collective on several), or whole into one process's (no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    box = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the shapes to read into (a fresh AdamW's, zeros)
+    with warnings.catch_warnings():  # one process: DCP says it assumes so, which is the point
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(box, checkpoint_id=str(path))
+    set_optimizer_state_dict(model, optimizer, box["optimizer"])
 
 
 def load_full_optimizer_state(model: Any, optimizer: Any, state: Mapping[str, Any]) -> None:
@@ -143,15 +168,17 @@ class Leader:
     def step(self, groups: list[Any], weights: list[float] | None) -> None:
         broadcast((STEP, groups, weights))
 
-    def gather(self) -> None:
-        broadcast((GATHER, None, None))
+    def gather(self, optimizer_dir: str | os.PathLike[str]) -> None:
+        """Every rank gathers the full weights, then writes its optimizer shard into ``optimizer_dir``."""
+        broadcast((GATHER, str(optimizer_dir), None))
 
     def stop(self) -> None:
         broadcast((STOP, None, None))
 
 
 def follow(backend: Any) -> int:
-    """A rank other than 0: run each step and each gather rank 0 asks for, until it says stop. Returns the steps run."""
+    """A rank other than 0: run each step and each gather (with its optimizer shard's save) rank 0 asks for, until it
+    says stop. Returns the steps run."""
     steps = 0
     while True:
         what, groups, weights = broadcast()
@@ -160,10 +187,11 @@ def follow(backend: Any) -> int:
             steps += 1
         elif what == GATHER:
             full_state_dict(backend.model)
-            full_optimizer_state(backend.model, backend.optimizer)
+            save_sharded_optimizer(backend.model, backend.optimizer, groups)
         else:
             return steps
 
 
 __all__ = ["GATHER", "Leader", "Ranks", "STEP", "STOP", "all_reduce", "broadcast", "by_index", "by_name", "follow", "from_env", "full_optimizer_state",
-           "full_state_dict", "is_sharded", "load_full_optimizer_state", "shard", "trained_names"]
+           "full_state_dict", "is_sharded", "load_full_optimizer_state", "load_sharded_optimizer", "save_sharded_optimizer",
+           "shard", "trained_names"]

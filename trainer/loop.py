@@ -205,14 +205,19 @@ class Trainer:
         if latest is not None and self.lora is not None:
             log.info("LoRA: new adapters on %s's merged weights; the optimizer starts afresh", latest[0].name)
         elif latest is not None:
-            opt = self.store.load_optimizer(latest[0])
+            sharded = self.store.sharded_optimizer(latest[0])
+            opt = self.store.load_optimizer(latest[0]) if sharded is None else None
             trained = str(latest[1].config.get("train_layers", settings.train_layers))
-            if opt is not None and trained != str(settings.train_layers):
+            if (opt is not None or sharded is not None) and trained != str(settings.train_layers):
                 # Another trainable set (an SFT over every layer, then GRPO over the top N): AdamW's moments are
                 # per trained parameter, so they cannot carry over; the weights do.
                 log.warning("checkpoint %s trained --train-layers %s, this run --train-layers %d: its optimizer state does "
                             "not carry over, the optimizer starts afresh on its weights", latest[0].name, trained,
                             settings.train_layers)
+            elif sharded is not None:  # several ranks wrote it: resharded to this run's ranks (or one process)
+                self.backend.load_sharded_optimizer_state(sharded)
+                log.info("optimizer state: %d ranks' shards (%s), resharded to %d", len(list(sharded.glob("*.distcp"))),
+                         sharded, self.ranks.world if self.ranks is not None else 1)
             elif opt is not None:
                 self.backend.load_optimizer_state(opt)
         self.counters = Counters()
@@ -545,21 +550,27 @@ class Trainer:
         return done
 
     def _save(self, manifest: Any) -> Any:
-        """A checkpoint of the weights and the optimizer state; on several ranks both gathered whole first (every
-        rank takes part), so the policy servers read one HF directory and a run resumes on any rank count."""
-        full = None
+        """A checkpoint of the weights and the optimizer state. On several ranks (every rank takes part) the weights
+        are gathered whole, so the policy servers read one HF directory, and each rank writes its optimizer shard
+        (torch.distributed.checkpoint), which a run resumes from on any rank count."""
+        full, optimizer_state = None, None
+        tmp = self.store.prepare(manifest.step)
         if self.leader is not None:
             from trainer import distributed
+            from trainer.checkpoint import SHARDED_OPTIMIZER
 
-            self.leader.gather()
+            self.leader.gather(tmp / SHARDED_OPTIMIZER)
             full = distributed.full_state_dict(self.model)
+            distributed.save_sharded_optimizer(self.model, self.backend.optimizer, tmp / SHARDED_OPTIMIZER)
+        else:
+            optimizer_state = self.backend.optimizer_state()
         model = self.model
         if self.lora is not None:  # the adapters merged into full weights: every policy server loads them as they are
             from trainer.lora import base_of, merged_state_dict
 
             full = merged_state_dict(full if full is not None else self.model.state_dict(), self.lora.scaling)
             model = base_of(self.model)
-        return self.store.save(model, self.tok, self.backend.optimizer_state(), manifest, state_dict=full)
+        return self.store.save(model, self.tok, optimizer_state, manifest, state_dict=full, tmp=tmp)
 
     def stop_ranks(self) -> None:
         """Rank 0: the other ranks stop following (once, at the end of the run, whatever ended it)."""

@@ -334,6 +334,15 @@ class TorchGRPOBackend:
             return distributed.full_optimizer_state(self.model, self.optimizer)
         return self.optimizer.state_dict()
 
+    def load_sharded_optimizer_state(self, path: Any) -> None:
+        """The optimizer state several ranks wrote (a DCP directory), resharded to these ranks or to one device."""
+        from trainer import distributed
+
+        try:
+            distributed.load_sharded_optimizer(self.model, self.optimizer, path)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise TrainingError(f"optimizer state {path} does not match the model: {exc}") from exc
+
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         from trainer import distributed
 

@@ -1,6 +1,6 @@
 """`rolloutbus train --nproc-per-node 2` on the real broker: two FSDP2 ranks (gloo, this CPU) train steps of the
 groups on rb.batches and publish versions the policy servers load; killed with -9 after a step's publication,
-the run resumes with one rank from the two ranks' checkpoint (full weights, full optimizer state), and every
+the run resumes with one rank from the two ranks' checkpoint (full weights, each rank's optimizer shard), and every
 group is trained exactly once, the versions 0, 1, 2, 3 without a gap or a repeat."""
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ def test_two_ranks_train_and_one_rank_resumes_their_checkpoint(
     assert first.returncode != 0, first.stderr[-3000:]
     assert "rank 1 of 2: the model sharded by FSDP2" in first.stderr, first.stderr[-3000:]
     assert (ckpt / "step-2" / "model.safetensors").exists()
+    # the optimizer state as each rank held it (DCP), nothing gathered on rank 0
+    assert sorted(p.name for p in (ckpt / "step-2" / "optimizer.dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (ckpt / "step-2" / "optimizer.pt").exists()
     second = _train(test_env, ckpt, ranks=1, max_steps=3)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from" in second.stderr and "version 3 (step 3)" in second.stdout, second.stderr[-2000:]
+    assert "optimizer state: 2 ranks' shards" in second.stderr and "resharded to 1" in second.stderr, second.stderr[-2000:]
 
     versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
     assert [v.version for v in versions] == [0, 1, 2, 3]

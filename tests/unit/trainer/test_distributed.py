@@ -2,8 +2,9 @@
 fine-tuning and for LoRA: the same gradients (to float32's precision over a different summation order), the
 same weights after the optimiser step, the same metrics — through the single-device step's own code
 (``TorchGRPOBackend.step``), each rank with half the samples and a rank with fewer micro-batches padding with
-zero-weight ones; with a KL reference sharded as the policy, the same. Activation checkpointing changes no gradient;
-LoRA's merged weights are peft's own merge."""
+zero-weight ones; with a KL reference sharded as the policy, the same. The optimizer state the ranks write each
+their shard of resumes whole in one process. Activation checkpointing changes no gradient; LoRA's merged weights are
+peft's own merge."""
 
 from __future__ import annotations
 
@@ -108,6 +109,49 @@ def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool
     for key in ("loss", "pg_loss", "kl", "samples", "tokens", "response_tokens", "ratio_mean", "clip_fraction", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     assert two["metrics"]["micro_batches"] >= one["micro_batches"]
+
+
+def _rank_saves(rank: int, world: int, init: str, ckpt: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trainer import distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        model = _model(False)
+        distributed.shard(model)
+        backend = _backend(model, distributed.Ranks(rank, world))
+        backend.step(_batch())
+        distributed.save_sharded_optimizer(model, backend.optimizer, ckpt)  # each rank its shard, nothing gathered
+        full = distributed.full_optimizer_state(model, backend.optimizer)
+        if rank == 0:
+            torch.save(full, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_optimizer_shards_resume_in_one_process(tmp_path: Path) -> None:
+    """A checkpoint's optimizer state as two ranks hold it (torch.distributed.checkpoint, one file per rank) loads
+    into one process's fresh AdamW whole: every moment and step count equal to the two ranks' state gathered."""
+    from trainer import distributed
+
+    torch.set_num_threads(1)
+    ckpt, out = tmp_path / "optimizer.dcp", tmp_path / "full.pt"
+    mp.start_processes(_rank_saves, args=(2, f"file://{tmp_path / 'store'}", str(ckpt), str(out)), nprocs=2,
+                       start_method="spawn")
+    assert sorted(p.name for p in ckpt.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    model = _model(False)
+    backend = _backend(model)
+    backend.load_sharded_optimizer_state(ckpt)
+    full = torch.load(out, weights_only=False)
+    got = distributed.by_name(backend.optimizer.state_dict(), distributed.trained_names(model))
+    assert got["state"].keys() == full["state"].keys() and len(got["state"]) == len(list(model.parameters()))
+    for name, moments in full["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(torch.as_tensor(got["state"][name][key]), torch.as_tensor(value)), (name, key)
+    assert float(next(iter(got["state"].values()))["step"]) == 1.0
+    assert got["param_groups"][0]["lr"] == full["param_groups"][0]["lr"] == 1e-3
 
 
 @pytest.mark.skipif(os.cpu_count() == 1, reason="two processes")
