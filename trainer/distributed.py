@@ -63,6 +63,20 @@ def shard(model: Any, *, mixed_precision: torch.dtype | None = None) -> Any:
     return model
 
 
+def fill_from_rank0(model: Any, full: Mapping[str, torch.Tensor], device: torch.device) -> None:
+    """A sharded model whose weights only rank 0 read (``full``, its state before sharding; ``{}`` elsewhere, where
+    the model was built on the meta device): every rank's shard filled from rank 0's weights, and the buffers
+    (rotary frequencies, which no state dict carries) copied from rank 0. A collective. So N ranks on one machine
+    hold one whole copy of the weights while loading, not N."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if dist.get_rank() != 0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, dict(full), options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for _name, buf in sorted(model.named_buffers(), key=lambda nb: nb[0]):
+        dist.broadcast(buf, src=0)
+
+
 def is_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -192,6 +206,6 @@ def follow(backend: Any) -> int:
             return steps
 
 
-__all__ = ["GATHER", "Leader", "Ranks", "STEP", "STOP", "all_reduce", "broadcast", "by_index", "by_name", "follow", "from_env", "full_optimizer_state",
+__all__ = ["GATHER", "Leader", "Ranks", "STEP", "STOP", "all_reduce", "broadcast", "by_index", "by_name", "fill_from_rank0", "follow", "from_env", "full_optimizer_state",
            "full_state_dict", "is_sharded", "load_full_optimizer_state", "load_sharded_optimizer", "save_sharded_optimizer",
            "shard", "trained_names"]

@@ -139,9 +139,16 @@ class Trainer:
         published = read_latest(self.conf, self.topics.resources).get(settings.resource_name)
         self.published_version = published.version if published else None
         latest = self.store.latest()
+        from trainer import distributed
+
+        self.ranks = distributed.from_env(self.device)  # several ranks under torchrun: the model sharded (FSDP2)
+        # Several ranks loading a model directory: rank 0 alone reads the weights, the others build its shape on the
+        # meta device and get their shards from rank 0 (distributed.fill_from_rank0) once it is sharded.
+        self._meta_init = self.ranks is not None and (latest is not None or settings.train_model != "tiny")
+        where = "meta" if self._meta_init and self.ranks is not None and not self.ranks.main else "cpu"
         if latest is not None:
             path, manifest = latest
-            self.model, self.tok = load_policy(path)
+            self.model, self.tok = load_policy(path, device=where)
             self.base_model = manifest.base_model
             self.state = LoopState(manifest.step, manifest.version, manifest.run_id, manifest.offsets,
                                    OrderedDict((g, None) for g in manifest.seen_group_ids))
@@ -151,13 +158,14 @@ class Trainer:
             if settings.train_model == "tiny":
                 self.model, self.tok = build_tiny(seed=settings.train_seed)
             else:
-                self.model, self.tok = load_policy(settings.train_model)
+                self.model, self.tok = load_policy(settings.train_model, device=where)
             self.base_model = base_model_name(self.model, settings.train_model)
             first = 0 if self.published_version is None else self.published_version + 1
             self.state = LoopState(0, first, uuid.uuid4().hex[:12])
             self._latest_manifest = None
         # Weights are read on the CPU, then moved: the backend builds each batch on the model's device.
-        self.model.to(self.device)
+        if where != "meta":
+            self.model.to(self.device)
         log.info("training on %s", self.device)
         from trainer.model import train_top_layers
 
@@ -175,18 +183,16 @@ class Trainer:
             self.lora = None
             trainable = train_top_layers(self.model, settings.train_layers)
         log.info("%d of %d parameters are trained", trainable, sum(p.numel() for p in self.model.parameters()))
-        from trainer import distributed
-
-        self.ranks = distributed.from_env(self.device)  # several ranks under torchrun: the model sharded (FSDP2)
         self.leader = distributed.Leader(self.ranks) if self.ranks is not None and self.ranks.main else None
         if self.ranks is not None:
-            distributed.shard(self.model)
-            log.info("rank %d of %d: the model sharded by FSDP2", self.ranks.rank, self.ranks.world)
+            self._shard(self.model)
+            log.info("rank %d of %d: the model sharded by FSDP2%s", self.ranks.rank, self.ranks.world,
+                     ", its shard from rank 0's weights (built on the meta device)" if where == "meta" else "")
         ref = None
         if settings.kl_beta > 0:
-            ref = self._load_reference()
+            ref = self._load_reference(where)
             if self.ranks is not None:
-                distributed.shard(ref)  # each rank holds its shard of the reference too, as of the policy
+                self._shard(ref)  # each rank holds its shard of the reference too, as of the policy
         try:
             grpo = GRPOConfig(settings.clip_eps, settings.clip_eps_high, settings.loss_agg, settings.kl_beta, settings.max_response_len,  # type: ignore[arg-type]
                               settings.policy_loss, settings.is_cap)
@@ -257,13 +263,26 @@ class Trainer:
         return Validator(inputs, self.state.run_id, self.topics.tasks, self._publish, client,
                          every=self.s.validate_every, patience=self.s.early_stop_patience)
 
-    def _load_reference(self) -> Any:
-        """The frozen reference for KL: the base model (rebuilt from seed, or re-read from its path)."""
+    def _load_reference(self, where: str = "cpu") -> Any:
+        """The frozen reference for KL: the base model (rebuilt from seed, or re-read from its path; on the meta
+        device where this rank gets its shard from rank 0)."""
         from trainer.model import build_tiny, load_policy
 
         if self.s.train_model == "tiny":
             return build_tiny(seed=self.s.train_seed)[0].to(self.device)
-        return load_policy(self.s.train_model)[0].to(self.device)
+        model = load_policy(self.s.train_model, device=where)[0]
+        return model if where == "meta" else model.to(self.device)
+
+    def _shard(self, model: Any) -> None:
+        """``model`` sharded by FSDP2 on this rank; where the ranks build a model directory's on the meta device, each
+        shard filled from rank 0's weights after (every rank calls this, in the same order)."""
+        from trainer import distributed
+
+        meta = self._meta_init and not (model is not self.model and self.s.train_model == "tiny")
+        full = model.state_dict() if meta and self.ranks is not None and self.ranks.main else {}
+        distributed.shard(model)
+        if meta:
+            distributed.fill_from_rank0(model, full, self.device)
 
     def _config(self) -> dict[str, str]:
         s = self.s

@@ -101,18 +101,25 @@ def save_policy(model: Any, tok: Tokenizer, directory: str | Path, state_dict: d
 
 
 def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[Any, Tokenizer]:
-    """Any local HF causal-LM directory → (model in eval mode, tokenizer). Never touches the network."""
-    from transformers import AutoModelForCausalLM
+    """Any local HF causal-LM directory → (model in eval mode, tokenizer). Never touches the network. ``device``
+    ``"meta"``: the model's shape only, no weight read or allocated (a rank that receives its shard from rank 0:
+    :func:`trainer.distributed.fill_from_rank0`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     _quiet()
     p = Path(path)
     if not (p / "config.json").exists():
         raise ConfigError(f"{p} is not a model directory (no config.json); build one with trainer.model.build_tiny + save_policy")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=dtype)
+        if device == "meta":
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(p), local_files_only=True), dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load a causal LM from {p}: {exc}") from exc
-    model.to(device)
+    if device != "meta":
+        model.to(device)
     model.eval()
     return model, load_tokenizer(p)
 

@@ -21,10 +21,19 @@ from trainer.model import load_policy
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def _train(env: dict[str, str], ckpt: Path, ranks: int, max_steps: int, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+def _model_dir(tmp_path: Path) -> Path:
+    """The tiny model as a model directory (`--model DIR`): what ranks other than 0 build on the meta device."""
+    from trainer.model import build_tiny, save_policy
+
+    return save_policy(*build_tiny(seed=0), tmp_path / "base")
+
+
+def _train(env: dict[str, str], ckpt: Path, ranks: int, max_steps: int, crash: str | None = None,
+           model: Path | None = None) -> subprocess.CompletedProcess[str]:
     run_env = dict(env, **({"ROLLOUTBUS_TRAINER_CRASH_AT": crash} if crash else {}))
     cmd = [sys.executable, "-m", "trainer.cli", "--nproc-per-node", str(ranks), "--groups-per-step", "2", "--idle-exit", "20",
-           "--max-steps", str(max_steps), "--threads", "1", "--checkpoint-dir", str(ckpt), "--lr", "1e-3"]
+           "--max-steps", str(max_steps), "--threads", "1", "--checkpoint-dir", str(ckpt), "--lr", "1e-3",
+           *(["--model", str(model)] if model is not None else [])]
     return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=300)
 
 
@@ -32,9 +41,10 @@ def test_two_ranks_train_and_one_rank_resumes_their_checkpoint(
         groups: list[GroupBatch], kafka_conf: dict[str, Any], topics: Any, test_env: dict[str, str], tmp_path: Path) -> None:
     _produce(kafka_conf, topics.batches, [encode(g) for g in groups])
     ckpt = tmp_path / "ckpt"
-    first = _train(test_env, ckpt, ranks=2, max_steps=3, crash="after_publish:2")
+    first = _train(test_env, ckpt, ranks=2, max_steps=3, crash="after_publish:2", model=_model_dir(tmp_path))
     assert first.returncode != 0, first.stderr[-3000:]
-    assert "rank 1 of 2: the model sharded by FSDP2" in first.stderr, first.stderr[-3000:]
+    assert "rank 1 of 2: the model sharded by FSDP2, its shard from rank 0's weights (built on the meta device)" \
+        in first.stderr, first.stderr[-3000:]
     assert (ckpt / "step-2" / "model.safetensors").exists()
     # the optimizer state as each rank held it (DCP), nothing gathered on rank 0
     assert sorted(p.name for p in (ckpt / "step-2" / "optimizer.dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -65,8 +75,9 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
                ROLLOUTBUS_REPORT_TO="tensorboard,mlflow,wandb", ROLLOUTBUS_TRACKER_DIR=str(tmp_path / "trackers"))
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT"):
         env.pop(var, None)
-    run = _train(env, tmp_path / "ckpt", ranks=2, max_steps=3)
+    run = _train(env, tmp_path / "ckpt", ranks=2, max_steps=3, model=_model_dir(tmp_path))  # the reference on meta too
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "rank 1 of 2: the model sharded by FSDP2, its shard from rank 0's weights" in run.stderr, run.stderr[-3000:]
     steps = [r for r in _read_all(kafka_conf, topics.metrics) if isinstance(r, TrainStep)]
     assert len(steps) == 3 and steps[-1].metrics["kl"] > 0, [s.metrics.get("kl") for s in steps]
     # --report-to: rank 0 alone reports, every step's loss and KL as train_steps has them, in each tracker

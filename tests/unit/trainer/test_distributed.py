@@ -3,7 +3,8 @@ fine-tuning and for LoRA: the same gradients (to float32's precision over a diff
 same weights after the optimiser step, the same metrics — through the single-device step's own code
 (``TorchGRPOBackend.step``), each rank with half the samples and a rank with fewer micro-batches padding with
 zero-weight ones; with a KL reference sharded as the policy, the same. The optimizer state the ranks write each
-their shard of resumes whole in one process. Activation checkpointing changes no gradient; LoRA's merged weights are
+their shard of resumes whole in one process; a rank that builds the model on the meta device gets rank 0's weights
+and buffers. Activation checkpointing changes no gradient; LoRA's merged weights are
 peft's own merge."""
 
 from __future__ import annotations
@@ -152,6 +153,46 @@ def test_two_ranks_optimizer_shards_resume_in_one_process(tmp_path: Path) -> Non
             assert torch.equal(torch.as_tensor(got["state"][name][key]), torch.as_tensor(value)), (name, key)
     assert float(next(iter(got["state"].values()))["step"]) == 1.0
     assert got["param_groups"][0]["lr"] == full["param_groups"][0]["lr"] == 1e-3
+
+
+def _rank_fills(rank: int, world: int, init: str, model_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trainer import distributed
+    from trainer.model import load_policy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        model = load_policy(model_dir, device="cpu" if rank == 0 else "meta")[0]
+        assert (rank == 0) != all(p.is_meta for p in model.parameters())
+        full = model.state_dict() if rank == 0 else {}
+        distributed.shard(model)
+        distributed.fill_from_rank0(model, full, torch.device("cpu"))
+        weights = distributed.full_state_dict(model)
+        buffers = {n: b.clone() for n, b in model.named_buffers()}
+        torch.save({"weights": weights, "buffers": buffers}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_built_on_the_meta_device_gets_rank_0_s_weights_and_buffers(tmp_path: Path) -> None:
+    """Rank 1 builds the model's shape on the meta device (no weight read); once sharded, its shard comes from rank
+    0's weights: the gathered weights are the model directory's, and its buffers (rotary frequencies) rank 0's."""
+    from trainer.model import build_tiny, load_policy, save_policy
+
+    model_dir = save_policy(*build_tiny(seed=0), tmp_path / "base")
+    out = tmp_path / "filled.pt"
+    mp.start_processes(_rank_fills, args=(2, f"file://{tmp_path / 'store'}", str(model_dir), str(out)), nprocs=2,
+                       start_method="spawn")
+    expected = load_policy(model_dir)[0]
+    rank0, rank1 = (torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1))
+    assert rank0["weights"].keys() == expected.state_dict().keys()
+    for name, w in expected.state_dict().items():
+        assert torch.equal(rank0["weights"][name], w), name
+    assert rank1["buffers"].keys() == dict(expected.named_buffers()).keys() and rank1["buffers"]
+    for name, b in expected.named_buffers():
+        assert torch.equal(rank1["buffers"][name], b), name
 
 
 @pytest.mark.skipif(os.cpu_count() == 1, reason="two processes")
