@@ -42,6 +42,13 @@ def _data_id(rollout: Mapping[str, Any]) -> str:
     return ""
 
 
+def _worker(worker_id: str) -> dict[str, Any]:
+    """A 0.3 ``Worker`` first heard of: nothing known but its id."""
+    return {"worker_id": worker_id, "status": "unknown", "heartbeat_stats": None, "last_heartbeat_time": None,
+            "last_dequeue_time": None, "last_busy_time": None, "last_idle_time": None, "current_rollout_id": None,
+            "current_attempt_id": None}
+
+
 @dataclass
 class ControlState:
     """The records applied so far (see the module's docstring for the ops)."""
@@ -60,6 +67,8 @@ class ControlState:
     # Rollouts a start_attempt or a status update took out of the queue: the owner of their task on rb.tasks settles
     # it instead of handing it out (TaskQueue.settled_v03), at its next sweep or dequeue.
     left_queue_v03: set[str] = field(default_factory=set)
+    # Rollouts enqueued (a task on rb.tasks, whose owner offers them again after a failed attempt while attempts are left).
+    queued_v03: set[str] = field(default_factory=set)
 
     def apply(self, record: Mapping[str, Any]) -> Result:
         """Apply one record; its answer. A record of an unknown op (a newer gateway's) changes nothing: 400."""
@@ -163,13 +172,18 @@ class ControlState:
 
     def _op_v03_rollouts(self, rec: Mapping[str, Any]) -> Result:
         """``rollouts``: 0.3 ``Rollout``s, each new one kept, a known one's fields updated (its status moves on).
-        One with an ``attempt`` (an ``AttemptedRollout``: dequeued, started) keeps that attempt among its own."""
+        One with an ``attempt`` (an ``AttemptedRollout``: dequeued, started) keeps that attempt among its own, and its
+        worker is busy with it (``dequeue``: the worker dequeued it, at ``now``)."""
         for r in rec["rollouts"]:
             r = copy.deepcopy(dict(r))
             attempt = r.pop("attempt", None)
+            if r.get("status") == "queuing" and not isinstance(attempt, Mapping) and r["rollout_id"] not in self.rollouts_v03:
+                self.queued_v03.add(r["rollout_id"])
             self.rollouts_v03.setdefault(r["rollout_id"], {}).update(r)
             if isinstance(attempt, Mapping):
                 self._keep_attempt(r["rollout_id"], dict(attempt))
+                now = rec.get("now", attempt.get("start_time"))
+                self._sync_worker(dict(attempt), now, dequeued=bool(rec.get("dequeue")))
         return 200, None
 
     def _keep_attempt(self, rollout_id: str, attempt: dict[str, Any]) -> None:
@@ -180,22 +194,74 @@ class ControlState:
                 return
         kept.append(attempt)
 
+    def latest_v03(self, rollout_id: str) -> dict[str, Any] | None:
+        """A rollout's latest attempt (the highest number), as kept; None before its first."""
+        attempts = self.attempts_v03.get(rollout_id)
+        return max(attempts, key=lambda a: a["sequence_id"]) if attempts else None
+
+    def _rollout_status(self, rollout_id: str, attempt: Mapping[str, Any]) -> str | None:
+        """Its store's ``rollout_status_from_attempt`` for the latest attempt's status: progress and success as they are;
+        an end of the kinds its config retries, with attempts left, ``requeuing`` where the queue offers it again (an
+        enqueued rollout no start_attempt or status update took out of the queue), else ``failed``. None: no change
+        (``unresponsive``: a watchdog's guess the attempt's next heartbeat undoes; its claim runs on until it ends)."""
+        status = attempt["status"]
+        if status in ("preparing", "running", "succeeded"):
+            return status
+        if status not in ("failed", "timeout"):
+            return None
+        config = self.rollouts_v03[rollout_id].get("config") or {}
+        retried = status in (config.get("retry_condition") or ()) and attempt["sequence_id"] < int(config.get("max_attempts") or 1)
+        queued = rollout_id in self.queued_v03 and rollout_id not in self.left_queue_v03
+        return "requeuing" if retried and queued else "failed"
+
+    def _sync_worker(self, attempt: Mapping[str, Any], now: Any, *, dequeued: bool = False) -> None:
+        """Its store's ``_sync_worker_with_attempt``: the attempt's worker busy with it while it runs, idle once it
+        succeeded or failed, ``unknown`` after a timeout."""
+        wid = attempt.get("worker_id")
+        if not wid:
+            return
+        w = self.workers.setdefault(wid, _worker(wid))
+        if dequeued:
+            w["last_dequeue_time"] = now
+        if attempt["status"] in ("succeeded", "failed", "timeout", "unresponsive"):
+            w.update(status="idle" if attempt["status"] in ("succeeded", "failed") else "unknown", last_idle_time=now,
+                     current_rollout_id=None, current_attempt_id=None)
+        else:
+            w.update(status="busy", last_busy_time=now, current_rollout_id=attempt["rollout_id"],
+                     current_attempt_id=attempt["attempt_id"])
+
+    def _op_v03_idle(self, rec: Mapping[str, Any]) -> Result:
+        """``worker_id``, ``now``: a dequeue that found nothing for it: idle (its store's ``_dequeue_mark_worker_idle``:
+        only a worker not idle already changes)."""
+        w = self.workers.setdefault(rec["worker_id"], _worker(rec["worker_id"]))
+        if w["status"] != "idle":
+            w.update(status="idle", last_idle_time=rec["now"], last_dequeue_time=rec["now"])
+        return 200, copy.deepcopy(w)
+
     def _op_v03_status(self, rec: Mapping[str, Any]) -> Result:
-        """``rollout_id``, ``status``, ``end_time`` (and ``attempt_id``, ``worker_id``): an attempt of a known rollout
-        moved on (``update_attempt``); one that ended ends its rollout too."""
+        """``rollout_id``, ``attempt_id`` (or ``latest``), ``status``, ``end_time``, ``now``, ``worker_id``, ``metadata``: an attempt of
+        a known rollout moved on (``update_attempt``); the latest attempt's status moves its rollout
+        (:meth:`_rollout_status`), an older one's does not, as in its store; its worker follows. 404 (nothing changed)
+        for an attempt not recorded. Answers the attempt as kept."""
         rid, status = rec["rollout_id"], rec["status"]
-        kept = self.rollouts_v03.get(rid)
-        if kept is not None and status in ATTEMPT_ENDED:
-            kept.update(status=ATTEMPT_ENDED[status], end_time=rec.get("end_time"))
-        elif kept is not None and status == "running" and kept.get("status") in ("queuing", "preparing", "requeuing"):
-            kept.update(status="running")
-        for a in self.attempts_v03.get(rid, []):
-            if a["attempt_id"] == rec.get("attempt_id"):
-                a.update(status=status, end_time=rec.get("end_time") if status in ATTEMPT_ENDED else None,
-                         last_heartbeat_time=rec.get("now", a.get("last_heartbeat_time")))
-                if rec.get("worker_id") is not None:
-                    a["worker_id"] = rec["worker_id"]
-        return 200, None
+        latest = self.latest_v03(rid)
+        aid = latest["attempt_id"] if latest is not None and rec.get("attempt_id") == "latest" else rec.get("attempt_id")
+        attempt = next((a for a in self.attempts_v03.get(rid, []) if a["attempt_id"] == aid), None)
+        if attempt is None:
+            return 404, {"detail": f"Attempt {aid} not found for rollout {rid}"}
+        if rec.get("worker_id") is not None:
+            attempt["worker_id"] = rec["worker_id"]
+        if rec.get("metadata") is not None:
+            attempt["metadata"] = copy.deepcopy(rec["metadata"])
+        if status is not None:
+            attempt.update(status=status, end_time=rec.get("end_time") if status in ATTEMPT_ENDED else None)
+        attempt["last_heartbeat_time"] = rec.get("now", attempt.get("last_heartbeat_time"))
+        rollout = self.rollouts_v03[rid]
+        if status is not None and attempt is latest and (moved := self._rollout_status(rid, attempt)) is not None:
+            rollout.update(status=moved, end_time=rec.get("end_time") if moved in ROLLOUT_ENDED else None)
+        if status is not None or rec.get("worker_id") is not None:
+            self._sync_worker(attempt, rec.get("now"))
+        return 200, copy.deepcopy(attempt)
 
     def _op_v03_attempt(self, rec: Mapping[str, Any]) -> Result:
         """``rollout_id``, ``attempt_id``, ``worker_id``, ``now``: a new attempt of a known rollout (``start_attempt``),
@@ -210,6 +276,7 @@ class ControlState:
                    "start_time": rec["now"], "end_time": None, "status": "preparing", "worker_id": rec.get("worker_id"),
                    "last_heartbeat_time": None, "metadata": None}
         self._keep_attempt(rid, attempt)
+        self._sync_worker(attempt, rec["now"])
         self.left_queue_v03.add(rid)
         rollout.update(status="preparing", end_time=None)
         return 201, {**copy.deepcopy(rollout), "attempt": dict(attempt)}
@@ -236,10 +303,11 @@ class ControlState:
 
     def _op_worker(self, rec: Mapping[str, Any]) -> Result:
         """``worker``: a heartbeat (``update_worker``): its stats (kept when it sends none) and time."""
-        w = dict(rec["worker"])
-        if w.get("heartbeat_stats") is None and w["worker_id"] in self.workers:
-            w["heartbeat_stats"] = self.workers[w["worker_id"]].get("heartbeat_stats")
-        self.workers[w["worker_id"]] = w
+        beat = dict(rec["worker"])
+        w = self.workers.setdefault(beat["worker_id"], _worker(beat["worker_id"]))
+        w["last_heartbeat_time"] = beat.get("last_heartbeat_time")
+        if beat.get("heartbeat_stats") is not None:
+            w["heartbeat_stats"] = beat["heartbeat_stats"]
         return 200, copy.deepcopy(w)
 
     # ------------------------------------------------------------------ reads

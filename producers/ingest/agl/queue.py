@@ -53,6 +53,11 @@ class TaskQueue:
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._producer: Any = None
+        # Read-your-enqueues: how long a dequeue that finds nothing waits for this replica's consumer to read the tasks
+        # this replica enqueued in partitions it owns (partition → highest offset enqueued here / read here).
+        self.own_enqueue_wait_s = 1.0
+        self._enqueued: dict[int, int] = {}
+        self._read: dict[int, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -158,6 +163,7 @@ class TaskQueue:
                     log.exception("sweep of the claims failed")
 
     def _add(self, msg: Any) -> None:
+        self._read[msg.partition()] = max(self._read.get(msg.partition(), -1), msg.offset())
         try:
             task = decode(msg.value(), "rolloutbus.Task")
             assert isinstance(task, Task)
@@ -310,7 +316,28 @@ class TaskQueue:
         """Up to ``limit`` rollouts for ``worker_id`` as ``AttemptedRollout`` dicts; [] when this replica
         has none to offer. Each is committed (with its claim's mark) before it is handed out, and handed out
         only once its attempt's STARTED is on its way to rb.spans: one the transport cannot take is offered
-        again, first. Raises :class:`KafkaUnavailable` when no STARTED could be recorded (the route's 503)."""
+        again, first. Raises :class:`KafkaUnavailable` when no STARTED could be recorded (the route's 503).
+
+        Finding none while tasks this replica enqueued, in partitions it owns, are not read back yet from rb.tasks
+        (the consumer's next poll), it waits for them (at most :attr:`own_enqueue_wait_s`) and looks again: an enqueue
+        followed by a dequeue on the same replica hands the rollout out when the replica owns its partition, as its
+        store does; one in another replica's partition is that replica's to hand out."""
+        got = self._dequeue(worker_id, limit)
+        if got or not self._unread_own_enqueues():
+            return got
+        deadline = time.monotonic() + self.own_enqueue_wait_s
+        while self._unread_own_enqueues() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self._dequeue(worker_id, limit)
+
+    def _unread_own_enqueues(self) -> bool:
+        with self._lock:
+            owned = set(self.book.partitions())
+            for p in [p for p, offset in self._enqueued.items() if self._read.get(p, -1) >= offset]:
+                del self._enqueued[p]
+            return any(p in owned for p in self._enqueued)
+
+    def _dequeue(self, worker_id: str | None, limit: int) -> list[dict[str, Any]]:
         self.start()
         now = time.time()
         with self._lock:
@@ -367,10 +394,15 @@ class TaskQueue:
         if self._producer is None:
             self._producer = Producer({**self.kafka_conf, "enable.idempotence": True, "log_level": 0})
         failed: list[Any] = []
+        delivered: list[tuple[int, int]] = []
         for rid, task in tasks:
             self._producer.produce(self.topics.tasks, encode(task), rid.encode(),
-                                   on_delivery=lambda err, _msg: failed.append(err) if err else None)
+                                   on_delivery=lambda err, msg: failed.append(err) if err else
+                                   delivered.append((msg.partition(), msg.offset())))
         left = self._producer.flush(30)
+        with self._lock:
+            for p, offset in delivered:
+                self._enqueued[p] = max(self._enqueued.get(p, -1), offset)
         if left or failed:
             raise KafkaUnavailable(f"{left or len(failed)} rollouts not delivered to {self.topics.tasks}: "
                                    f"{failed[0] if failed else 'timed out'}")

@@ -129,18 +129,57 @@ def sequence_key(body: Any) -> str:
 
 ROLLOUT_STATUSES = ("queuing", "preparing", "running", "succeeded", "failed", "cancelled", "requeuing")
 ROLLOUT_FIELDS = ("input", "mode", "resources_id", "status", "config", "metadata")
+# The fields of its models, which a query may sort by (its server answers 400 naming them for another).
+MODEL_FIELDS = {
+    "Rollout": ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "config", "metadata"),
+    "Attempt": ("rollout_id", "attempt_id", "sequence_id", "start_time", "end_time", "status", "worker_id",
+                "last_heartbeat_time", "metadata"),
+    "Span": ("rollout_id", "attempt_id", "sequence_id", "trace_id", "span_id", "parent_id", "name", "status", "attributes",
+             "events", "links", "start_time", "end_time", "context", "parent", "resource"),
+    "Worker": ("worker_id", "status", "heartbeat_stats", "last_heartbeat_time", "last_dequeue_time", "last_busy_time",
+               "last_idle_time", "current_rollout_id", "current_attempt_id"),
+    "ResourcesUpdate": ("resources_id", "create_time", "update_time", "version", "resources"),
+}
+
+
+class Refused(MappingError):
+    """A request its server refuses with 400 rather than its request models' 422: a null where an update needs a value,
+    a page it cannot give (an unknown ``sort_by``, ``sort_order``, ``filter_logic``; ``limit`` 0 or below -1; a negative
+    ``offset``). The message is its server's."""
+
+
+def _not_null(body: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+    """Its server's ``_get_mandatory_field_or_unset``: a field an update may leave out but not send as null."""
+    for key in fields:
+        if key in body and body[key] is None:
+            raise Refused(f"{key} is invalid; it cannot be a null value.")
+
+
+def check_page(query: Mapping[str, Any], model: str) -> None:
+    """A read's paging checked as its server's ``_validate_paginated_request``: :class:`Refused` with its words."""
+    sort_by, order = query.get("sort_by"), query.get("sort_order") or "asc"
+    if sort_by is not None and sort_by not in MODEL_FIELDS[model]:
+        raise Refused(f"Invalid sort_by: {sort_by}, allowed fields are: {', '.join(MODEL_FIELDS[model])}")
+    if order not in ("asc", "desc"):
+        raise Refused(f"Invalid sort_order: {order}, allowed values are: asc, desc")
+    limit, offset = query.get("limit", -1), query.get("offset", 0)
+    if isinstance(limit, int) and (limit == 0 or limit < -1):
+        raise Refused("Limit must be greater than 0 or -1 for no limit")
+    if isinstance(offset, int) and offset < 0:
+        raise Refused("Offset must be greater than or equal to 0")
+    if query.get("filter_logic", "and") not in ("and", "or"):
+        raise Refused(f"Invalid filter_logic: {query.get('filter_logic')}, allowed values are: and, or")
 
 
 def check_rollout_update(body: Any) -> dict[str, Any]:
     """An ``UpdateRolloutRequest`` → the fields it sets (those present); :class:`MappingError` naming a bad one."""
     body = _dict(body, "the request")
+    _not_null(body, ("status", "config"))
     fields = {k: body[k] for k in ROLLOUT_FIELDS if k in body}
     if "status" in fields and fields["status"] not in ROLLOUT_STATUSES:
         raise MappingError(f"status {fields['status']!r} is not one of {list(ROLLOUT_STATUSES)}")
     if fields.get("mode") is not None and fields["mode"] not in ("train", "val", "test"):
         raise MappingError(f"mode {fields['mode']!r} is not one of train, val, test")
-    if "config" in fields and fields["config"] is None:
-        raise MappingError("config cannot be null")
     for key in ("config", "metadata"):
         if fields.get(key) is not None:
             _dict(fields[key], key)
@@ -152,6 +191,7 @@ def check_rollout_update(body: Any) -> dict[str, Any]:
 def check_attempt_update(body: Any) -> Mapping[str, Any]:
     """The ``UpdateAttemptRequest`` body, checked; :class:`MappingError` with the reason otherwise."""
     body = _dict(body, "the request")
+    _not_null(body, ("status", "worker_id", "last_heartbeat_time", "metadata"))
     status = body.get("status")
     if status is not None and (not isinstance(status, str) or status not in ATTEMPT_STATUSES):
         raise MappingError(f"status {status!r} is not one of {sorted(ATTEMPT_STATUSES)}")
@@ -186,7 +226,9 @@ def attempt_reply(rollout_id: str, attempt_id: str, body: Mapping[str, Any], *, 
 
 def worker_reply(worker_id: str, body: Any, *, now: float) -> dict[str, Any]:
     """The ``Worker`` a heartbeat (``update_worker``) answers with, as its in-memory store does."""
-    stats = _dict(body, "the request").get("heartbeat_stats")
+    body = _dict(body, "the request")
+    _not_null(body, ("heartbeat_stats",))
+    stats = body.get("heartbeat_stats")
     return {"worker_id": worker_id, "status": "unknown", "heartbeat_stats": stats if isinstance(stats, Mapping) else None,
             "last_heartbeat_time": now, "last_dequeue_time": None, "last_busy_time": None, "last_idle_time": None,
             "current_rollout_id": None, "current_attempt_id": None}
@@ -393,8 +435,8 @@ def page(items: list[dict[str, Any]], *, sort_by: str | None, sort_order: str = 
          offset: int = 0) -> dict[str, Any]:
     """Sorted and sliced as Agent Lightning's ``PaginatedResult`` (``limit`` -1: all); ``total`` before slicing.
     A ``sort_by`` that is not a field of the items raises :class:`MappingError`."""
-    if offset < 0 or limit < -1:
-        raise MappingError("offset must be >= 0 and limit >= -1")
+    if offset < 0 or limit == 0 or limit < -1:
+        raise Refused("offset must be >= 0 and limit > 0 or -1")
     if sort_by:
         if items and sort_by not in items[0]:
             raise MappingError(f"cannot sort by {sort_by!r}: not a field")
@@ -426,9 +468,9 @@ def check_query(query: Any) -> dict[str, Any]:
         if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
             raise MappingError(f"{key} must be a list of strings")
     if q.get("sort_order") not in (None, "asc", "desc"):
-        raise MappingError("sort_order must be 'asc' or 'desc'")
+        raise Refused(f"Invalid sort_order: {q['sort_order']}, allowed values are: asc, desc")
     if q.get("filter_logic") not in (None, "and", "or"):
-        raise MappingError("filter_logic must be 'and' or 'or'")
+        raise Refused(f"Invalid filter_logic: {q['filter_logic']}, allowed values are: and, or")
     return {k: v for k, v in q.items() if v is not None}
 
 
@@ -448,7 +490,7 @@ def span_to_agl(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["PREFIX", "TERMINAL", "agl_resource", "ROLLOUT_COLUMNS", "SPAN_COLUMNS", "attempt_from_row", "rollouts_from_rows",
-           "filter_rollouts", "filter_spans", "page", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
+           "filter_rollouts", "filter_spans", "page", "check_page", "Refused", "MODEL_FIELDS", "span_to_agl", "check_query", "span_from_agl", "check_attempt_update", "finished_from_update", "attempt_reply",
            "worker_reply", "resources_update", "resources_id", "versions_from_agl", "check_wait",
            "finished_rollouts", "WAIT_CAP_S", "STORE_SEQUENCE", "unnumber", "sequence_key", "check_rollout_update",
            "resources_page", "ROLLOUT_STATUSES"]

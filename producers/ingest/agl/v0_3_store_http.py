@@ -40,6 +40,8 @@ from producers.ingest.agl.v0_3_store import (
     unnumber,
     ROLLOUT_COLUMNS,
     check_query,
+    check_page,
+    Refused,
     SPAN_COLUMNS,
     filter_rollouts,
     filter_spans,
@@ -204,11 +206,20 @@ class LightningStoreRoutes:
 
     @guarded()
     async def update_attempt(self, request: web.Request) -> web.Response:
+        """``update_attempt``: an ended status is the attempt's FINISHED on rb.spans; on an attempt this API handed out, a
+        new status or worker is recorded (the latest attempt's status moves its rollout, as in its store; a heartbeat
+        alone writes nothing). ``latest`` names the rollout's latest attempt as recorded (404 before its first)."""
         rollout_id, attempt_id = request.match_info["rollout_id"], request.match_info["attempt_id"]
         try:
             body = check_attempt_update(await self._json(request))
         except MappingError as exc:
-            return self.door.refuse(400, f"not an attempt update: {exc}")
+            return self.door.refuse(400, str(exc) if isinstance(exc, Refused) else f"not an attempt update: {exc}")
+        if attempt_id == "latest":
+            latest = await self._controlled(lambda s: (s.latest_v03(rollout_id) or {}).get("attempt_id")) \
+                if self.control is not None else None
+            if latest is None:
+                return self.door.refuse(404, f"No attempts found for rollout {rollout_id}")
+            attempt_id = latest
         event = finished_from_update(rollout_id, attempt_id, body, now_ns=time.time_ns())
         if event is not None:
             if (busy := self._send(rollout_id, encode(event))) is not None:
@@ -221,16 +232,22 @@ class LightningStoreRoutes:
             status = event.status if event is not None and event.status else body.get("status")
             known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
                                                       if a["attempt_id"] == attempt_id), None))
+            worker, metadata = body.get("worker_id"), body.get("metadata")
             # This replica's view may lag (an attempt dequeued through another one): not known here is written too.
-            if event is not None or (status is not None and (known is None or known.get("status") != status)):
-                await self._record({"op": "v03_status", "rollout_id": rollout_id, "attempt_id": attempt_id,
-                                    "status": status, "end_time": reply["end_time"], "now": reply["last_heartbeat_time"],
-                                    "worker_id": body.get("worker_id")})
-                known = self.control.peek(lambda s: next((dict(a) for a in s.attempts_v03.get(rollout_id, [])
-                                                          if a["attempt_id"] == attempt_id), None))
-            if known is not None:  # its number and start as recorded
+            if event is not None or (status is not None and (known is None or known.get("status") != status)) \
+                    or (worker is not None and (known is None or known.get("worker_id") != worker)) \
+                    or (metadata is not None and (known is None or known.get("metadata") != metadata)):
+                answer = await self._record({"op": "v03_status", "rollout_id": rollout_id, "attempt_id": attempt_id,
+                                             "status": status, "end_time": reply["end_time"],
+                                             "now": reply["last_heartbeat_time"], "worker_id": worker, "metadata": metadata})
+                known = answer[1] if answer is not None and answer[0] == 200 else known
+            if known is not None:  # its number, start and worker as recorded
                 reply.update(sequence_id=known["sequence_id"], start_time=known["start_time"],
                              worker_id=reply["worker_id"] or known.get("worker_id"))
+                if status is None:
+                    reply.update(status=known["status"], end_time=known.get("end_time"))
+                if metadata is None:
+                    reply["metadata"] = known.get("metadata")
         return web.json_response(reply)
 
     async def _controls(self, rollout_id: str, attempt_id: str) -> bool:
@@ -251,15 +268,16 @@ class LightningStoreRoutes:
             log.warning("the control records could not be read for %s: %s", rollout_id, exc)
             return True
 
-    async def _record(self, record: dict[str, Any]) -> None:
-        """A control record of what was just answered; not recorded (Kafka down), it is read back later from
-        ClickHouse only, as before the control records."""
+    async def _record(self, record: dict[str, Any]) -> Any:
+        """A control record of what was just answered, and its answer; not recorded (Kafka down: None), it is read back
+        later from ClickHouse only, as before the control records."""
         if self.control is None:
-            return
+            return None
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.control.write, record)
+            return await asyncio.get_running_loop().run_in_executor(None, self.control.write, record)
         except Exception as exc:  # noqa: BLE001 — what it records was answered already (a claim made): never a 500 here
             log.warning("a /v1/agl control record was not written: %s", exc)
+            return None
 
     def settled(self, rollout_ids: Sequence[str]) -> set[str]:
         """Of rollouts the queue would hand out, those a start_attempt or a status update (through any replica,
@@ -323,7 +341,10 @@ class LightningStoreRoutes:
             return web.json_response([])
         got = await asyncio.get_running_loop().run_in_executor(None, self.queue.dequeue, worker_id, min(limit, 100))
         if got:
-            await self._record({"op": "v03_rollouts", "rollouts": got})
+            await self._record({"op": "v03_rollouts", "rollouts": got, "now": time.time(), "dequeue": True})
+        elif worker_id and self.control is not None and \
+                self.control.peek(lambda s: (s.workers.get(worker_id) or {}).get("status")) != "idle":
+            await self._record({"op": "v03_idle", "worker_id": worker_id, "now": time.time()})  # once, not per poll
         return web.json_response(got)
 
     @guarded()
@@ -388,6 +409,8 @@ class LightningStoreRoutes:
             return await self.not_on_the_bus(request)
         try:
             fields = check_rollout_update(await self._json(request))
+        except Refused as exc:
+            return self.door.refuse(400, str(exc))
         except MappingError as exc:
             return self.door.refuse(422, f"not a rollout update: {exc}")
         if fields.get("status") in ("queuing", "requeuing"):
@@ -425,7 +448,9 @@ class LightningStoreRoutes:
             if newest_set is not None and all(u["resources_id"] != newest_set["resources_id"] for u in sets):
                 sets.append(newest_set)
             items = [u for u in sets for _ in resources_page(u, q)]
-            return web.json_response(page(items, **self._paging(q, None)))
+            return web.json_response(page(items, **self._paging(q, None, "ResourcesUpdate")))
+        except Refused as exc:
+            return self.door.refuse(400, str(exc))
         except MappingError as exc:
             return self.door.refuse(422, f"not a query: {exc}")
 
@@ -475,6 +500,8 @@ class LightningStoreRoutes:
         try:
             query = await self._query(request)
             return web.json_response(await answer(query))
+        except Refused as exc:
+            return self.door.refuse(400, str(exc))
         except MappingError as exc:
             return self.door.refuse(422, f"not a query: {exc}")
         except _Unavailable as exc:
@@ -482,10 +509,12 @@ class LightningStoreRoutes:
             return self.door.busy(f"ClickHouse cannot answer now: {exc}")
 
     @staticmethod
-    def _paging(query: dict[str, Any], default_sort: str | None) -> dict[str, Any]:
+    def _paging(query: dict[str, Any], default_sort: str | None, model: str) -> dict[str, Any]:
+        """Sorting and paging of a read of ``model``'s items (:data:`MODEL_FIELDS`), checked as its server checks them."""
         limit, offset = query.get("limit", -1), query.get("offset", 0)
         if not isinstance(limit, int) or not isinstance(offset, int) or isinstance(limit, bool):
             raise MappingError("limit and offset must be integers")
+        check_page(query, model)
         return {"sort_by": query.get("sort_by", default_sort), "sort_order": query.get("sort_order") or "asc",
                 "limit": limit, "offset": offset}
 
@@ -503,7 +532,7 @@ class LightningStoreRoutes:
             items = await self._with_controlled(rollouts_from_rows(await self._rollouts(" AND ".join(where), params)))
             items = filter_rollouts(items, status_in=q.get("status_in"), rollout_id_in=ids, rollout_id_contains=contains,
                                     filter_logic=q.get("filter_logic", "and"))
-            return page(items, **self._paging(q, None))
+            return page(items, **self._paging(q, None, "Rollout"))
 
         return await self._read(request, answer, controlled=True)
 
@@ -534,8 +563,9 @@ class LightningStoreRoutes:
     def _unended(self, rollout: dict[str, Any] | None) -> dict[str, Any] | None:
         """A rollout ClickHouse does not have yet. Where the gateway reads a ClickHouse server, one whose attempt ended
         reads ``running`` until the stream worker stored it: its algorithm reads the attempt's spans once it sees it
-        end (Agent Lightning's Baseline does), and they are there from then on. Without one, the recorded end."""
-        if rollout is not None and self.clickhouse is not None and rollout.get("status") in ENDED:
+        end (Agent Lightning's Baseline does), and they are there from then on. Without one, the recorded end; and for a
+        rollout that never had an attempt (ended by ``update_rollout`` while queuing: no spans, no row to wait for)."""
+        if rollout is not None and self.clickhouse is not None and rollout.get("status") in ENDED and rollout.get("attempt"):
             rollout = {**rollout, "status": "running", "end_time": None}
             if rollout.get("attempt"):
                 rollout["attempt"] = {**rollout["attempt"], "status": "running", "end_time": None}
@@ -552,7 +582,7 @@ class LightningStoreRoutes:
     @guarded()
     async def query_attempts(self, request: web.Request) -> web.Response:
         async def answer(q: dict[str, Any]) -> Any:
-            return page(await self._attempts(request.match_info["rollout_id"]), **self._paging(q, "sequence_id"))
+            return page(await self._attempts(request.match_info["rollout_id"]), **self._paging(q, "sequence_id", "Attempt"))
 
         return await self._read(request, answer, controlled=True)
 
@@ -575,12 +605,12 @@ class LightningStoreRoutes:
                 rows = await self._rollouts("rollout_id = {rid:String}", {"rid": rid})
                 aid = max(rows, key=lambda r: (r["attempt"], r["finished_ns"]))["attempt_id"] if rows else None
                 if aid is None:
-                    return page([], **self._paging(q, "sequence_id"))
+                    return page([], **self._paging(q, "sequence_id", "Span"))
             where, params = "rollout_id = {rid:String}", {"rid": rid}
             if aid is not None:
                 where, params["aid"] = where + " AND attempt_id = {aid:String}", str(aid)
             rows = await self._rows(f"FROM spans FINAL WHERE {where} ORDER BY attempt_id, sequence_id", SPAN_COLUMNS, params)
-            return page(filter_spans([span_to_agl(r) for r in rows], q), **self._paging(q, "sequence_id"))
+            return page(filter_spans([span_to_agl(r) for r in rows], q), **self._paging(q, "sequence_id", "Span"))
 
         return await self._read(request, answer)
 
@@ -649,7 +679,7 @@ class LightningStoreRoutes:
             body = await self._json(request)
             reply = worker_reply(request.match_info["worker_id"], body, now=time.time())
         except MappingError as exc:
-            return self.door.refuse(400, f"not a worker update: {exc}")
+            return self.door.refuse(400, str(exc) if isinstance(exc, Refused) else f"not a worker update: {exc}")
         if self.control is not None:
             reply = (await asyncio.get_running_loop().run_in_executor(None, self.control.write,
                                                                       {"op": "worker", "worker": reply}))[1]
@@ -680,7 +710,9 @@ class LightningStoreRoutes:
             pick = any if q.get("filter_logic", "and") == "or" else all
             items = [w for w in workers if not tests or pick(t(w) for t in tests)]
             q = {k: int(v) if k in ("limit", "offset") and isinstance(v, str) else v for k, v in q.items()}
-            return web.json_response(page(items, **self._paging(q, "worker_id")))
+            return web.json_response(page(items, **self._paging(q, "worker_id", "Worker")))
+        except Refused as exc:
+            return self.door.refuse(400, str(exc))
         except (MappingError, ValueError) as exc:
             return self.door.refuse(422, f"not a worker query: {exc}")
 

@@ -205,3 +205,22 @@ def test_the_claims_of_a_stopped_replica_are_offered_by_the_other_after_their_de
     assert all(t >= 9.5 and seq == 2 for t, seq in since_claim), f"not before a's claims ran out (10s after each): {since_claim}"
     others = [c["rollout_id"] for _, c in got if c["rollout_id"] not in a_ids]
     assert sorted(others) == sorted({r["rollout_id"] for r in enqueued} - a_ids), "the rest once each"
+
+
+def test_a_dequeue_right_after_an_enqueue_on_the_same_replica_hands_the_rollout_out(test_env: dict[str, str],
+                                                                                      tmp_path: Path) -> None:
+    """As its store does (one process: an enqueued rollout is there for the next dequeue): a replica that owns the task's
+    partition waits, briefly, for its consumer to read back what it just enqueued instead of answering []."""
+    solo = Replica(test_env, tmp_path / "solo")
+    try:
+        warm, deadline = solo.enqueue(["warm-up"]), time.monotonic() + 60
+        while not solo.dequeue("w-0"):  # joined the group, every partition of rb.tasks its own
+            assert time.monotonic() < deadline, "the replica never got its partitions"
+            time.sleep(0.2)
+        for n in range(10):
+            [queued] = solo.enqueue([{"n": n}])
+            got = solo.dequeue(f"w-{n}")
+            assert [g["rollout_id"] for g in got] == [queued["rollout_id"]], (n, got)
+        assert warm and solo.dequeue("w-x") == [], "nothing else: an empty queue answers [] (after no wait)"
+    finally:
+        solo.stop()

@@ -98,7 +98,9 @@ def test_what_one_replica_answers_the_other_reads_back_at_once(replicas: list[An
     _call(b, "POST", "/workers/w-1", json=None)
     worker = _call(a, "GET", "/workers/w-1")
     assert worker["worker_id"] == "w-1" and worker["heartbeat_stats"] == {"cpu": 0.5}
-    assert [w["worker_id"] for w in _call(b, "POST", "/workers/search", json={"worker_id_contains": "w-"})["items"]] == ["w-1"]
+    assert [w["worker_id"] for w in _call(b, "POST", "/workers/search", json={"worker_id_contains": "w-"})["items"]] == [
+        "w-1", "w-2"], "w-2 by the attempt it started"
+    assert _call(b, "GET", "/workers/w-1")["status"] == "idle", "its attempt succeeded"
     assert requests.get(f"{a}/v1/agl/workers/nobody", headers=AUTH, timeout=10).json() is None
 
     # A replica that restarts replays the records: it still reads them.
@@ -142,6 +144,65 @@ def test_a_queuing_rollout_leaves_the_queue_by_a_new_attempt_or_a_status_through
     assert _call(b, "GET", f"/rollouts/{cancelled_id}")["status"] == "cancelled"
 
 
+def _dequeue_one(bases: list[str], worker: str, timeout_s: float = 60) -> tuple[str, dict[str, Any]]:
+    """Poll both replicas until one hands out a rollout: (the replica, its AttemptedRollout)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for base in bases:
+            got = _call(base, "POST", "/queues/rollouts/dequeue", json={"limit": 1, "worker_id": worker})
+            if got:
+                return base, got[0]
+        time.sleep(0.2)
+    raise AssertionError(f"nothing dequeued in {timeout_s}s")
+
+
+def test_the_latest_attempt_moves_its_rollout_and_workers_follow_their_attempts_through_either_replica(
+        replicas: list[Any]) -> None:
+    """As its store does: a failed attempt with attempts left requeues its rollout (offered again, attempt 2); an older
+    attempt's status leaves the rollout alone; ``latest`` names the latest attempt; a worker is busy with the attempt it
+    dequeued, idle once it ended or when a dequeue finds nothing; a null an update needs, and a page it cannot give, 400
+    — each written on one replica and read on the other."""
+    (a, _), (b, _) = replicas
+    [queued] = _call(a, "POST", "/queues/rollouts/enqueue", json={"rollouts": [{"input": {"q": 1}, "mode": "train", "config": {
+        "max_attempts": 2, "retry_condition": ["failed"], "timeout_seconds": 120}}]})
+    rid = queued["rollout_id"]
+    owner, first = _dequeue_one([a, b], "w-1")
+    other = b if owner == a else a
+    worker = _call(other, "GET", "/workers/w-1")
+    assert (worker["status"], worker["current_rollout_id"], worker["current_attempt_id"]) == ("busy", rid, first["attempt"]["attempt_id"])
+    assert worker["last_dequeue_time"] and worker["last_busy_time"]
+
+    _call(owner, "POST", f"/rollouts/{rid}/attempts/latest", json={"metadata": {"step": "plan"}})
+    assert _call(other, "GET", f"/rollouts/{rid}/attempts/latest")["metadata"] == {"step": "plan"}
+    failed = _call(owner, "POST", f"/rollouts/{rid}/attempts/latest", json={"status": "failed"})
+    assert (failed["attempt_id"], failed["status"]) == (first["attempt"]["attempt_id"], "failed")
+    assert _call(other, "GET", f"/rollouts/{rid}")["status"] == "requeuing", "attempts left: back in the queue"
+    assert _call(other, "GET", "/workers/w-1")["status"] == "idle"
+
+    _, second = _dequeue_one([a, b], "w-2")
+    assert (second["rollout_id"], second["attempt"]["sequence_id"]) == (rid, 2), "offered again, attempt 2"
+    _call(other, "POST", f"/rollouts/{rid}/attempts/{first['attempt']['attempt_id']}", json={"status": "succeeded"})
+    assert _call(owner, "GET", f"/rollouts/{rid}")["status"] == "preparing", "an older attempt leaves its rollout alone"
+    _call(other, "POST", f"/rollouts/{rid}/attempts/latest", json={"status": "failed"})
+    assert _call(owner, "GET", f"/rollouts/{rid}")["status"] == "failed", "no attempts left"
+
+    _call(other, "POST", "/queues/rollouts/dequeue", json={"limit": 1, "worker_id": "w-3"})
+    assert _call(owner, "GET", "/workers/w-3")["status"] == "idle", "a dequeue that found nothing"
+    assert {w["worker_id"] for w in _call(owner, "POST", "/workers/search", json={"status_in": ["idle"]})["items"]} >= {
+        "w-2", "w-3"}
+
+    for base, path, body, words in (
+            (a, f"/rollouts/{rid}", {"status": None}, "status is invalid; it cannot be a null value."),
+            (b, f"/rollouts/{rid}/attempts/latest", {"worker_id": None}, "worker_id is invalid"),
+            (a, "/workers/w-1", {"heartbeat_stats": None}, "heartbeat_stats is invalid"),
+            (b, "/rollouts/search", {"sort_by": "nope"}, "Invalid sort_by: nope, allowed fields are: rollout_id"),
+            (a, f"/rollouts/{rid}/attempts/search", {"limit": 0}, "Limit must be greater than 0")):
+        resp = requests.post(f"{base}/v1/agl{path}", headers=AUTH, json=body, timeout=30)
+        assert resp.status_code == 400 and resp.json()["detail"].startswith(words), (path, resp.status_code, resp.text)
+    assert requests.post(f"{a}/v1/agl/rollouts/ro-none/attempts/latest", headers=AUTH, json={"status": "running"},
+                         timeout=30).status_code == 404
+
+
 def test_its_own_client_writes_on_one_replica_and_reads_on_the_other(replicas: list[Any], tmp_path: Path) -> None:
     """The same semantics through Agent Lightning 0.3.0's own ``LightningStoreClient`` (al_replicas_driver.py, in its
     virtualenv), one client per replica."""
@@ -174,4 +235,4 @@ def test_its_own_client_writes_on_one_replica_and_reads_on_the_other(replicas: l
     assert got["update_reply"] == got["update_on_b"] == {"note": "kept"}
     assert got["worker_on_b"] == {"cpu": 0.25}
     assert got["resources"][1] == [got["resources"][0]]
-    assert got["statistics"] == [2, 2, 1]
+    assert got["statistics"] == [2, 2, 2], "w-2 (its attempt) and w-9 (its heartbeat), as its store counts them"

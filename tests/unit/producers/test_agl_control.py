@@ -173,12 +173,19 @@ def test_0_3_workers_and_an_ended_rollout_read_from_the_control_records() -> Non
     # An enqueued rollout whose attempt ended: without a ClickHouse server, the recorded end; with one, running until
     # ClickHouse has its attempt (its spans are there from then on), then ClickHouse's.
     routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "queuing", "end_time": None}]})
-    routes.control.write({"op": "v03_status", "rollout_id": "ro-1", "status": "succeeded", "end_time": 2.0})
+    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "preparing", "attempt": _attempt(
+        "ro-1", "at-1", 1, "w-1")}], "now": 1.0, "dequeue": True})
+    routes.control.write({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-1", "status": "succeeded", "end_time": 2.0})
     assert call(routes, "GET", "/v1/agl/rollouts/ro-1")[1]["status"] == "succeeded"
     routes.clickhouse = Rollouts([row("ro-1", "succeeded")], after=1)  # type: ignore[assignment]
     search = {"rollout_id_in": ["ro-1"]}
     assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["running"]
     assert [r["status"] for r in call(routes, "POST", "/v1/agl/rollouts/search", search)[1]["items"]] == ["succeeded"]
+    # One ended by update_rollout before any attempt (no spans, never a row in ClickHouse) reads ended at once.
+    routes.control.write({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-2", "status": "queuing", "end_time": None}]})
+    routes.control.write({"op": "v03_update", "rollout_id": "ro-2", "fields": {"status": "failed"}, "now": 3.0})
+    failed = call(routes, "POST", "/v1/agl/rollouts/search", {"status_in": ["failed"]})[1]["items"]
+    assert [(r["rollout_id"], r["status"]) for r in failed] == [("ro-2", "failed")]
 
 
 def test_only_the_patch_that_moves_a_rollout_off_queuing_says_so() -> None:
@@ -264,7 +271,26 @@ def test_0_3_attempts_start_attempt_update_rollout_and_statistics_on_the_control
     assert call(routes, "POST", "/v1/agl/rollouts/ro-k", {"metadata": {"n": 1}})[0] == 200, "no status: stays queued"
     assert routes.settled(["ro-q", "ro-s", "ro-k", "ro-none"]) == {"ro-q", "ro-s"}
     stats = call(routes, "GET", "/v1/agl/statistics")[1]
-    assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (4, 3, 0)
+    assert (stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]) == (4, 3, 2), "w-1, w-2: by their attempts"
+    assert call(routes, "GET", "/v1/agl/workers/w-2")[1]["current_rollout_id"] == "ro-s"
+    # What its server refuses with 400, in its words: a null an update needs, a page it cannot give.
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}", {"status": None}) == (400, {
+        "detail": "status is invalid; it cannot be a null value."})
+    assert call(routes, "POST", f"/v1/agl/rollouts/{rid}/attempts/latest", {"worker_id": None})[0] == 400
+    assert call(routes, "POST", "/v1/agl/workers/w-1", {"heartbeat_stats": None})[0] == 400
+    for query, reason in (({"sort_by": "nope"}, "Invalid sort_by: nope, allowed fields are: rollout_id, input"),
+                          ({"limit": 0}, "Limit must be greater than 0"), ({"offset": -1}, "Offset must be"),
+                          ({"sort_order": "up"}, "Invalid sort_order: up"), ({"filter_logic": "xor"}, "Invalid filter_logic")):
+        status, body = call(routes, "POST", "/v1/agl/rollouts/search", query)
+        assert status == 400 and body["detail"].startswith(reason), (query, body)
+    assert call(routes, "POST", "/v1/agl/workers/search", {"sort_by": "cpu"})[0] == 400
+    # update_attempt on "latest": the rollout's latest attempt as recorded; 404 before its first.
+    status, latest = call(routes, "POST", "/v1/agl/rollouts/ro-s/attempts/latest", {"status": "running"})
+    assert status == 200 and latest["attempt_id"] == begun["attempt"]["attempt_id"] and latest["status"] == "running"
+    assert call(routes, "GET", "/v1/agl/rollouts/ro-s")[1]["status"] == "running"
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-s/attempts/latest", {"metadata": {"k": 1}})[1]["status"] == "running"
+    assert call(routes, "GET", "/v1/agl/rollouts/ro-s/attempts/latest")[1]["metadata"] == {"k": 1}, "kept, read back"
+    assert call(routes, "POST", "/v1/agl/rollouts/ro-k/attempts/latest", {"status": "running"})[0] == 404
 
 
 def test_0_3_query_resources_answers_the_newest_set() -> None:
@@ -355,3 +381,60 @@ def test_0_3_an_attempt_update_records_control_state_only_for_rollouts_of_the_co
                 {"status": "failed"})[0] == 200
     assert lagging.writes == ["v03_rollouts", "v03_status"] and lagging.reads == 1
     assert control.state.rollouts_v03[second["rollout_id"]]["status"] == "failed"
+
+
+def _attempt(rid: str, aid: str, n: int, worker: str | None = None, status: str = "preparing") -> dict[str, object]:
+    return {"rollout_id": rid, "attempt_id": aid, "sequence_id": n, "start_time": float(n), "end_time": None,
+            "status": status, "worker_id": worker, "last_heartbeat_time": None, "metadata": None}
+
+
+def _enqueued(s: ControlState, rid: str, max_attempts: int = 3) -> None:
+    s.apply({"op": "v03_rollouts", "rollouts": [{"rollout_id": rid, "status": "queuing", "end_time": None, "config": {
+        "max_attempts": max_attempts, "retry_condition": ["failed", "timeout"], "timeout_seconds": 60}}]})
+
+
+def test_0_3_only_the_latest_attempt_moves_its_rollout_and_a_failed_one_with_attempts_left_is_requeuing() -> None:
+    """Its store's rollout_status_from_attempt: status propagation for the latest attempt only; a failure its config
+    retries, with attempts left, requeues an enqueued rollout (the owner of its task offers it again)."""
+    s = ControlState()
+    _enqueued(s, "ro-1", max_attempts=2)
+    s.apply({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "preparing", "attempt": _attempt("ro-1", "at-1", 1)}]})
+    assert s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "latest", "status": "failed", "end_time": 2.0})[1][
+        "attempt_id"] == "at-1", "latest: the rollout's latest attempt"
+    assert s.rollouts_v03["ro-1"]["status"] == "requeuing" and s.rollouts_v03["ro-1"]["end_time"] is None
+    s.apply({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "preparing", "attempt": _attempt("ro-1", "at-2", 2)}]})
+    s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-1", "status": "succeeded", "end_time": 3.0})
+    assert s.rollouts_v03["ro-1"]["status"] == "preparing", "an older attempt's status leaves its rollout alone"
+    s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-2", "status": "running"})
+    assert s.rollouts_v03["ro-1"]["status"] == "running"
+    s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-2", "status": "failed", "end_time": 4.0})
+    assert s.rollouts_v03["ro-1"]["status"] == "failed" and s.rollouts_v03["ro-1"]["end_time"] == 4.0, "no attempts left"
+    # One a start_attempt took out of the queue is not offered again: failed, whatever its config says.
+    _enqueued(s, "ro-2")
+    s.apply({"op": "v03_attempt", "rollout_id": "ro-2", "attempt_id": "at-3", "worker_id": None, "now": 5.0})
+    s.apply({"op": "v03_status", "rollout_id": "ro-2", "attempt_id": "at-3", "status": "failed", "end_time": 6.0})
+    assert s.rollouts_v03["ro-2"]["status"] == "failed"
+    status, body = s.apply({"op": "v03_status", "rollout_id": "ro-2", "attempt_id": "at-9", "status": "failed"})
+    assert status == 404 and s.rollouts_v03["ro-2"]["end_time"] == 6.0, "an attempt never recorded changes nothing"
+
+
+def test_0_3_a_worker_is_busy_with_the_attempt_it_took_and_idle_once_it_ended() -> None:
+    """Its store's _sync_worker_with_attempt and _dequeue_mark_worker_idle; a heartbeat keeps what the attempts set."""
+    s = ControlState()
+    _enqueued(s, "ro-1")
+    s.apply({"op": "v03_rollouts", "rollouts": [{"rollout_id": "ro-1", "status": "preparing",
+                                                "attempt": _attempt("ro-1", "at-1", 1, "w-1")}], "now": 10.0, "dequeue": True})
+    w = s.workers["w-1"]
+    assert (w["status"], w["current_rollout_id"], w["current_attempt_id"], w["last_busy_time"], w["last_dequeue_time"]) == (
+        "busy", "ro-1", "at-1", 10.0, 10.0)
+    s.apply({"op": "worker", "worker": {"worker_id": "w-1", "heartbeat_stats": {"cpu": 1}, "last_heartbeat_time": 11.0}})
+    assert (w["status"], w["heartbeat_stats"], w["last_heartbeat_time"]) == ("busy", {"cpu": 1}, 11.0)
+    s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-1", "status": "succeeded", "end_time": 12.0, "now": 12.0})
+    assert (w["status"], w["current_rollout_id"], w["last_idle_time"]) == ("idle", None, 12.0)
+    s.apply({"op": "v03_attempt", "rollout_id": "ro-1", "attempt_id": "at-2", "worker_id": "w-2", "now": 13.0})
+    assert s.workers["w-2"]["status"] == "busy" and s.workers["w-2"]["current_attempt_id"] == "at-2"
+    s.apply({"op": "v03_status", "rollout_id": "ro-1", "attempt_id": "at-2", "status": "timeout", "end_time": 14.0, "now": 14.0})
+    assert s.workers["w-2"]["status"] == "unknown", "a timeout leaves it unknown"
+    s.apply({"op": "v03_idle", "worker_id": "w-3", "now": 15.0})
+    s.apply({"op": "v03_idle", "worker_id": "w-3", "now": 16.0})
+    assert (s.workers["w-3"]["status"], s.workers["w-3"]["last_dequeue_time"]) == ("idle", 15.0), "marked idle once"
