@@ -1,5 +1,10 @@
-"""A LitAgent-style API: subclass :class:`LitAgent` (or decorate a function with :func:`litagent`) and
-implement ``rollout(task, resources, rollout) -> float | None``, sync or async.
+"""What runs one attempt of an agent: :class:`AttemptRunner` opens its rollout context, calls
+``rollout(task, resources, rollout) -> float | None`` (sync or async), and ends the attempt from what it returned.
+
+The agent class users write is ``rolloutbus.LitAgent`` (one class, resources under their names with the policy as
+``main_llm``); ``rolloutbus run-agent`` and the Trainer run it through an :class:`AttemptRunner`
+(``LitAgent.as_runner_agent()``). :func:`litagent` makes one of a plain function for the agent library alone (the
+bus's resource records as they are).
 
 The returned float is the attempt's final reward. An exception ends the attempt as failed, recorded
 as an exception span; it is not raised to the caller (the runner decides on a retry).
@@ -35,8 +40,9 @@ class AttemptResult:
     error: str | None = None
 
 
-class LitAgent:
-    """Base class of an agent. ``name`` becomes every span's ``agent_name``."""
+class AttemptRunner:
+    """Runs attempts of an agent (its context, spans, final reward, timeout, heartbeats). ``name`` becomes every span's
+    ``agent_name``; a subclass implements :meth:`rollout`."""
 
     name: str | None = None
 
@@ -124,7 +130,7 @@ async def _awaitable(aw: Any) -> Any:
     return await aw
 
 
-class _FunctionAgent(LitAgent):
+class _FunctionAgent(AttemptRunner):
     def __init__(self, fn: Callable[..., Any], name: str | None) -> None:
         self._fn = fn
         self.name = name or fn.__name__
@@ -148,4 +154,4 @@ def litagent(fn: Callable[..., Any] | None = None, *, name: str | None = None) -
     return _FunctionAgent(fn, name)
 
 
-__all__ = ["LitAgent", "litagent", "AttemptResult"]
+__all__ = ["AttemptRunner", "litagent", "AttemptResult"]

@@ -28,7 +28,7 @@ from foundation.errors import DecodeError, ValidationError
 from schemas.codec import decode, encode
 from schemas.models import DeadLetter, ResourceVersion, Task
 
-from producers.litagent import AttemptResult, LitAgent
+from producers.litagent import AttemptResult, AttemptRunner
 from producers.transport import SpanTransport
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class TaskRunner:
 
     def __init__(
         self,
-        agent: LitAgent,
+        agent: AttemptRunner,
         kafka_conf: dict[str, Any],
         topics: Topics,
         transport: SpanTransport,
@@ -309,8 +309,9 @@ class TaskRunner:
         return self.stats
 
 
-def load_agent(spec: str) -> LitAgent:
-    """``module:Name`` → an agent: a LitAgent subclass (instantiated), instance, or decorated function."""
+def load_agent(spec: str) -> AttemptRunner:
+    """``module:Name`` → what runs its attempts: a ``rolloutbus.LitAgent`` subclass (instantiated) or instance, an
+    ``@agl.rollout`` function or a plain one (:func:`producers.litagent.litagent`), or an :class:`AttemptRunner` as it is."""
     import importlib
 
     from foundation.errors import ConfigError
@@ -322,9 +323,9 @@ def load_agent(spec: str) -> LitAgent:
         obj = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load agent {spec!r}: {exc}") from exc
-    if isinstance(obj, type) and issubclass(obj, LitAgent):
+    if isinstance(obj, type) and issubclass(obj, AttemptRunner):
         return obj()
-    if isinstance(obj, LitAgent):
+    if isinstance(obj, AttemptRunner):
         return obj
     # ``rolloutbus.LitAgent`` (a class, an instance, an @agl.rollout function): it says how it runs here
     if isinstance(obj, type) and callable(getattr(obj, "as_runner_agent", None)):
@@ -335,7 +336,7 @@ def load_agent(spec: str) -> LitAgent:
         from producers.litagent import litagent
 
         return litagent(obj)  # type: ignore[no-any-return]
-    raise ConfigError(f"{spec!r} is not a LitAgent, an agent instance or a function")
+    raise ConfigError(f"{spec!r} is not a LitAgent (class or instance) or a function")
 
 
 __all__ = ["OVERRIDE_PREFIX", "USED_PREFIX", "TaskRunner", "ResourceFollower", "RunnerStats", "load_agent", "task_resources",

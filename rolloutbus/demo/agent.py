@@ -15,11 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from producers import emit_tool_call
-from producers.context import RolloutContext
-from producers.litagent import LitAgent
 from producers.proxy import proxy_headers, proxy_url
 from rolloutbus.demo.calc import Problem, calculator, check, parse_action
-from schemas import ResourceVersion
+from rolloutbus.trainer_api import LitAgent, Rollout
 
 MAX_TURNS = 4
 
@@ -44,7 +42,7 @@ class CalcAgent(LitAgent):
         self.proxy = proxy or os.environ.get("ROLLOUTBUS_LLM_PROXY_URL", "http://127.0.0.1:8788")
         self.temperature = float(temperature if temperature is not None else os.environ.get("ROLLOUTBUS_AGENT_TEMPERATURE", "1.0"))
 
-    def rollout(self, task: Any, resources: Mapping[str, ResourceVersion], rollout: RolloutContext) -> float:
+    def rollout(self, task: Any, resources: Mapping[str, Any], rollout: Rollout) -> float:
         problem = Problem.from_json(task if isinstance(task, str) else json.dumps(task))
         base = proxy_url(self.proxy)
         messages = [{"role": "user", "content": problem.text}]

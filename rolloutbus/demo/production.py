@@ -23,9 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from producers.context import RolloutContext
-from producers.litagent import LitAgent
-from schemas import ResourceVersion
+from rolloutbus.trainer_api import LitAgent, Rollout
 
 
 @dataclass
@@ -109,7 +107,7 @@ class ServedAgent(LitAgent):
         self.inner, self.judged = inner, judged
         self.name = inner.name
 
-    def rollout(self, task: Any, resources: Mapping[str, ResourceVersion], rollout: RolloutContext) -> None:
+    def rollout(self, task: Any, resources: Mapping[str, Any], rollout: Rollout) -> None:
         verdict = self.inner.rollout(task, resources, rollout)
         self.judged(rollout.rollout_id, float(verdict or 0.0))
         return None

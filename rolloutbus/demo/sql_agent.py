@@ -23,11 +23,9 @@ from typing import Any
 
 from foundation.errors import ConfigError
 from producers import emit_span, emit_tool_call
-from producers.context import RolloutContext
-from producers.litagent import LitAgent
 from producers.proxy import proxy_headers, proxy_token, proxy_url
 from rolloutbus.demo import sql
-from schemas import ResourceVersion
+from rolloutbus.trainer_api import LitAgent, PromptTemplate, Rollout
 
 MAX_REWRITES = 2
 GREEDY_MODES = ("val", "test")  # rollouts that measure the policy rather than explore
@@ -59,15 +57,15 @@ class SQLAgent(LitAgent):
             raise ConfigError(f"max_rewrites={max_rewrites}: give a whole number >= 0 (0: one query, no rewrite)")
         self.max_rewrites = _rewrites_from_env() if max_rewrites is None else max_rewrites
 
-    def rollout(self, task: Any, resources: Mapping[str, ResourceVersion], rollout: RolloutContext) -> float:
+    def rollout(self, task: Any, resources: Mapping[str, Any], rollout: Rollout) -> float:
         from openai import OpenAI
 
         question = sql.Question.from_json(task)
         client = OpenAI(base_url=proxy_url(self.proxy), api_key=proxy_token() or "not-needed", max_retries=0, timeout=300)
         temperature = 0.0 if rollout.mode in GREEDY_MODES else self.temperature
         prompt = resources.get(self.prompt_resource)
-        if prompt is not None and prompt.kind == "prompt_template":
-            template, examples = sql.template_from_config(prompt.config)
+        if isinstance(prompt, PromptTemplate):  # its version's config whole: the template and the examples
+            template, examples = sql.template_from_config(dict(prompt.config()))
             messages = sql.question_messages(question, template, examples)
         else:
             messages = sql.question_messages(question)

@@ -1,28 +1,33 @@
-"""The agent class of the write-ups: subclass :class:`LitAgent` and write ``rollout(task, resources, rollout)``
-returning the reward; ``resources["main_llm"]`` is an :class:`~rolloutbus.trainer_api.resources.LLM`,
+"""The agent class — the one there is, the write-ups' shape: subclass :class:`LitAgent` and write
+``rollout(task, resources, rollout)`` returning the reward; ``resources["main_llm"]`` is the model being trained (an
+:class:`~rolloutbus.trainer_api.resources.LLM`), a prompt a :class:`~rolloutbus.trainer_api.resources.PromptTemplate`,
 ``rollout`` a :class:`~rolloutbus.trainer_api.resources.Rollout`, ``self.tracer`` the tracer.
 
-The runners and the dry run do not call it directly: :class:`Adapted` wraps it in a
-:class:`producers.litagent.LitAgent` (the one that runs attempts: context, spans, retries, timeouts) and
-turns the runner's resources and rollout context into the write-ups' names.
+What runs it is an :class:`producers.litagent.AttemptRunner` (context, spans, retries, timeouts): :class:`Adapted`,
+which turns the runner's resources and rollout context into these names (``rolloutbus run-agent``, ``Trainer.fit``,
+``Trainer.dev``, ``LitAgent.run``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from foundation.errors import ConfigError
 from producers.context import RolloutContext
-from producers.litagent import LitAgent as AttemptRunner
+from producers.litagent import AttemptResult, AttemptRunner
 from rolloutbus.trainer_api.resources import LLM, Rollout, from_version
 from rolloutbus.trainer_api.tracing import Tracer, tracing
 
 T = TypeVar("T")
 VALIDATION_MODES = ("val", "test")  # rollouts that score the policy (the trainer's validation is mode test)
+MAIN_LLM = "main_llm"  # the key of the model being trained, as the write-ups name it
+POLICY = "policy"  # its name on rb.resources, and its key in the agent class's resources before this release
+log = logging.getLogger(__name__)
 
 
 class LitAgent(Generic[T]):
@@ -43,8 +48,18 @@ class LitAgent(Generic[T]):
     def as_runner_agent(self) -> Adapted:
         """What ``rolloutbus run-agent --agent module:name`` runs for this agent: the bus's resources as
         :class:`~rolloutbus.trainer_api.resources.LLM` / ``PromptTemplate`` (:func:`~rolloutbus.trainer_api.resources.
-        from_version`), under their names on ``rb.resources``."""
+        from_version`), under their names on ``rb.resources``, the trained model (``policy`` there) as ``main_llm``."""
         return Adapted(self, {})
+
+    def run(self, task: Any, resources: Mapping[str, Any] | None = None, *, task_id: str = "", **kwargs: Any) -> AttemptResult:
+        """Run one attempt in this thread, as the runners do (its spans on ``rb.spans``): ``resources`` as on
+        ``rb.resources`` (name → version record); → how it ended (:class:`~producers.litagent.AttemptResult`)."""
+        return self.as_runner_agent().run(task, resources, task_id=task_id, **kwargs)
+
+    async def arun(self, task: Any, resources: Mapping[str, Any] | None = None, *, task_id: str = "",
+                   **kwargs: Any) -> AttemptResult:
+        """:meth:`run` on the running event loop (``timeout``, ``heartbeat_s`` as the runners give them)."""
+        return await self.as_runner_agent().arun(task, resources, task_id=task_id, **kwargs)
 
 
 def check_agent(agent: Any) -> None:
@@ -90,6 +105,8 @@ class Adapted(AttemptRunner):
         for key, value in runner_resources.items():
             if key not in named:
                 named[key] = (None if self.resources else from_version(value)) or value
+        if POLICY in named and MAIN_LLM not in named:  # the trained model under the write-ups' key; its old key answers too
+            return _Named({**named, MAIN_LLM: named[POLICY]}, aliases={POLICY: MAIN_LLM})
         return named
 
     def rollout(self, task: Any, resources: Mapping[str, Any], rollout: RolloutContext) -> float | None:
@@ -102,6 +119,32 @@ class Adapted(AttemptRunner):
 
 async def _await(aw: Any) -> Any:
     return await aw
+
+
+class _Named(dict):  # type: ignore[type-arg]
+    """An agent's resources where an old key still answers, for one release: reading it says once which key it is now
+    (``resources["policy"]`` → ``resources["main_llm"]``)."""
+
+    warned: set[str] = set()
+
+    def __init__(self, items: Mapping[str, Any], aliases: Mapping[str, str]) -> None:
+        super().__init__(items)
+        self.aliases = dict(aliases)
+
+    def _said(self, key: Any) -> None:
+        if key in self.aliases and key not in _Named.warned:
+            _Named.warned.add(key)
+            log.warning("resources[%r] is resources[%r] under its old name; the old name goes in the next release",
+                        key, self.aliases[key])
+
+    def __getitem__(self, key: Any) -> Any:
+        self._said(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            self._said(key)
+        return super().get(key, default)
 
 
 __all__ = ["LitAgent", "Adapted", "check_agent"]

@@ -79,7 +79,10 @@ def _named_agent(module: str, qualname: str, strip_proxy: bool) -> FunctionalLit
 
 
 def _first(resources: Mapping[str, Any], kind: type, what: str) -> Any:
-    found = [(name, value) for name, value in resources.items() if isinstance(value, kind)]
+    found: list[tuple[str, Any]] = []
+    for name, value in resources.items():  # one resource under two keys (main_llm and its old key) counts once
+        if isinstance(value, kind) and all(value is not v for _, v in found):
+            found.append((name, value))
     if not found:
         raise ValueError(f"no {what} resource among the rollout's resources ({', '.join(resources) or 'none'})")
     if len(found) > 1:

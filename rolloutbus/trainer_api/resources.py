@@ -43,6 +43,8 @@ class PromptTemplate:
 
     template: str
     engine: str = "f-string"
+    # The rest of its version's config on rb.resources (e.g. the SQL demo's few-shot ``examples``), kept for the agent.
+    extra: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def format(self, **kwargs: Any) -> str:
         if self.engine != "f-string":
@@ -52,12 +54,13 @@ class PromptTemplate:
 
     def config(self) -> dict[str, str]:
         """The resource version's config (``rb.resources``; what ``optimize-prompt`` rewrites: ``template``)."""
-        return {"template": self.template, "engine": self.engine}
+        return {**self.extra, "template": self.template, "engine": self.engine}
 
     @classmethod
     def from_config(cls, config: Mapping[str, str], engine: str = "f-string") -> PromptTemplate:
         """A version's config as the agent sees it; a config without an engine keeps ``engine``."""
-        return cls(template=config.get("template", ""), engine=config.get("engine") or engine)
+        return cls(template=config.get("template", ""), engine=config.get("engine") or engine,
+                   extra={k: v for k, v in config.items() if k not in ("template", "engine")})
 
 
 NamedResources = Mapping[str, Any]
@@ -76,7 +79,8 @@ def from_version(rv: Any) -> LLM | PromptTemplate | None:
     if mapped is None:
         return None
     if mapped["resource_type"] == "prompt_template":
-        return PromptTemplate(template=mapped["template"], engine=mapped["engine"])
+        extra = {k: v for k, v in (getattr(rv, "config", None) or {}).items() if k not in ("template", "engine")}
+        return PromptTemplate(template=mapped["template"], engine=mapped["engine"], extra=extra)
     return LLM(endpoint=mapped["endpoint"], model=mapped["model"], sampling_parameters=mapped["sampling_parameters"],
                proxied=mapped["resource_type"] == "proxy_llm")
 

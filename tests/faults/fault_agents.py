@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from producers import emit_llm_call, emit_state
-from producers.litagent import LitAgent
+from rolloutbus import LitAgent
 
 
 class Steady(LitAgent):

@@ -32,7 +32,7 @@ AGENT = r'''
 import importlib.util, json
 from opentelemetry.sdk.trace import TracerProvider
 from producers import emit_llm_call, emit_message, emit_reward, emit_tool_call, get_transport, rollout
-from producers.litagent import LitAgent
+from rolloutbus import LitAgent
 from producers.otel import RolloutSpanProcessor
 
 provider = TracerProvider()

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from producers import SpanTransport, emit_state
-from producers.litagent import LitAgent
+from rolloutbus import LitAgent
 from producers.runner import TaskRunner
 from producers.tasks_cli import parse_tasks
 from producers_testkit import consume_all
@@ -32,7 +32,7 @@ class Flaky(LitAgent):
         self.versions: list[int] = []
 
     async def rollout(self, task: Any, resources: Any, rollout: Any) -> float:
-        self.versions.append(resources["policy"].version)
+        self.versions.append(resources["main_llm"].version)
         emit_state(task)
         if task.get("flaky") and rollout.rollout_id not in self.failed:
             self.failed.add(rollout.rollout_id)
@@ -54,7 +54,7 @@ def test_runner_runs_groups_retries_and_commits(kafka_conf: dict[str, Any], topi
     transport = SpanTransport(kafka_conf, topics.spans, tmp_path / "spool")
     agent = Flaky()
     group = f"runners-{uuid.uuid4().hex[:6]}"
-    runner = TaskRunner(agent, kafka_conf, topics, transport, group=group, concurrency=3, max_attempts=2, timeout_s=30, heartbeat_s=None)
+    runner = TaskRunner(agent.as_runner_agent(), kafka_conf, topics, transport, group=group, concurrency=3, max_attempts=2, timeout_s=30, heartbeat_s=None)
     assert runner.resources.ready.wait(15)
     stats = asyncio.run(runner.run(idle_exit_s=3))
     runner.resources.stop()

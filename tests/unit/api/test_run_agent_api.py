@@ -10,7 +10,7 @@ import types
 from typing import Any
 
 import rolloutbus as agl
-from producers.litagent import LitAgent as AttemptRunner
+from producers.litagent import AttemptRunner
 from producers.runner import load_agent
 from schemas.models import ResourceVersion
 from tests.unit.producers.test_context_emit import Recorder
@@ -20,7 +20,7 @@ SEEN: list[Any] = []
 
 class Reads(agl.LitAgent[dict]):
     def rollout(self, task: dict, resources: Any, rollout: Any) -> float:
-        SEEN.append((resources["policy"], resources["prompt"], rollout.mode))
+        SEEN.append((resources["main_llm"], resources["prompt"], rollout.mode))
         return 1.0
 
 
@@ -64,3 +64,27 @@ def test_a_model_version_without_an_endpoint_stays_the_record() -> None:
     assert from_version(rv.model_copy(update={"config": {"endpoint": "http://x/v1", "resource_type": "llm",
                                                           "sampling_parameters": '{"temperature": 0.2}'}})) == \
         agl.LLM(endpoint="http://x/v1", model="policy", sampling_parameters={"temperature": 0.2}, proxied=False)
+
+
+def test_the_trained_model_is_main_llm_and_its_old_key_answers_with_a_warning_once(caplog: Any) -> None:
+    """One agent class: the model being trained (``policy`` on rb.resources) is ``resources["main_llm"]``; the key the
+    agent library's class read it by, ``policy``, answers the same object for one release and says so once."""
+    import logging
+
+    from rolloutbus.trainer_api.agent import _Named
+
+    got: list[Any] = []
+
+    class Old(agl.LitAgent[dict]):
+        def rollout(self, task: dict, resources: Any, rollout: Any) -> float:
+            got.append((resources["main_llm"], resources["policy"], resources.get("policy"), sorted(resources)))
+            return 1.0
+
+    _Named.warned.clear()
+    with caplog.at_level(logging.WARNING, logger="rolloutbus.trainer_api.agent"):
+        for _ in range(2):
+            assert Old().run({"q": 1}, bus(), task_id="t", transport=Recorder()).status == "succeeded"
+    main, old, old_get, keys = got[0]
+    assert main is old is old_get and isinstance(main, agl.LLM) and keys == ["main_llm", "policy", "prompt"]
+    said = [r.getMessage() for r in caplog.records if "old name" in r.getMessage()]
+    assert said == ["resources['policy'] is resources['main_llm'] under its old name; the old name goes in the next release"]

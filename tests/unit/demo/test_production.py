@@ -50,7 +50,7 @@ def test_a_refused_send_is_not_counted_as_sent() -> None:
 
 
 def test_the_served_agent_records_no_reward_and_hands_the_verdict_to_the_user() -> None:
-    from producers.litagent import LitAgent
+    from rolloutbus import LitAgent
 
     class Inner(LitAgent):
         name = "inner"

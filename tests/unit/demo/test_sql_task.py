@@ -14,6 +14,7 @@ from foundation.errors import ConfigError
 from producers import rollout
 from rolloutbus.demo import sql
 from rolloutbus.demo.sql_agent import MAX_REWRITES, SQLAgent
+from rolloutbus.trainer_api.resources import from_version
 from schemas import ResourceVersion
 
 OTHERS = [name for name in sql.DATABASES if name != "company"]
@@ -174,7 +175,7 @@ class _Spans:
 
 
 def _run(agent: SQLAgent, q: sql.Question, replies: list[str], mode: str = "train",
-         resources: dict[str, ResourceVersion] | None = None) -> tuple[float, list[dict[str, Any]], _Spans]:
+         resources: dict[str, Any] | None = None) -> tuple[float, list[dict[str, Any]], _Spans]:
     _FakeOpenAI.replies, _FakeOpenAI.calls = list(replies), []
     spans = _Spans()
     with rollout("t", mode=mode, transport=spans) as r:  # type: ignore[arg-type]
@@ -226,8 +227,9 @@ def test_agent_uses_a_prompt_resource_with_the_question_schema() -> None:
     q = sql.questions("cinema")[0]
     prompt = ResourceVersion(name="prompt", version=2, kind="prompt_template", created_ns=1,
                              config=sql.prompt_config("Write SQLite for {schema}", None))
+    # As the runner hands it over: a PromptTemplate carrying its version's whole config (template and examples).
     reward, calls, spans = _run(SQLAgent(max_rewrites=0), q, ["SELECT title FROM films WHERE 1 = 0"],
-                                resources={"prompt": prompt})
+                                resources={"prompt": from_version(prompt)})
     assert reward == 0.0 and calls[0]["messages"][0]["content"] == "Write SQLite for " + sql.schema("cinema")
     assert calls[0]["messages"][1]["content"] == sql.example_pairs("cinema")[0][0]
     assert any(r["kind"] == "validator" for name, r in spans.records if name == "rolloutbus.Span"), "an empty result"

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from producers import arollout, emit_exception, emit_llm_call, emit_message, emit_reward, emit_state, emit_tool_call, rollout
-from producers.litagent import LitAgent, litagent
+from producers.litagent import litagent
+from rolloutbus import LitAgent
 from foundation.errors import RolloutContextError
 from schemas.codec import decode, encode_raw, unpack_tokens
 from schemas.models import RolloutEvent, Span
