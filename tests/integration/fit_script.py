@@ -29,7 +29,8 @@ if __name__ == "__main__":
 '''
 
 
-GRPO = "agl.GRPO(group_size=2, groups_per_step=1, max_steps=MAX_STEPS, minutes=4, skip_zero_variance=False)"
+# minutes: a cap for a loaded machine (CI under xdist once took over 4 to reach the first step); MAX_STEPS ends it first.
+GRPO = "agl.GRPO(group_size=2, groups_per_step=1, max_steps=MAX_STEPS, minutes=6, skip_zero_variance=False)"
 
 # The write-ups' verl configuration (their SQL agent's keys and shape), sized for the tiny model and one step.
 VERL = """agl.VERL({

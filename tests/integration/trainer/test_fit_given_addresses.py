@@ -20,7 +20,7 @@ import pytest
 from tests.integration.fit_script import fit_script
 from tests.integration.store.conftest import start_store
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(780)]
 
 SCRIPT = fit_script(max_steps=2, test_rows=2)
 
@@ -93,7 +93,7 @@ def test_fit_on_given_addresses_trains_in_its_own_namespace_and_leaves_the_other
         script, out = tmp_path / "given.py", tmp_path / "out"
         script.write_text(SCRIPT)
         proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=540)
+                              timeout=660)
         logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((out / "logs").glob("*.log"))) \
             if (out / "logs").exists() else ""
         assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}"
