@@ -25,6 +25,8 @@ _FLAGS: dict[str, str] = {
     "max_staleness": "max_staleness",
     "min_version": "min_version",
     "stale_weight": "stale_weight",
+    "backlog": "backlog",
+    "backlog_window": "backlog_window",
     "lr": "lr",
     "loss_agg": "loss_agg",
     "policy_loss": "policy_loss",
@@ -41,6 +43,7 @@ _FLAGS: dict[str, str] = {
     "report_to": "report_to",
     "tracker_dir": "tracker_dir",
     "train_layers": "train_layers",
+    "share_prompts": "share_prompts",
     "skip_zero_variance": "skip_zero_variance",
     "validation_tasks": "validation_tasks",
     "validate_every": "validate_every",
@@ -77,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-version", type=int, help="drop batches served by a version below this one, whatever their lag: the "
                    "policy that served them was replaced")
     p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag")
+    p.add_argument("--backlog", choices=["oldest", "newest", "sample"], help="which groups a step takes when more wait than "
+                   "it trains on: oldest (in order), newest (the newest versions' groups, older ones skipped), sample (uniform)")
+    p.add_argument("--backlog-window", type=int, help="with --backlog newest or sample: groups read ahead of a step to choose from")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
     p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation")
     p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip, decoupled (AReaL's, for stale batches), verl:<name> (verl's), or a registered one (ROLLOUTBUS_PLUGINS imports modules that register more)")
@@ -99,6 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the tiny model and torch")
     p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
     p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all")
+    p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
+                   help="compute a group's shared prompt once per micro-batch, the same step (on unless --no-share-prompts)")
     p.add_argument("--skip-zero-variance", action="store_true", default=None,
                    help="drop groups whose rewards are all equal, so a step waits for groups that teach")
     p.add_argument("--validation-tasks", help="validation set, JSONL of task inputs: published as mode-test tasks for each new "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import time
 import uuid
@@ -62,6 +63,29 @@ def staleness_weight(batch_version: int | None, current_version: int, max_stalen
     return 1.0
 
 
+BACKLOG_POLICIES = ("oldest", "newest", "sample")
+
+
+def select_backlog(pending: list[tuple[GroupBatch, float]], n: int, policy: str,
+                   rng: random.Random) -> tuple[list[tuple[GroupBatch, float]], list[tuple[GroupBatch, float]]]:
+    """The ``n`` groups a step trains on out of what waits (in the order they came), and the groups it skips.
+
+    ``oldest``: the first ``n``, the rest wait for the next step (what the trainer did before there was a choice);
+    ``newest``: the ``n`` sampled under the newest versions, the latest arrivals among equals, the rest skipped;
+    ``sample``: ``n`` drawn uniformly, the rest skipped."""
+    if policy not in BACKLOG_POLICIES:
+        raise ValueError(f"backlog policy must be one of {BACKLOG_POLICIES}, got {policy!r}")
+    if len(pending) <= n or policy == "oldest":
+        return pending[:n], []
+    if policy == "newest":
+        ranked = sorted(range(len(pending)), key=lambda i: (-1 if pending[i][0].resource_version is None
+                                                            else pending[i][0].resource_version, i))
+        chosen = set(ranked[-n:])
+    else:
+        chosen = set(rng.sample(range(len(pending)), n))
+    return ([p for i, p in enumerate(pending) if i in chosen], [p for i, p in enumerate(pending) if i not in chosen])
+
+
 def crash_point(point: str, step: int) -> None:
     """Test hook: SIGKILL ourselves at ``point`` of ``step`` when the env var asks for it."""
     want = os.environ.get(CRASH_ENV)
@@ -81,6 +105,7 @@ class Counters:
     downweighted_stale: int = 0
     unversioned: int = 0
     dropped_zero_variance: int = 0
+    skipped_backlog: int = 0
     dead_lettered: int = 0
     decode_s: float = 0.0
 
@@ -92,6 +117,7 @@ class Counters:
             "batches_downweighted_stale": float(self.downweighted_stale),
             "batches_unversioned": float(self.unversioned),
             "batches_dropped_zero_variance": float(self.dropped_zero_variance),
+            "batches_skipped_backlog": float(self.skipped_backlog),
             "batches_dead_lettered": float(self.dead_lettered),
         }
 
@@ -205,6 +231,7 @@ class Trainer:
             micro_batch_tokens=micro_batch_tokens(settings.micro_batch_tokens, self.device), ref_model=ref,
             temperature=settings.train_temperature, pad_id=self.tok.pad_id,
             autocast=resolve_precision(settings.train_precision, self.device), ranks=self.ranks,
+            share_prefix=settings.share_prompts,
         )
         log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
@@ -227,6 +254,7 @@ class Trainer:
             elif opt is not None:
                 self.backend.load_optimizer_state(opt)
         self.counters = Counters()
+        self._backlog_rng = random.Random(settings.train_seed)
         self.pending: list[tuple[GroupBatch, float]] = []
         self._producer: Any = None
         self._consumer: Any = None
@@ -555,6 +583,7 @@ class Trainer:
                 self.handle(msg)
                 self.health.batch_read()
                 if len(self.pending) >= self.s.groups_per_step:
+                    self._choose(consumer)
                     self.train_step()
                     self.health.step_done(self.state.version)
                     done += 1
@@ -567,6 +596,25 @@ class Trainer:
             signal.signal(signal.SIGTERM, old)
             self.close()
         return done
+
+    def _choose(self, consumer: Any) -> None:
+        """Keep in ``pending`` the groups this step trains on (``--backlog``). A policy other than ``oldest`` first reads
+        what is already waiting on rb.batches (up to ``backlog_window`` groups, without waiting): a trainer that keeps
+        up finds nothing more and trains on what came, one that is behind chooses among what waits."""
+        if self.s.backlog != "oldest":
+            while len(self.pending) < self.s.backlog_window:
+                msg = consumer.poll(0)
+                if msg is None:
+                    break
+                if msg.error():
+                    if msg.error().fatal():
+                        raise KafkaUnavailable(f"consumer failed: {msg.error()}")
+                    continue
+                self.handle(msg)
+                self.health.batch_read()
+        chosen, skipped = select_backlog(self.pending, self.s.groups_per_step, self.s.backlog, self._backlog_rng)
+        self.counters.skipped_backlog += len(skipped)
+        self.pending[:] = chosen
 
     def _save(self, manifest: Any) -> Any:
         """A checkpoint of the weights and the optimizer state. On several ranks (every rank takes part) the weights

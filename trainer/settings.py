@@ -43,6 +43,12 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     max_staleness: int = Field(default=4, ge=0, description="Drop batches sampled more than this many versions ago.")
     min_version: int = Field(default=0, ge=0, description="Drop batches served by a version below this one.")
     stale_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="Loss weight of batches exactly max_staleness old.")
+    backlog: Literal["oldest", "newest", "sample"] = Field(
+        default="oldest", description="Which groups a step takes when more are waiting than it trains on (a trainer slower "
+        "than generation): oldest (in order, as they came), newest (the most recent versions' groups; the older ones are "
+        "skipped), sample (a uniform sample of what waits; the rest skipped).")
+    backlog_window: int = Field(default=64, ge=1, description="With backlog newest or sample: groups read ahead of a step, "
+                                "at most, to choose from (what is read and not chosen is skipped, counted).")
     lr: float = Field(default=5e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0.0)
     max_grad_norm: float = Field(default=1.0, gt=0.0)
@@ -75,6 +81,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     idle_exit_s: float = Field(default=0.0, ge=0, description="Exit after this long without new batches (0: never).")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads (0: torch's default).")
     train_layers: int = Field(default=0, ge=0, description="Train only the top N decoder layers (0: every parameter).")
+    share_prompts: bool = Field(default=True, description="Run a group's shared prompt (a multi-turn one's shared history) "
+                                "through the policy and the reference once per micro-batch, its rows continuing from it: "
+                                "the same step, fewer positions computed (not with activation checkpointing).")
     skip_zero_variance: bool = Field(default=False, description="Drop groups whose rewards are all equal (their advantages are "
                                      "all 0: DAPO's dynamic sampling), so each step is made of groups that teach.")
     validation_tasks: Path | None = Field(default=None, description="A validation set (JSONL, one task input per line) "

@@ -61,4 +61,26 @@ def sample_groups(
     return groups
 
 
-__all__ = ["sample_groups"]
+
+def prompt_groups(vocab: int, n_groups: int, group_size: int, prompt_tokens: int, response_tokens: int, seed: int = 0) -> list[GroupBatch]:
+    """Groups of random token ids: each group's rollouts share a prompt of ``prompt_tokens`` and have their own response
+    of about ``response_tokens`` (behaviour log-probs -5, advantages +-1): the trainer's shape without a sampler."""
+    rng = random.Random(seed)
+    low = min(100, vocab // 4)
+    groups = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(low, vocab) for _ in range(prompt_tokens)]
+        ts = []
+        for i in range(group_size):
+            n = max(1, response_tokens + rng.randint(-response_tokens // 4, response_tokens // 4))
+            resp = [rng.randrange(low, vocab) for _ in range(n)]
+            ts.append(Transition(rollout_id=f"r{g}-{i}", attempt_id=f"a{g}-{i}", task_id=f"t{g}", span_id=f"s{g}-{i}", turn=0,
+                                 prompt_token_ids=prompt, response_token_ids=resp, response_logprobs=[-5.0] * n,
+                                 response_mask=[1] * n, reward=float(i % 2), return_=float(i % 2), advantage=1.0 if i % 2 else -1.0))
+        groups.append(GroupBatch(group_id=f"g{g}", task_id=f"t{g}", created_ns=0, group_size=group_size,
+                                 rollout_ids=[t.rollout_id for t in ts], rewards=[t.reward for t in ts],
+                                 advantages=[t.advantage for t in ts], transitions=ts))
+    return groups
+
+
+__all__ = ["prompt_groups", "sample_groups"]

@@ -92,6 +92,89 @@ def micro_batches(samples: Sequence[Sample], micro_batch_tokens: int) -> list[li
     return out
 
 
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a forward of their own
+# Nor a run that saves fewer positions than MIN_SAVED_POSITIONS, or than SHARE_BREAK_EVEN / the model's parameters: the
+# prefix's own forward and a micro-batch per run cost about the same however small the model, what they save is in
+# proportion to its size (tokens per CPU-second, shared over whole, groups of 4, bench/bench_trainer_tokens.py: the
+# calculator's 0.34M-parameter model 0.78x at 48-token prompts, 1.46x at 128, 2.50x at 400; SmolLM2-135M 1.14x at 40,
+# 1.27x at 64, 2.32x at 256).
+MIN_SAVED_POSITIONS = 32
+SHARE_BREAK_EVEN = 1e8  # parameter-positions: 293 positions for the calculator's model, MIN_SAVED_POSITIONS for SmolLM2
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def first_scored(s: Sample) -> int:
+    """The first position whose logit the loss reads (it predicts the first trained token); a shared prefix
+    must end before it, so every logit needed comes from the rows' own forward."""
+    try:
+        return s.mask.index(1) - 1
+    except ValueError:
+        return len(s.ids) - 1
+
+
+def shared_batches(samples: Sequence[Sample], micro_batch_tokens: int,
+                   min_saved: int = MIN_SAVED_POSITIONS) -> list[tuple[int, list[Sample]]]:
+    """Micro-batches of rows that share a prefix, each with the length of that prefix (0: none shared).
+
+    The rollouts of a group share their prompt (a single-turn task's whole prompt, a multi-turn one's growing
+    history). Sorted by their tokens, rows that share a prefix lie next to each other; the sorted list is cut into
+    runs that save the most positions (a run of ``k`` rows sharing ``p`` tokens saves ``(k - 1) * p``; shares under
+    :data:`MIN_SHARED_PREFIX` tokens and runs saving under ``min_saved`` positions count for nothing), a shared prefix
+    ending before any row's first scored position.
+    A run is packed so that ``prefix + rows * (width - prefix) <= micro_batch_tokens``, its prefix computed once
+    per micro-batch; rows that share with no one are packed as :func:`micro_batches` packs them."""
+    order = sorted(samples, key=lambda s: s.ids)
+    n = len(order)
+    lcp = [_common_prefix(order[i - 1].ids, order[i].ids) for i in range(1, n)]
+    best = [0] * (n + 1)  # best[j]: the most positions saved over order[:j]
+    cut = [0] * (n + 1)  # where the last run of order[:j] starts
+    for j in range(1, n + 1):
+        best[j], cut[j] = best[j - 1], j - 1
+        shared = first_scored(order[j - 1])
+        for i in range(j - 2, -1, -1):  # the run order[i:j]
+            shared = min(shared, lcp[i], first_scored(order[i]))
+            if shared < MIN_SHARED_PREFIX:
+                break
+            if (j - i - 1) * shared >= min_saved and best[i] + (j - i - 1) * shared > best[j]:
+                best[j], cut[j] = best[i] + (j - i - 1) * shared, i
+    runs: list[tuple[int, list[Sample]]] = []
+    j = n
+    while j > 0:
+        i = cut[j]
+        run = order[i:j]
+        runs.append((min([first_scored(s) for s in run] + lcp[i:j - 1]) if j - i > 1 else 0, run))
+        j = i
+    out: list[tuple[int, list[Sample]]] = []
+    alone: list[Sample] = []
+    for shared, members in reversed(runs):
+        if not shared:
+            alone.extend(members)
+            continue
+        cur: list[Sample] = []
+        width = 0
+        for s in sorted(members, key=lambda s: len(s.ids), reverse=True):
+            w = max(width, len(s.ids))
+            if cur and shared + (w - shared) * (len(cur) + 1) > micro_batch_tokens:
+                out.append((shared if len(cur) > 1 else 0, cur))
+                cur, w = [], len(s.ids)
+            cur.append(s)
+            width = w
+        out.append((shared if len(cur) > 1 else 0, cur))
+    return out + [(0, mb) for mb in micro_batches(alone, micro_batch_tokens)]
+
+
+def computed_tokens(batches: Sequence[tuple[int, Sequence[Sample]]]) -> int:
+    """Positions the forward passes run over, padding included: a shared prefix once per micro-batch."""
+    return sum(prefix + len(mb) * (max(len(s.ids) for s in mb) - prefix) for prefix, mb in batches)
+
+
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Rows → right-padded tensors: input_ids, attention_mask, loss_mask, old_logp, has_old, advantages, weights."""
     n, width = len(samples), max(len(s.ids) for s in samples)
@@ -120,13 +203,20 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device | str =
 
 
 def masked_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                    temperature: float = 1.0, through_root: bool = False) -> torch.Tensor:
+                    temperature: float = 1.0, through_root: bool = False, prefix: int = 0, lockstep: bool = False) -> torch.Tensor:
     """:func:`token_logprobs` where ``loss_mask`` is 1, zero elsewhere — with the LM head applied to those
     positions only.
 
     A response is a few dozen tokens after a prompt of hundreds; projecting every position onto the
     vocabulary (49k wide for a real tokenizer) was most of a step's compute and memory. Exact: the same
     numbers at the masked positions. Models without a separable decoder/head fall back to full logits.
+
+    ``prefix`` > 0: the rows' first ``prefix`` tokens are the same (:func:`shared_batches`) and end before the
+    first scored position. They run through the model once, as one row; the rows continue from its keys and
+    values, repeated per row, and the gradient of every row flows back into that one computation. The same
+    numbers as running each row whole, to float rounding. ``lockstep`` (several ranks sharing prefixes): ranks run the
+    same forwards in the same order, FSDP2's gathers being collective, so a micro-batch that shares nothing makes the
+    first call too, on one token.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -134,19 +224,36 @@ def masked_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
         return token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits, input_ids,
                               temperature)
     rows, cols = torch.nonzero(loss_mask[:, 1:] > 0, as_tuple=True)  # position t-1 predicts token t
+    if prefix and (bool((cols < prefix).any()) or not bool(attention_mask[:, :prefix].all())):
+        raise ValueError(f"a shared prefix of {prefix} tokens must end before the first scored position")
+    kw: dict[str, Any] = {}
+    first = None
+    if prefix:
+        # FSDP2 gathers the root's parameters in the root's forward only: on several ranks both parts go through it.
+        run = model if through_root else decoder
+        first = run(input_ids=input_ids[:1, :prefix], use_cache=True, **({"logits_to_keep": 1} if through_root else {}))
+        cache = first.past_key_values
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        kw = {"past_key_values": cache, "use_cache": True}
+    elif through_root and lockstep:
+        first = model(input_ids=input_ids[:1, :1], use_cache=False, logits_to_keep=1)
+    ids = input_ids[:, prefix:]
     if through_root:
-        # FSDP2 gathers the root's parameters (embeddings, norm, head) in the root's forward only: call it, with the
-        # head applied to the columns some row needs (HF's logits_to_keep), then pick each row's positions.
+        # HF's logits_to_keep applies the head to the columns some row needs; then pick each row's positions.
         keep = torch.unique(cols)
-        full = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep).logits
+        full = model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=keep - prefix, **({"use_cache": False} | kw)).logits
         logits = full[rows, torch.searchsorted(keep, cols)].float()
     else:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        logits = head(hidden[rows, cols]).float()
+        hidden = decoder(input_ids=ids, attention_mask=attention_mask, **({"use_cache": False} | kw)).last_hidden_state
+        logits = head(hidden[rows, cols - prefix]).float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[rows, cols + 1]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if first is not None and through_root:
+        # FSDP2 gathers a module's parameters for backward when a gradient reaches that forward's output; the prefix's
+        # output reaches the loss only through the keys and values (not a tensor it hooks), so its logits join it at 0.
+        picked = picked + 0.0 * first.logits.float().sum()
     out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((rows, cols + 1), picked)
 
@@ -190,6 +297,7 @@ class TorchGRPOBackend:
         pad_id: int = 0,
         autocast: torch.dtype | None = None,
         ranks: Any | None = None,
+        share_prefix: bool = True,
     ) -> None:
         if micro_batch_tokens <= 0:
             raise TrainingError("micro_batch_tokens must be > 0")
@@ -206,6 +314,10 @@ class TorchGRPOBackend:
         self.pad_id = pad_id
         self.autocast = autocast
         self.ranks = ranks  # a trainer.distributed.Ranks when the model is sharded over several processes
+        # A group's shared prompt once per micro-batch (shared_batches). Not under activation checkpointing, where HF
+        # models run without the keys and values the rows would continue from.
+        self.share_prefix = share_prefix and not getattr(model, "is_gradient_checkpointing", False)
+        self.min_shared_saving = max(MIN_SAVED_POSITIONS, math.ceil(SHARE_BREAK_EVEN / max(sum(p.numel() for p in model.parameters()), 1)))
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
     @property
@@ -218,12 +330,14 @@ class TorchGRPOBackend:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
     def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
-                   loss_scale: float = 1.0, padding: Sequence[list[Sample]] = ()) -> dict[str, float]:
+                   loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False) -> dict[str, float]:
         """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
 
         ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
         ``loss_scale`` multiplies each loss before backward (the ranks' count, where FSDP averages gradients);
-        ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest)."""
+        ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest);
+        ``lockstep``: some rank shares a prefix, so every micro-batch makes two forward calls
+        (:func:`masked_logprobs`)."""
         num_seqs = float(len(samples)) if num_seqs is None else num_seqs
         num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
@@ -232,19 +346,20 @@ class TorchGRPOBackend:
         data_time = 0.0
         self.model.train()
         through_root = self.ranks is not None
-        batches = [(mb, 1.0) for mb in micro_batches(samples, self.micro_batch_tokens)] + [(mb, 0.0) for mb in padding]
-        for mb, weight in batches:
+        packed = self.pack(samples)
+        batches = [(prefix, mb, 1.0) for prefix, mb in packed] + [(0, mb, 0.0) for mb in padding]
+        for prefix, mb, weight in batches:
             t0 = time.perf_counter()
             b = collate(mb, self.pad_id, self.device)
             data_time += time.perf_counter() - t0
             with self._forward_precision():
                 logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
-                                       through_root)
+                                       through_root, prefix, lockstep)
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
                         ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
-                                              through_root)  # a sharded reference (several ranks) as the policy
+                                              through_root, prefix, lockstep)  # a sharded reference (several ranks) as the policy
             old = torch.where(b["has_old"], b["old_logp"], logp.detach())
             loss, m = grpo_loss(
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
@@ -269,9 +384,16 @@ class TorchGRPOBackend:
             "micro_batches": float(mbs),
             "response_tokens": num_tokens,
             "tokens": float(sum(len(s.ids) for s in samples)),
+            "tokens_computed": float(computed_tokens(packed)),
             "samples": num_seqs,
             "collate_time_s": data_time,
         }
+
+    def pack(self, samples: Sequence[Sample]) -> list[tuple[int, list[Sample]]]:
+        """Micro-batches and the prefix each shares (:func:`shared_batches`; all 0 with ``share_prefix`` off)."""
+        if self.share_prefix:
+            return shared_batches(samples, self.micro_batch_tokens, self.min_shared_saving)
+        return [(0, mb) for mb in micro_batches(samples, self.micro_batch_tokens)]
 
     def step(self, groups: Sequence[GroupBatch], weights: Sequence[float] | None = None) -> dict[str, float]:
         """One optimiser step on ``groups`` (``weights``: per-group loss weight, e.g. staleness)."""
@@ -309,20 +431,23 @@ class TorchGRPOBackend:
         return metrics
 
     def _accumulate_share(self, samples: list[Sample]) -> dict[str, float]:
-        """This rank's share of the batch (samples ``rank::world``) through :meth:`accumulate`, normalised by the
-        whole batch, as many micro-batches as the busiest rank; the metrics are the whole batch's."""
+        """This rank's share of the batch through :meth:`accumulate`, normalised by the whole batch, as many
+        micro-batches as the busiest rank; the metrics are the whole batch's. The share is a contiguous block of the
+        rows sorted by their tokens, so that a group's rows (which share its prompt) stay on one rank."""
         from trainer import distributed
 
         ranks = self.ranks
-        share = samples[ranks.rank::ranks.world]
-        mine = len(micro_batches(share, self.micro_batch_tokens))
-        most = int(distributed.all_reduce({"n": float(mine)}, "max")["n"])
+        order = sorted(samples, key=lambda s: s.ids)
+        share = order[ranks.rank * len(order) // ranks.world:(ranks.rank + 1) * len(order) // ranks.world]
+        packed = self.pack(share)
+        most = distributed.all_reduce({"n": float(len(packed)), "shared": float(any(p for p, _ in packed))}, "max")
         filler = share[:1] or samples[:1]
         m = self.accumulate(share, num_seqs=float(len(samples)), num_tokens=float(sum(sum(s.mask) for s in samples)),
-                            loss_scale=float(ranks.world), padding=[filler] * (most - mine))
+                            loss_scale=float(ranks.world), padding=[filler] * (int(most["n"]) - len(packed)),
+                            lockstep=bool(most["shared"]))
         # loss, pg_loss and the token means are each rank's part of the whole batch's (normalised by its counts)
         summed = distributed.all_reduce({k: m[k] for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "micro_batches",
-                                                           "tokens", "collate_time_s")})
+                                                           "tokens", "tokens_computed", "collate_time_s")})
         return {**m, **summed,
                 "ratio_max": distributed.all_reduce({"r": m["ratio_max"]}, "max")["r"],
                 "ratio_min": distributed.all_reduce({"r": m["ratio_min"]}, "min")["r"], "samples": float(len(samples))}
@@ -356,4 +481,5 @@ class TorchGRPOBackend:
             raise TrainingError(f"optimizer state does not match the model: {exc}") from exc
 
 
-__all__ = ["Sample", "BuildReport", "TorchGRPOBackend", "collate", "group_stats", "masked_logprobs", "micro_batches", "samples_from_groups"]
+__all__ = ["MIN_SAVED_POSITIONS", "MIN_SHARED_PREFIX", "SHARE_BREAK_EVEN", "Sample", "BuildReport", "TorchGRPOBackend", "collate", "computed_tokens", "group_stats",
+           "masked_logprobs", "micro_batches", "samples_from_groups", "shared_batches"]

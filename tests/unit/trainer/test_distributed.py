@@ -19,21 +19,24 @@ import torch.multiprocessing as mp
 
 from trainer.grpo import GRPOConfig
 from trainer.model import build_tiny
-from trainer.synthetic import sample_groups
+from trainer.synthetic import prompt_groups, sample_groups
 from trainer.torch_backend import TorchGRPOBackend
 
 TOL = 1e-5  # largest |difference| of a gradient entry or a weight; the gradients are O(1e-2)
 
 
-def _batch() -> list:
+def _batch(shared: bool = False) -> list:
     model, tok = build_tiny(seed=0)
-    # 3 groups of 3: 9 samples, an odd count (rank 0 gets 5, rank 1 gets 4), of varied lengths
+    if shared:  # 3 groups of 3 sharing 200-token prompts: each rank computes a prompt once for its rows of a group
+        return prompt_groups(len(tok), n_groups=3, group_size=3, prompt_tokens=200, response_tokens=8, seed=5)
+    # 3 groups of 3: 9 samples, an odd count (rank 0 gets 4, rank 1 gets 5), of varied lengths
     return sample_groups(model, tok, n_groups=3, group_size=3, max_new_tokens=12, seed=5)
 
 
-def _backend(model: object, ranks: object = None, ref: object = None) -> TorchGRPOBackend:
+def _backend(model: object, ranks: object = None, ref: object = None, shared: bool = False) -> TorchGRPOBackend:
     return TorchGRPOBackend(model, grpo=GRPOConfig(loss_agg="grpo", kl_beta=0.1 if ref is not None else 0.0), lr=1e-3,
-                            max_grad_norm=1e9, micro_batch_tokens=64, pad_id=0, ranks=ranks, ref_model=ref)
+                            max_grad_norm=1e9, micro_batch_tokens=512 if shared else 64, pad_id=0, ranks=ranks, ref_model=ref,
+                            share_prefix=shared and ranks is not None)
 
 
 def _reference(kl: bool) -> object:
@@ -55,7 +58,7 @@ def _model(lora: bool) -> object:
     return model
 
 
-def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = False) -> None:
+def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = False, shared: bool = False) -> None:
     import torch.distributed as dist
 
     from trainer import distributed
@@ -68,8 +71,8 @@ def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = Fal
         ref = _reference(kl)
         if ref is not None:
             distributed.shard(ref)  # the reference sharded as the trainer shards it
-        backend = _backend(model, distributed.Ranks(rank, world), ref)
-        groups = _batch()
+        backend = _backend(model, distributed.Ranks(rank, world), ref, shared)
+        groups = _batch(shared)
         metrics = backend.step(groups)
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
         weights = distributed.full_state_dict(model)
@@ -79,19 +82,21 @@ def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = Fal
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("lora", "kl"), [(False, False), (True, False), (False, True)], ids=["full", "lora", "full-kl"])
-def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool) -> None:
+@pytest.mark.parametrize(("lora", "kl", "shared"), [(False, False, False), (True, False, False), (False, True, False),
+                                                    (False, True, True)], ids=["full", "lora", "full-kl", "full-kl-shared-prompts"])
+def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool, shared: bool) -> None:
+    """``shared``: the ranks compute each group's prompt once (policy and reference), the one device runs whole rows."""
     torch.set_num_threads(1)
     model = _model(lora)
     before = copy.deepcopy(model.state_dict())
     backend = _backend(model, ref=_reference(kl))
-    one = backend.step(_batch())
+    one = backend.step(_batch(shared))
     one_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     adapters = sum("lora_" in n for n, _ in model.named_parameters())
     assert len(one_grads) == (adapters if lora else len(list(model.parameters()))) and (adapters > 0) == lora
 
     out = tmp_path / "two.pt"
-    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out), lora, kl), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out), lora, kl, shared), nprocs=2, start_method="spawn")
     two = torch.load(out, weights_only=False)
     assert two["grads"].keys() == one_grads.keys()
     for name, g in one_grads.items():
@@ -109,7 +114,8 @@ def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool
     assert (one["kl"] > 1e-4) == kl  # with the reference, a KL term the two steps share
     for key in ("loss", "pg_loss", "kl", "samples", "tokens", "response_tokens", "ratio_mean", "clip_fraction", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
-    assert two["metrics"]["micro_batches"] >= one["micro_batches"]
+    assert shared or two["metrics"]["micro_batches"] >= one["micro_batches"]  # (shared: a larger budget on the ranks)
+    assert (two["metrics"]["tokens_computed"] < 0.8 * one["tokens_computed"]) == shared
 
 
 def _rank_saves(rank: int, world: int, init: str, ckpt: str, out: str) -> None:

@@ -58,3 +58,57 @@ def test_groups_that_cannot_teach_are_dropped_only_when_asked() -> None:
     assert offsets == {"rb.batches": {"0": 2}}  # the dropped group is consumed all the same
     pending, metrics, _ = _admitted(skip_zero_variance=False)
     assert pending == ["flat", "mixed"] and metrics["batches_dropped_zero_variance"] == 0.0
+
+
+def _groups(versions: list[int | None]) -> list[tuple[object, float]]:
+    from schemas import GroupBatch
+
+    return [(GroupBatch(group_id=f"g{i}", task_id="t", resource_version=v, created_ns=1, group_size=2, rollout_ids=["a", "b"],
+                        rewards=[1.0, 0.0], advantages=[0.7, -0.7], transitions=[]), 1.0) for i, v in enumerate(versions)]
+
+
+def test_a_step_behind_takes_the_newest_groups_or_a_sample_or_the_oldest() -> None:
+    import random
+
+    from trainer.loop import select_backlog
+
+    waiting = _groups([3, 5, None, 5, 4, 6, 3])
+    ids = lambda xs: [b.group_id for b, _ in xs]  # noqa: E731
+    chosen, skipped = select_backlog(waiting, 3, "newest", random.Random(0))
+    assert ids(chosen) == ["g1", "g3", "g5"] and len(skipped) == 4  # versions 5, 5, 6, in the order they came
+    chosen, skipped = select_backlog(waiting, 3, "oldest", random.Random(0))
+    assert ids(chosen) == ["g0", "g1", "g2"] and skipped == []
+    seen = set()
+    for seed in range(30):
+        chosen, skipped = select_backlog(waiting, 3, "sample", random.Random(seed))
+        assert len(chosen) == 3 and len(skipped) == 4 and set(ids(chosen)) | set(ids(skipped)) == set(ids(waiting))
+        seen |= set(ids(chosen))
+    assert seen == set(ids(waiting))  # every waiting group can be drawn
+    assert select_backlog(waiting[:2], 3, "newest", random.Random(0)) == (waiting[:2], [])  # a trainer keeping up
+    with pytest.raises(ValueError, match="backlog policy"):
+        select_backlog(waiting, 3, "fresh", random.Random(0))
+
+
+def test_a_step_reads_what_waits_and_skips_what_it_does_not_choose() -> None:
+    """Trainer._choose: with backlog newest it reads the waiting messages (none of it blocking) and keeps the newest."""
+    import random
+    from types import SimpleNamespace
+
+    from schemas import encode
+    from trainer.loop import Counters, LoopState, Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.s = SimpleNamespace(max_staleness=8, min_version=0, stale_weight=0.5, skip_zero_variance=False, groups_per_step=2,
+                                backlog="newest", backlog_window=64)
+    trainer.state, trainer.pending, trainer.counters, trainer.published_version = LoopState(0, 6, "run"), [], Counters(), None
+    trainer.health, trainer._backlog_rng = SimpleNamespace(batch_read=lambda: None), random.Random(0)
+    msgs = [SimpleNamespace(topic=lambda: "rb.batches", partition=lambda: 0, offset=lambda o=o: o, value=lambda b=b: encode(b),
+                            key=lambda: b"t", error=lambda: None) for o, (b, _) in enumerate(_groups([1, 2, 6, 5, 3]))]
+    for m in msgs[:2]:
+        trainer.handle(m)  # type: ignore[arg-type]
+    waiting = msgs[2:]
+    consumer = SimpleNamespace(poll=lambda timeout: waiting.pop(0) if waiting else None)
+    trainer._choose(consumer)
+    assert [b.group_id for b, _ in trainer.pending] == ["g2", "g3"] and not waiting
+    assert trainer.counters.as_metrics()["batches_skipped_backlog"] == 3.0
+    assert trainer.state.offsets == {"rb.batches": {"0": 5}}  # what was skipped is consumed: a restart does not read it again
