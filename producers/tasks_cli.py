@@ -3,6 +3,10 @@
 Each line is a JSON object: ``{"task_id": ..., "input": <any JSON>, "mode": "train", "group_size": 4}``
 (``input`` that is not a string is JSON-encoded; a missing ``task_id`` gets one). A bad line is an
 error naming its line number; nothing is published from a file with bad lines.
+
+``--task-selection pass-rate`` publishes only the train tasks that teach (:mod:`producers.curriculum`): a task
+whose last ``--selection-k`` finished rollouts in ClickHouse all earned the same reward is left out, but for
+``--selection-explore`` of them; a task is known by ``metadata.task_key`` when it has one, else by its ``task_id``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("publish", help="publish tasks from a JSONL file")
     p.add_argument("file", type=Path)
     p.add_argument("--group-size", type=Bounded(int, ge=1), default=None, help="default group_size for lines without one")
+    p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
+                   help="all (default), or pass-rate: leave out train tasks whose last --selection-k rollouts in ClickHouse "
+                        "all earned the same reward (always solved, or never), but for --selection-explore of them")
+    p.add_argument("--selection-k", type=Bounded(int, ge=1), default=8, help="--task-selection pass-rate: rollouts looked at")
+    p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=0.1,
+                   help="--task-selection pass-rate: the chance a left-out task is published all the same")
 
 
 def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
@@ -66,6 +76,16 @@ def single_rollout_line(tasks: list[Any]) -> str | None:
             'default 4): add "group_size" to those lines or publish with --group-size 4')
 
 
+def select_tasks(tasks: list[Any], curriculum: Any) -> tuple[list[Any], int]:
+    """The tasks to publish and how many train tasks the curriculum left out (test tasks always go). Pure given the
+    curriculum's read."""
+    from producers.curriculum import TASK_KEY
+
+    curriculum.refresh()
+    kept = [t for t in tasks if t.mode != "train" or curriculum.take(t.metadata.get(TASK_KEY) or t.task_id)]
+    return kept, len(tasks) - len(kept)
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -80,6 +100,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot read {args.file}: {exc}") from exc
     tasks = parse_tasks(lines, args.group_size)
+    left_out = 0
+    if getattr(args, "task_selection", "all") == "pass-rate":
+        from foundation.clickhouse import connect
+        from producers.curriculum import Curriculum, recent_rewards
+
+        # Read once, and here a failed read is the command's error: nothing is published on a guess.
+        client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
+        try:
+            recent = recent_rewards(client, args.selection_k)
+        finally:
+            client.close()
+        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore)
+        tasks, left_out = select_tasks(tasks, curriculum)
     warning = single_rollout_line(tasks)
     if warning:
         print(warning, file=sys.stderr)
@@ -111,5 +144,6 @@ def run(args: argparse.Namespace) -> int:
         raise kafka_failure(conf, failures[0], action)
     if left:
         raise KafkaUnavailable(f"{left} tasks not delivered to {s.bootstrap} within 30s")
-    print(f"published {len(tasks)} tasks to {s.topics.tasks}")
+    print(f"published {len(tasks)} tasks to {s.topics.tasks}"
+          + (f"; left out {left_out} whose last {args.selection_k} rollouts all earned the same reward" if left_out else ""))
     return 0

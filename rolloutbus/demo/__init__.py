@@ -81,6 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term (default ppo-clip)")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
+    p.add_argument("--task-selection", choices=["all", "pass-rate"], default=None,
+                   help="which problems get groups: all, in turn (default), or pass-rate: a problem whose last --selection-k "
+                        "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "
+                        "--selection-explore of the times it comes round")
+    p.add_argument("--selection-k", type=Bounded(int, ge=1), default=None, help="--task-selection pass-rate: rollouts looked at (default 8)")
+    p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=None,
+                   help="--task-selection pass-rate: the chance a passed-over problem is taken all the same (default 0.1)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

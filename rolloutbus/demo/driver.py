@@ -73,6 +73,9 @@ class DemoConfig:
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo-clip"  # the trainer's --policy-loss
     nproc_per_node: int = 1  # the trainer's --nproc-per-node: FSDP2 ranks (torchrun)
+    task_selection: str = "all"  # the feeder's choice of problems: all (in turn) | pass-rate (producers.curriculum)
+    selection_k: int = 8  # pass-rate: a problem whose last K rollouts all earned the same reward is passed over
+    selection_explore: float = 0.1  # pass-rate: ... but for this share of the times it comes round
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
@@ -137,7 +140,7 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node"):
+                     "policy_loss", "nproc_per_node", "task_selection", "selection_k", "selection_explore"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -412,8 +415,12 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
 
             feeder: Any = start_traffic(settings, cfg, task, f"http://127.0.0.1:{proxy_port}", say, sup, train_argv)
         else:
+            from producers.curriculum import pass_rate_curriculum
+
+            curriculum = (pass_rate_curriculum(settings, cfg.selection_k, cfg.selection_explore, seed=cfg.seed)
+                          if cfg.task_selection == "pass-rate" else None)
             feeder = TaskFeeder(settings, train, live, group_size=cfg.group_size, runners=cfg.runners,
-                                    groups_per_step=cfg.groups_per_step)
+                                groups_per_step=cfg.groups_per_step, curriculum=curriculum)
         train_for = cfg.minutes * 60
         t_train = time.monotonic()
         shown = 0
@@ -442,6 +449,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         train_s = time.monotonic() - t_train
         cpu = sup.cpu_seconds()
         feeder.close()
+        if getattr(feeder, "selection_line", lambda: None)():
+            say(feeder.selection_line())
         if not early_stopped:
             say("training   time is up: stopping the trainer")
         sup.stop("train", grace=60)

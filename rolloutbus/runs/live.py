@@ -92,32 +92,62 @@ def tasks_ahead(group_size: int, runners: int, groups_per_step: int) -> int:
 
 class TaskFeeder:
     """Publishes training tasks (anything with ``to_json()`` and ``text``), keeping only a few steps' worth ahead
-    of the trainer."""
+    of the trainer. The problems go round in order; with a :class:`~producers.curriculum.Curriculum`, a
+    problem whose recent rollouts all earned the same reward is passed over (but for its exploration), so that
+    groups are generated for problems that teach. Each task carries its problem's key (``metadata["task_key"]``)."""
 
     def __init__(self, settings: CommonSettings, problems: list[Any], live: Live, *, group_size: int, runners: int,
-                 groups_per_step: int) -> None:
+                 groups_per_step: int, curriculum: Any = None) -> None:
         from confluent_kafka import Producer
+
+        from producers.curriculum import task_key
 
         self.producer = Producer({**settings.kafka_conf(), "enable.idempotence": True, "log_level": 0})
         self.topic = settings.topics.tasks
         self.problems = problems
+        self.keys = [task_key(p.to_json()) for p in problems]
         self.group_size = group_size
         self.live = live
         self.published = 0
+        self.cursor = 0  # the next problem in the round
+        self.curriculum = curriculum
         self.ahead = tasks_ahead(group_size, runners, groups_per_step)
 
+    def next_problem(self) -> int:
+        """The index of the problem to publish next: the round's next, or with a curriculum the next that it takes
+        (the round's next when it takes none)."""
+        n = len(self.problems)
+        i = self.cursor % n
+        if self.curriculum is not None:
+            self.curriculum.refresh()
+            found = self.curriculum.next_of(((j % n, self.keys[j % n]) for j in range(self.cursor, self.cursor + n)))
+            i = i if found is None else found
+        self.cursor = i + 1
+        return i
+
     def top_up(self) -> None:
+        from producers.curriculum import TASK_KEY
         from schemas import Task, encode
 
         with self.live.lock:
             done = len(self.live.groups_seen)
         while self.published - done < self.ahead:
-            p = self.problems[self.published % len(self.problems)]
+            i = self.next_problem()
+            p = self.problems[i]
             task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
-                        group_size=self.group_size, created_ns=time.time_ns(), metadata={"question": p.text})
+                        group_size=self.group_size, created_ns=time.time_ns(),
+                        metadata={"question": p.text, TASK_KEY: self.keys[i]})
             self.producer.produce(self.topic, key=task.task_id.encode(), value=encode(task))
             self.published += 1
         self.producer.poll(0)
+
+    def selection_line(self) -> str | None:
+        """What the task selection did, for the run's report (None without one)."""
+        c = self.curriculum
+        if c is None:
+            return None
+        return (f"tasks      {self.published} published; a problem was passed over {c.skipped_solved} times as solved and "
+                f"{c.skipped_unsolved} times as failed (its last {c.k} rollouts' rewards all equal; task selection pass-rate)")
 
     def close(self) -> None:
         self.producer.flush(10)

@@ -31,7 +31,9 @@ class GRPO:
     ``credit`` (with ``gamma``), ``advantage_estimator`` and ``policy_loss`` are names in the registries
     (``streams.credit.CREDIT``, ``streams.grouping.ESTIMATORS``, ``trainer.policy_losses.POLICY_LOSSES``): how a
     rollout's rewards become each step's advantage, and the loss's policy term (``decoupled`` for stale
-    batches)."""
+    batches). ``task_selection="pass-rate"`` passes over the tasks whose last ``selection_k`` rollouts (read from the
+    run's ClickHouse database) all earned the same reward, but for ``selection_explore`` of the times they come round
+    (:mod:`producers.curriculum`)."""
 
     group_size: int = 4
     groups_per_step: int = 2
@@ -50,6 +52,9 @@ class GRPO:
     gamma: float = 1.0
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo-clip"
+    task_selection: str = "all"  # all (in turn) | pass-rate: pass over tasks whose last selection_k rollouts all scored alike
+    selection_k: int = 8
+    selection_explore: float = 0.1
     train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
 
     def __post_init__(self) -> None:
@@ -64,6 +69,12 @@ class GRPO:
         POLICY_LOSSES.check(self.policy_loss)
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
+        from producers.curriculum import SELECTIONS
+
+        if self.task_selection not in SELECTIONS:
+            raise ConfigError(f"GRPO(task_selection=...) must be one of {', '.join(SELECTIONS)}, got {self.task_selection!r}")
+        if self.selection_k < 1 or not 0.0 <= self.selection_explore <= 1.0:
+            raise ConfigError("GRPO(selection_k=...) must be at least 1 and selection_explore in [0, 1]")
 
     def fit(self, trainer: Any, agent: Any, train: list[str], val: list[str], test: list[str]) -> Any:
         """``Trainer.fit``'s run: the runners, the stream worker's groups, ``rolloutbus train``."""

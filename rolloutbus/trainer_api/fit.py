@@ -279,8 +279,12 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
 def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live: Live, train: list[str], val: list[str],
           t_start: float) -> FitResult:
     say = trainer.say
+    from producers.curriculum import pass_rate_curriculum
+
+    curriculum = (pass_rate_curriculum(settings, algo.selection_k, algo.selection_explore, seed=algo.seed)
+                  if algo.task_selection == "pass-rate" else None)
     feeder = TaskFeeder(settings, [Row(t) for t in train], live, group_size=algo.group_size, runners=trainer.n_runners,
-                        groups_per_step=algo.groups_per_step)
+                        groups_per_step=algo.groups_per_step, curriculum=curriculum)
     warnings: list[str] = []
     checked = False
     say(f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'reward (last 128)':>17} {'loss':>8}  {'elapsed':>7}")
@@ -311,6 +315,8 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
             say("training   time is up")
     finally:
         feeder.close()
+    if feeder.selection_line():
+        say(feeder.selection_line())
     sup.stop("train", grace=60)
     with live.lock:
         versions = dict(live.versions)

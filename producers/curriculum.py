@@ -1,0 +1,158 @@
+"""Tasks chosen by what teaches: each task's recent rewards, read from ClickHouse, decide whether it is worth
+generating another group for.
+
+A GRPO group teaches only when its rewards differ. A task whose last ``k`` rollouts all earned the same reward (a
+task always failed, or always solved) will most likely give another group that teaches nothing, and DAPO's dynamic
+sampling can only drop such a group after it was generated, judged and shipped. The feeder asks first: such a task
+is skipped, except with probability ``explore`` (it may have become learnable, or been forgotten), and a task with
+fewer than ``k`` finished rollouts is always taken (unknown).
+
+A task is known by its *key*: the task's ``metadata["task_key"]`` when it has one (the feeder sets it to a digest
+of the problem, so the same problem published again under a new task id is the same task), else its ``task_id``.
+Rollouts keep their task's metadata, so ``rollouts.metadata['task_key']`` carries it to ClickHouse.
+
+The rule (:func:`teaches`, :func:`take`) is pure; :func:`recent_rewards` is the one query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+TASK_KEY = "task_key"
+SELECTIONS = ("all", "pass-rate")  # the feeders' --task-selection
+
+
+def task_key(problem_json: str) -> str:
+    """A stable key for a problem: a digest of its JSON (the same problem, the same key, in any run). Pure."""
+    return hashlib.sha1(problem_json.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Recent:
+    """A task's last finished rollouts (at most ``k``): how many, their lowest and highest reward, how many passed."""
+
+    rollouts: int
+    low: float
+    high: float
+    passed: int
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / self.rollouts if self.rollouts else 0.0
+
+
+def teaches(recent: Recent | None, k: int) -> bool | None:
+    """True: its recent rewards differ; False: its last ``k`` (or more) all earned the same; None: fewer than ``k``
+    known (unknown). Pure."""
+    if recent is None or recent.rollouts < k:
+        return None
+    return recent.high > recent.low
+
+
+def take(recent: Recent | None, k: int, explore: float, rng: random.Random) -> bool:
+    """Whether to generate a group for a task now: unknown or teaching, yes; one whose last ``k`` rollouts all earned
+    the same, only with probability ``explore``. Pure (given ``rng``)."""
+    verdict = teaches(recent, k)
+    return verdict is not False or rng.random() < explore
+
+
+RECENT_SQL = """
+SELECT key, count() AS rollouts, min(final_reward) AS low, max(final_reward) AS high,
+       countIf(final_reward >= {pass_at:Float64}) AS passed
+FROM (
+    SELECT if(metadata['task_key'] != '', metadata['task_key'], task_id) AS key, final_reward,
+           row_number() OVER (PARTITION BY key ORDER BY finished_ns DESC) AS recency
+    FROM rollouts FINAL
+    WHERE mode = 'train' AND final_reward IS NOT NULL AND finished_ns > 0
+)
+WHERE recency <= {k:UInt32}
+GROUP BY key
+"""
+
+
+def recent_rewards(client: Any, k: int, pass_at: float = 1.0) -> dict[str, Recent]:
+    """Each task key's last ``k`` finished train rollouts in the client's database (``rollouts``): their count, lowest
+    and highest final reward, and how many reached ``pass_at``."""
+    rows = client.query(RECENT_SQL, parameters={"k": k, "pass_at": pass_at}).result_rows
+    return {str(key): Recent(int(n), float(lo), float(hi), int(p)) for key, n, lo, hi, p in rows}
+
+
+@dataclass
+class Curriculum:
+    """The feeder's view of what teaches: the recent rewards per task key, refreshed from ClickHouse at most every
+    ``refresh_s``; :meth:`take` decides one task. Counts what it skipped and why, for the run's report."""
+
+    read: Callable[[], dict[str, Recent]]
+    k: int = 8
+    explore: float = 0.1
+    refresh_s: float = 10.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    recent: dict[str, Recent] = field(default_factory=dict)
+    skipped_solved: int = 0
+    skipped_unsolved: int = 0
+    _read_at: float = -1e18
+    _failing: bool = False
+
+    def refresh(self, now: float | None = None) -> None:
+        """Read the recent rewards again when ``refresh_s`` has passed. A failed read keeps what was read before (every
+        task taken, before the first), said once until a read succeeds again."""
+        now = time.monotonic() if now is None else now
+        if now - self._read_at < self.refresh_s:
+            return
+        self._read_at = now
+        try:
+            self.recent = self.read()
+            self._failing = False
+        except Exception as exc:  # noqa: BLE001 - ClickHouse unreachable or not yet migrated: choose with what we have
+            if not self._failing:
+                log.warning("task selection: cannot read the tasks' recent rewards (%s); choosing with what was read before",
+                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self._failing = True
+
+    def take(self, key: str) -> bool:
+        r = self.recent.get(key)
+        if take(r, self.k, self.explore, self.rng):
+            return True
+        if r is not None and r.passed == r.rollouts:
+            self.skipped_solved += 1
+        else:
+            self.skipped_unsolved += 1
+        return False
+
+    def next_of(self, keys: Iterable[tuple[int, str]]) -> int | None:
+        """The first index whose task :meth:`take` accepts, of ``(index, key)`` pairs in the order offered; None
+        when it accepts none of them (every task decided: the caller takes the next one anyway)."""
+        for i, key in keys:
+            if self.take(key):
+                return i
+        return None
+
+
+def pass_rate_curriculum(settings: Any, k: int = 8, explore: float = 0.1, refresh_s: float = 10.0, seed: int = 0) -> Curriculum:
+    """A curriculum reading the run's own ClickHouse database (``settings``: a CommonSettings), connecting on first
+    use and again after a failure."""
+    from foundation.clickhouse import connect
+
+    client: dict[str, Any] = {}
+
+    def read() -> dict[str, Recent]:
+        if "c" not in client:
+            client["c"] = connect(settings.dsn, database=settings.clickhouse_database, password=settings.clickhouse_password,
+                                  create_database=False)
+        try:
+            return recent_rewards(client["c"], k)
+        except Exception:
+            client.pop("c").close()
+            raise
+
+    return Curriculum(read, k=k, explore=explore, refresh_s=refresh_s, rng=random.Random(seed))
+
+
+__all__ = ["SELECTIONS", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_KEY", "recent_rewards", "take", "task_key", "teaches"]
