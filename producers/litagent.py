@@ -147,11 +147,11 @@ class _FunctionAgent(AttemptRunner):
         return self._fn(*args, **kwargs)
 
 
-def litagent(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Decorator: ``@litagent`` on ``def my_agent(task, resources, rollout) -> float | None``."""
-    if fn is None:
-        return lambda f: _FunctionAgent(f, name)
+def function_runner(fn: Callable[..., Any], name: str | None = None) -> AttemptRunner:
+    """What runs attempts of a plain function ``fn(task, resources, rollout) -> float | None`` that takes the bus's
+    own records (``rolloutbus run-agent module:fn``). Not a decorator for users: their agents are
+    ``rolloutbus.LitAgent`` or ``@agl.rollout`` functions (the one agent API)."""
     return _FunctionAgent(fn, name)
 
 
-__all__ = ["AttemptRunner", "litagent", "AttemptResult"]
+__all__ = ["AttemptRunner", "AttemptResult", "function_runner"]

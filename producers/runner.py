@@ -333,9 +333,9 @@ def load_agent(spec: str) -> AttemptRunner:
     if callable(getattr(obj, "as_runner_agent", None)):
         return obj.as_runner_agent()  # type: ignore[no-any-return]
     if callable(obj):
-        from producers.litagent import litagent
+        from producers.litagent import function_runner
 
-        return litagent(obj)  # type: ignore[no-any-return]
+        return function_runner(obj)
     raise ConfigError(f"{spec!r} is not a LitAgent (class or instance) or a function")
 
 

@@ -13,7 +13,7 @@ _FLAGS = {"concurrency": "runner_concurrency", "group": "runner_group", "max_att
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("agent", help="the agent, as package.module:AgentClass (a LitAgent or a @litagent function)")
+    parser.add_argument("agent", help="the agent, as package.module:AgentClass (a rolloutbus.LitAgent class or instance, an @agl.rollout function, or a function of the records (task, resources, rollout))")
     parser.add_argument("--concurrency", type=int, default=None, help="rollouts at once")
     parser.add_argument("--group", default=None, help="consumer group")
     parser.add_argument("--max-attempts", type=int, default=None, help="attempts per rollout")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from producers import arollout, emit_exception, emit_llm_call, emit_message, emit_reward, emit_state, emit_tool_call, rollout
-from producers.litagent import litagent
+from producers.litagent import function_runner
 from rolloutbus import LitAgent
 from foundation.errors import RolloutContextError
 from schemas.codec import decode, encode_raw, unpack_tokens
@@ -132,10 +132,11 @@ def test_litagent_return_value_is_the_final_reward_and_failures_are_data() -> No
             emit_state(task)
             return 0.5
 
-    @litagent
-    async def bad(task: Any, resources: Any, rollout: Any) -> float:
+    async def raises(task: Any, resources: Any, rollout: Any) -> float:
         emit_state(task)
         raise ValueError("boom")
+
+    bad = function_runner(raises, name="bad")  # a plain function of the bus's records, as `rolloutbus run-agent module:fn` runs it
 
     ok = Good().run({"q": 1}, task_id="t1", transport=rec)
     assert ok.status == "succeeded" and ok.reward == 0.5
