@@ -47,6 +47,10 @@ def test_bad_rows_and_settings_are_one_line() -> None:
         Trainer(adapter={"agent_mtch": "x"})
     with pytest.raises(ConfigError, match="group_size"):
         GRPO(group_size=1)
+    with pytest.raises(ConfigError, match="task_selection=...\\) must be one of all, pass-rate, got 'hard'"):
+        GRPO(task_selection="hard")
+    with pytest.raises(ConfigError, match="selection_k"):
+        GRPO(task_selection="pass-rate", selection_k=0)
     with pytest.raises(ConfigError, match="fit needs a train_dataset"):
         Trainer().fit(Echo(), [])
 
