@@ -106,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
     p.add_argument("--train-layers", type=int, help="train only the top N decoder layers, 0 = all")
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
-                   help="compute a group's shared prompt once per micro-batch, the same step (on unless --no-share-prompts)")
+                   help="compute a group's shared prompt once per micro-batch, and the KL reference's frozen lower layers "
+                   "(--train-layers) from the policy's forward: the same step (on unless --no-share-prompts)")
     p.add_argument("--skip-zero-variance", action="store_true", default=None,
                    help="drop groups whose rewards are all equal, so a step waits for groups that teach")
     p.add_argument("--validation-tasks", help="validation set, JSONL of task inputs: published as mode-test tasks for each new "

@@ -82,8 +82,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads (0: torch's default).")
     train_layers: int = Field(default=0, ge=0, description="Train only the top N decoder layers (0: every parameter).")
     share_prompts: bool = Field(default=True, description="Run a group's shared prompt (a multi-turn one's shared history) "
-                                "through the policy and the reference once per micro-batch, its rows continuing from it: "
-                                "the same step, fewer positions computed (not with activation checkpointing).")
+                                "through the policy and the reference once per micro-batch, its rows continuing from it, and "
+                                "the reference's frozen lower layers (--train-layers) not at all, taking them from the "
+                                "policy's forward: the same step, less computed (not with activation checkpointing).")
     skip_zero_variance: bool = Field(default=False, description="Drop groups whose rewards are all equal (their advantages are "
                                      "all 0: DAPO's dynamic sampling), so each step is made of groups that teach.")
     validation_tasks: Path | None = Field(default=None, description="A validation set (JSONL, one task input per line) "

@@ -246,14 +246,94 @@ def masked_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     else:
         hidden = decoder(input_ids=ids, attention_mask=attention_mask, **({"use_cache": False} | kw)).last_hidden_state
         logits = head(hidden[rows, cols - prefix]).float()
+    # FSDP2 gathers a module's parameters for backward when a gradient reaches that forward's output; the prefix's
+    # output reaches the loss only through the keys and values (not a tensor it hooks), so its logits join it at 0.
+    extra = 0.0 * first.logits.float().sum() if first is not None and through_root else None
+    return _picked(logits, input_ids, rows, cols, temperature, extra)
+
+
+def shared_lower_layers(model: Any, ref: Any) -> int:
+    """How many of the policy's lowest decoder layers the reference can take from the policy's forward: layers frozen
+    in the policy (as ``--train-layers`` freezes them) and equal to the reference's, over frozen, equal embeddings.
+    0 where there is no reference, no ``layers`` stack, or nothing frozen and equal. At most all but one layer."""
+    if ref is None:
+        return 0
+    try:
+        dec, rdec = model.get_decoder(), ref.get_decoder()
+        layers, rlayers = list(dec.layers), list(rdec.layers)
+        emb, remb, _ = dec.get_input_embeddings(), rdec.get_input_embeddings(), rdec.norm
+    except (AttributeError, NotImplementedError):
+        return 0
+
+    def frozen_and_equal(a: Any, b: Any) -> bool:
+        sa, sb = a.state_dict(), b.state_dict()
+        return (not any(p.requires_grad for p in a.parameters()) and sa.keys() == sb.keys()
+                and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa))
+
+    if len(layers) != len(rlayers) or len(layers) < 2 or not frozen_and_equal(emb, remb):
+        return 0
+    k = 0
+    while k < len(layers) - 1 and frozen_and_equal(layers[k], rlayers[k]):
+        k += 1
+    return k
+
+
+class LayerInputs:
+    """What the policy's decoder hands its layer ``k`` on each forward call (a forward pre-hook, removed on exit): the
+    reference's upper layers start from it when its lower ones are the policy's (:func:`shared_lower_layers`)."""
+
+    def __init__(self, model: Any, k: int) -> None:
+        self.layer = model.get_decoder().layers[k]
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __enter__(self) -> "LayerInputs":
+        self._handle = self.layer.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+    def _hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls.append((tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), dict(kwargs)))
+
+
+def upper_logprobs(ref: Any, k: int, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], input_ids: torch.Tensor,
+                   loss_mask: torch.Tensor, temperature: float = 1.0, prefix: int = 0) -> torch.Tensor:
+    """:func:`masked_logprobs` of the reference from its layer ``k`` up, each forward call starting from what the
+    policy's layer ``k`` was given (:class:`LayerInputs`: the hidden states, the causal mask, the positions). With a
+    shared prefix the first call is the prefix's: its keys and values go to the reference's own cache, repeated per
+    row for the second."""
+    from transformers import DynamicCache
+
+    dec, head = ref.get_decoder(), ref.get_output_embeddings()
+    rows, cols = torch.nonzero(loss_mask[:, 1:] > 0, as_tuple=True)
+    cache = DynamicCache(config=ref.config) if prefix else None
+    hidden = None
+    for i, (args, kwargs) in enumerate(calls):
+        h, rest = (args[0], args[1:]) if args else (kwargs["hidden_states"], ())
+        kw = {key: v for key, v in kwargs.items() if key != "hidden_states"}
+        kw["past_key_values"] = cache
+        for layer in list(dec.layers)[k:]:
+            out = layer(h, *rest, **kw)
+            h = out[0] if isinstance(out, tuple) else out
+        if prefix and i == 0:
+            cache.batch_repeat_interleave(input_ids.shape[0])  # type: ignore[union-attr]
+        hidden = h
+    if hidden is None or len(calls) != (2 if prefix else 1):
+        raise ValueError(f"expected {2 if prefix else 1} forward call(s) of the policy's layer {k}, saw {len(calls)}")
+    logits = head(dec.norm(hidden)[rows, cols - prefix]).float()
+    return _picked(logits, input_ids, rows, cols, temperature)
+
+
+def _picked(logits: torch.Tensor, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, temperature: float,
+            extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-position log-probabilities of the targets from the logits of the ``(rows, cols)`` positions, zero elsewhere."""
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[rows, cols + 1]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    if first is not None and through_root:
-        # FSDP2 gathers a module's parameters for backward when a gradient reaches that forward's output; the prefix's
-        # output reaches the loss only through the keys and values (not a tensor it hooks), so its logits join it at 0.
-        picked = picked + 0.0 * first.logits.float().sum()
+    if extra is not None:
+        picked = picked + extra
     out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((rows, cols + 1), picked)
 
@@ -317,6 +397,8 @@ class TorchGRPOBackend:
         # A group's shared prompt once per micro-batch (shared_batches). Not under activation checkpointing, where HF
         # models run without the keys and values the rows would continue from.
         self.share_prefix = share_prefix and not getattr(model, "is_gradient_checkpointing", False)
+        # The reference's lower layers, where they are the policy's frozen ones, from the policy's forward (one device).
+        self.shared_layers = shared_lower_layers(model, ref_model) if share_prefix and ranks is None else 0
         self.min_shared_saving = max(MIN_SAVED_POSITIONS, math.ceil(SHARE_BREAK_EVEN / max(sum(p.numel() for p in model.parameters()), 1)))
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
@@ -353,10 +435,16 @@ class TorchGRPOBackend:
             b = collate(mb, self.pad_id, self.device)
             data_time += time.perf_counter() - t0
             with self._forward_precision():
-                logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
-                                       through_root, prefix, lockstep)
+                taps = LayerInputs(self.model, self.shared_layers) if self.shared_layers and self.ref_model is not None else None
+                with taps or contextlib.nullcontext():
+                    logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
+                                           through_root, prefix, lockstep)
                 ref = None
-                if self.ref_model is not None:
+                if taps is not None:
+                    with torch.no_grad():
+                        ref = upper_logprobs(self.ref_model, self.shared_layers, taps.calls, b["input_ids"], b["loss_mask"],
+                                             self.temperature, prefix)
+                elif self.ref_model is not None:
                     with torch.no_grad():
                         ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                               through_root, prefix, lockstep)  # a sharded reference (several ranks) as the policy
@@ -481,5 +569,5 @@ class TorchGRPOBackend:
             raise TrainingError(f"optimizer state does not match the model: {exc}") from exc
 
 
-__all__ = ["MIN_SAVED_POSITIONS", "MIN_SHARED_PREFIX", "SHARE_BREAK_EVEN", "Sample", "BuildReport", "TorchGRPOBackend", "collate", "computed_tokens", "group_stats",
+__all__ = ["LayerInputs", "MIN_SAVED_POSITIONS", "shared_lower_layers", "upper_logprobs", "MIN_SHARED_PREFIX", "SHARE_BREAK_EVEN", "Sample", "BuildReport", "TorchGRPOBackend", "collate", "computed_tokens", "group_stats",
            "masked_logprobs", "micro_batches", "samples_from_groups", "shared_batches"]

@@ -9,7 +9,7 @@ import torch
 
 from schemas.models import GroupBatch, Transition
 from trainer.grpo import GRPOConfig
-from trainer.model import build_tiny, sequence_logprobs
+from trainer.model import build_tiny, sequence_logprobs, train_top_layers
 from trainer.synthetic import prompt_groups, sample_groups
 from trainer.torch_backend import Sample, TorchGRPOBackend, collate, first_scored, micro_batches, samples_from_groups, shared_batches
 
@@ -141,6 +141,19 @@ def test_a_group_s_shared_prompt_computed_once_gives_the_step_of_whole_rows(tiny
     assert shared["loss"] == pytest.approx(whole["loss"], abs=1e-6)
     assert torch.allclose(g_shared, g_whole, atol=1e-6, rtol=1e-4)
     assert shared["tokens"] == whole["tokens"] and shared["tokens_computed"] < 0.75 * whole["tokens_computed"]
+    # with the top layer trained, the reference's frozen lower layer comes from the policy's forward: the same step
+    runs = []
+    for share in (False, True):
+        model = copy.deepcopy(base)
+        train_top_layers(model, 1)
+        frozen = TorchGRPOBackend(model, grpo=GRPOConfig(kl_beta=0.5), lr=1e-2, pad_id=tok.pad_id, ref_model=copy.deepcopy(base),
+                                  share_prefix=share)
+        frozen.step(prompt_groups(len(tok), n_groups=2, group_size=4, prompt_tokens=30, response_tokens=8, seed=3))
+        m = frozen.accumulate(samples)
+        runs.append((frozen.shared_layers, m["kl"], torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    (none, kl_whole, g_whole), (one, kl_shared, g_shared) = runs
+    assert (none, one) == (0, 1) and kl_whole > 0 and kl_shared == pytest.approx(kl_whole, rel=1e-5)
+    assert torch.allclose(g_shared, g_whole, atol=1e-6, rtol=1e-4)
     # below break-even for a model this small (4 x 48-token prompts ran at 0.78x the tokens per CPU-second): whole rows
     short = samples_from_groups(prompt_groups(len(tok), n_groups=3, group_size=4, prompt_tokens=48, response_tokens=8)).samples
     assert backend.share_prefix and not any(prefix for prefix, _ in backend.pack(short))
