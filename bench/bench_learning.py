@@ -67,7 +67,8 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
     return {"first_scores": res.first_scores, "final_scores": res.chosen_scores, "subsets": res.subsets,
             "version": res.chosen, "last_version": res.final, "validation": {str(k): v for k, v in res.validation.items()},
             "steps": res.steps, "rollouts": res.rollouts, "train_s": res.train_s, "wall_s": time.monotonic() - t0,
-            "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped}
+            "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
+            "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
@@ -168,9 +169,14 @@ def where_time_goes(results: dict[str, list[dict[str, Any]]]) -> str:
             else:
                 cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_s", {}).items(), key=lambda kv: -kv[1]))
                 val = ", ".join(f"v{k} {v:.0%}" for k, v in r.get("validation", {}).items())
+                trainer_cpu = r.get("cpu_s", {}).get("train") or 0.0
+                trained = (f"; trained on {r['trained_rollouts']} of them ({r['trained_rollouts'] / r['rollouts']:.0%}), "
+                           f"{r['tokens']:.0f} tokens, {r['tokens'] / trainer_cpu:.0f} per trainer CPU-second"
+                           if r.get("tokens") and trainer_cpu and r.get("rollouts") else "")
                 out.append(f"- {LABELS[system]}, run {i}: {r['train_s']:.0f} s of training, optimiser steps {r['step_time_s']:.0f} s "
-                           f"of it (the trainer, one thread, while serve generates); CPU s by process: {cpu}; "
-                           f"{r['steps']} steps, {r['rollouts']} training rollouts; validation {val or '—'}: version "
+                           f"of it (the trainer, one thread, while serve generates); CPU s by process (with its children: "
+                           f"serve's vLLM engine): {cpu}; {r['steps']} steps, {r['rollouts']} training rollouts{trained}; "
+                           f"validation {val or '—'}: version "
                            f"{r['version']} kept (last {r['last_version']})" + (" — early stop" if r.get("early_stopped") else ""))
     return "\n".join(out)
 

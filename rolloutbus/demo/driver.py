@@ -311,6 +311,8 @@ class DemoResult:
     wall_s: float
     step_time_s: float = 0.0  # the trainer's optimiser steps, summed
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process over the training phase
+    tokens: float = 0.0  # tokens the trainer's steps trained on (prompt + response of each row), summed
+    samples: float = 0.0  # rows (rollout turns) the steps trained on, summed
 
 
 def _local_settings(cfg: DemoConfig) -> CommonSettings:
@@ -459,6 +461,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             versions = dict(live.versions)
             steps_done = len(live.steps)
             step_time = sum(float(st.get("step_time_s", 0.0)) for st in live.steps)
+            trained_tokens = sum(float(st.get("tokens", 0.0)) for st in live.steps)
+            trained_samples = sum(float(st.get("samples", 0.0)) for st in live.steps)
             rollouts = sum(len(v) for v in live.rewards_by_version.values())
         if not versions:
             raise RolloutbusError("no resource version was published: the trainer never started")
@@ -523,7 +527,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             say(f"query      the store stays up on {stack.store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
                 "(.venv/bin/rolloutbus down stops it)")
         return DemoResult(first, chosen, final, first_scores, chosen_scores, val_scores, task.subsets, steps_done, rollouts,
-                          train_s, early_stopped, time.monotonic() - t_start, step_time, cpu)
+                          train_s, early_stopped, time.monotonic() - t_start, step_time, cpu, trained_tokens, trained_samples)
     finally:
         stop_follow.set()
 

@@ -64,16 +64,10 @@ class Supervisor:
         return None
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system, with reaped children) each running process has used so far (Linux)."""
-        out: dict[str, float] = {}
+        """CPU seconds (user + system) each running process has used so far with all its descendants, the running ones
+        (a policy server's vLLM engine core, torchrun's ranks) and the reaped ones (Linux)."""
         tick = os.sysconf("SC_CLK_TCK")
-        for m in self.procs:
-            try:
-                fields = Path(f"/proc/{m.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[m.name] = sum(int(f) for f in fields[11:15]) / tick
-        return out
+        return {m.name: tree_cpu_ticks(m.proc.pid) / tick for m in self.procs if Path(f"/proc/{m.proc.pid}").exists()}
 
     def stop(self, name: str, grace: float = 20.0) -> int | None:
         for m in list(self.procs):
@@ -86,6 +80,42 @@ class Supervisor:
         for m in reversed(list(self.procs)):
             _terminate(m, grace)
         self.procs.clear()
+
+
+def _stat_ticks(pid: int) -> int:
+    """utime + stime + cutime + cstime of ``pid`` (its reaped children included); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(f) for f in fields[11:15])
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return out
+
+
+def tree_cpu_ticks(pid: int) -> int:
+    """Clock ticks of CPU ``pid`` and its descendants have used: each running one's own and its reaped children's."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _stat_ticks(p)
+        todo.extend(_children(p))
+    return total
 
 
 def _terminate(m: Managed, grace: float) -> int | None:
