@@ -256,7 +256,7 @@ def shared_lower_layers(model: Any, ref: Any) -> int:
     """How many of the policy's lowest decoder layers the reference can take from the policy's forward: layers frozen
     in the policy (as ``--train-layers`` freezes them) and equal to the reference's, over frozen, equal embeddings.
     0 where there is no reference, no ``layers`` stack, or nothing frozen and equal. At most all but one layer."""
-    if ref is None:
+    if ref is None or not _layer_inputs_carry_over(model):
         return 0
     try:
         dec, rdec = model.get_decoder(), ref.get_decoder()
@@ -276,6 +276,17 @@ def shared_lower_layers(model: Any, ref: Any) -> int:
     while k < len(layers) - 1 and frozen_and_equal(layers[k], rlayers[k]):
         k += 1
     return k
+
+
+def _layer_inputs_carry_over(model: Any) -> bool:
+    """Whether what the decoder hands one layer is what it hands every layer above: not so for models that mix layer
+    types (sliding-window and full attention, per-type rotary bases: Gemma 2/3, Cohere 2, Qwen with sliding windows),
+    nor before transformers 4.56, whose decoders pass the cache as ``past_key_value`` and build no cache from a config."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    types = getattr(getattr(model, "config", None), "layer_types", None)
+    return (major, minor) >= (4, 56) and (not types or len(set(types)) == 1)
 
 
 class LayerInputs:

@@ -11,7 +11,8 @@ from schemas.models import GroupBatch, Transition
 from trainer.grpo import GRPOConfig
 from trainer.model import build_tiny, sequence_logprobs, train_top_layers
 from trainer.synthetic import prompt_groups, sample_groups
-from trainer.torch_backend import Sample, TorchGRPOBackend, collate, first_scored, micro_batches, samples_from_groups, shared_batches
+from trainer.torch_backend import (Sample, TorchGRPOBackend, collate, first_scored, micro_batches, samples_from_groups, shared_batches,
+                                    shared_lower_layers)
 
 torch.set_num_threads(1)
 
@@ -175,3 +176,14 @@ def test_shared_batches_group_rows_by_what_they_share_and_respect_the_budget() -
     for prefix, mb in shared_batches(samples, 60, min_saved=0):
         width = max(len(s.ids) for s in mb)
         assert len(mb) == 1 or prefix + len(mb) * (width - prefix) <= 60
+
+
+def test_a_model_mixing_layer_types_runs_its_reference_whole(tiny: tuple) -> None:
+    """What the decoder hands one layer is not what it hands the others where layer types differ (sliding-window and full
+    attention): the reference's upper layers are not run from the policy's layer inputs there."""
+    base, tok, _ = tiny
+    model = copy.deepcopy(base)
+    train_top_layers(model, 1)
+    assert shared_lower_layers(model, copy.deepcopy(base)) == 1
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    assert shared_lower_layers(model, copy.deepcopy(base)) == 0
