@@ -6,13 +6,15 @@ error naming its line number; nothing is published from a file with bad lines.
 
 ``--task-selection pass-rate`` publishes only the train tasks that teach (:mod:`producers.curriculum`): a task
 whose last ``--selection-k`` finished rollouts in ClickHouse all earned the same reward is left out, but for
-``--selection-explore`` of them; a task is known by ``metadata.task_key`` when it has one, else by its ``task_id``.
+``--selection-explore`` of them; a task is known by ``metadata.task_key`` when it has one, else by its ``task_id`` (a
+line without one gets a ``task_key``: its input's digest, so that publishing the file again finds its history).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 from foundation.errors import ConfigError, KafkaUnavailable
 from foundation.flags import Bounded
+from producers.curriculum import TASK_KEY, task_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +55,9 @@ def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
                 raise ValueError('expected an object with an "input"')
             if not isinstance(obj["input"], str):
                 obj["input"] = json.dumps(obj["input"])
-            obj.setdefault("task_id", f"task-{uuid.uuid4().hex[:12]}")
+            if "task_id" not in obj:  # a made-up id; the task is known to task selection by its input's digest
+                obj["task_id"] = f"task-{uuid.uuid4().hex[:12]}"
+                obj["metadata"] = {TASK_KEY: task_key(obj["input"]), **(obj.get("metadata") or {})}
             obj["task_id"] = str(obj["task_id"])
             if group_size is not None:
                 obj.setdefault("group_size", group_size)
@@ -79,8 +84,6 @@ def single_rollout_line(tasks: list[Any]) -> str | None:
 def select_tasks(tasks: list[Any], curriculum: Any) -> tuple[list[Any], int]:
     """The tasks to publish and how many train tasks the curriculum left out (test tasks always go). Pure given the
     curriculum's read."""
-    from producers.curriculum import TASK_KEY
-
     curriculum.refresh()
     kept = [t for t in tasks if t.mode != "train" or curriculum.take(t.metadata.get(TASK_KEY) or t.task_id)]
     return kept, len(tasks) - len(kept)
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             recent = recent_rewards(client, args.selection_k)
         finally:
             client.close()
-        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore)
+        # Seeded afresh each time: the same left-out tasks must not be the ones explored on every publish.
+        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore, rng=random.Random())
         tasks, left_out = select_tasks(tasks, curriculum)
     warning = single_rollout_line(tasks)
     if warning:

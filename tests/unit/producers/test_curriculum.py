@@ -69,3 +69,12 @@ def test_rolloutbus_tasks_publishes_the_train_tasks_that_teach_and_every_test_ta
     recent = {"solved": Recent(8, 1.0, 1.0, 8), "mixed": Recent(8, 0.0, 1.0, 3), "t2": Recent(8, 0.0, 0.0, 0)}
     kept, left_out = select_tasks(parse_tasks(lines), Curriculum(lambda: recent, k=8, explore=0.0))
     assert [t.task_id for t in kept] == ["t2", "new", "solved-test"] and left_out == 1  # t2 is known by its task_key
+
+
+def test_a_line_without_a_task_id_is_known_by_its_input_s_digest() -> None:
+    from producers.tasks_cli import parse_tasks
+
+    a, b = parse_tasks(['{"input": {"q": 1}, "mode": "train", "group_size": 4}'] * 2)
+    assert a.task_id != b.task_id and a.metadata["task_key"] == b.metadata["task_key"] == task_key('{"q": 1}')
+    (c,) = parse_tasks(['{"task_id": "x", "input": "1"}'])
+    assert "task_key" not in c.metadata  # a task with its own id is known by it
