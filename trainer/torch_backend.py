@@ -423,14 +423,15 @@ class TorchGRPOBackend:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
     def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
-                   loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False) -> dict[str, float]:
+                   loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False,
+                   packed: list[tuple[int, list[Sample]]] | None = None) -> dict[str, float]:
         """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
 
         ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
         ``loss_scale`` multiplies each loss before backward (the ranks' count, where FSDP averages gradients);
         ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest);
         ``lockstep``: some rank shares a prefix, so every micro-batch makes two forward calls
-        (:func:`masked_logprobs`)."""
+        (:func:`masked_logprobs`); ``packed``: :meth:`pack` of ``samples`` when the caller has it already."""
         num_seqs = float(len(samples)) if num_seqs is None else num_seqs
         num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
@@ -439,7 +440,7 @@ class TorchGRPOBackend:
         data_time = 0.0
         self.model.train()
         through_root = self.ranks is not None
-        packed = self.pack(samples)
+        packed = self.pack(samples) if packed is None else packed
         batches = [(prefix, mb, 1.0) for prefix, mb in packed] + [(0, mb, 0.0) for mb in padding]
         for prefix, mb, weight in batches:
             t0 = time.perf_counter()
@@ -543,7 +544,7 @@ class TorchGRPOBackend:
         filler = share[:1] or samples[:1]
         m = self.accumulate(share, num_seqs=float(len(samples)), num_tokens=float(sum(sum(s.mask) for s in samples)),
                             loss_scale=float(ranks.world), padding=[filler] * (int(most["n"]) - len(packed)),
-                            lockstep=bool(most["shared"]))
+                            lockstep=bool(most["shared"]), packed=packed)
         # loss, pg_loss and the token means are each rank's part of the whole batch's (normalised by its counts)
         summed = distributed.all_reduce({k: m[k] for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "micro_batches",
                                                            "tokens", "tokens_computed", "collate_time_s")})
