@@ -47,7 +47,7 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
     return DemoConfig(task="sql", minutes=args.minutes, group_size=4, runners=16, groups_per_step=2, held_out=args.held_out,
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
-                      engine=engine, keep_running=True)  # one broker for every run (each demo run recreates its topics); stopped at the end
+                      engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
 def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
@@ -68,7 +68,8 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "version": res.chosen, "last_version": res.final, "validation": {str(k): v for k, v in res.validation.items()},
             "steps": res.steps, "rollouts": res.rollouts, "train_s": res.train_s, "wall_s": time.monotonic() - t0,
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
-            "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size}
+            "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
+            "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
@@ -132,6 +133,12 @@ def teaching_groups(r: dict[str, Any]) -> float:
     return 2.0 * (r.get("steps") or 0)  # rolloutbus trains with --skip-zero-variance: every group of a step teaches
 
 
+def label(system: str, r: dict[str, Any]) -> str:
+    """The row's name, with its task selection when it is not every question in turn."""
+    sel = r.get("task_selection", "all")
+    return LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
+
+
 def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
     head = ("| system | runs | held-out before → after (mean) | gain, points (runs) | gain per training minute | "
             "unseen databases before → after | rollouts / min | optimiser steps / min | groups that teach / min | whole run, min |")
@@ -150,7 +157,7 @@ def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
         spm = [r["steps"] / (r["train_s"] / 60) for r in runs if r.get("steps") is not None and r.get("train_s")]
         wall = [r["wall_s"] / 60 for r in runs]
         tpm = [teaching_groups(r) / (r["train_s"] / 60) for r in runs if r.get("train_s")]
-        lines.append(f"| {LABELS[system]} | {len(runs)} | {before:.1%} → {statistics.fmean(after):.1%} | {spread(gains)} | "
+        lines.append(f"| {label(system, runs[0])} | {len(runs)} | {before:.1%} → {statistics.fmean(after):.1%} | {spread(gains)} | "
                      f"{spread(per_min, '{:+.2f}')} | {ub:.1%} → {ua:.1%} | {spread(rpm, '{:.1f}')} | {spread(spm, '{:.2f}')} | "
                      f"{spread(tpm, '{:.2f}')} | {spread(wall, '{:.1f}')} |")
     return "\n".join(lines)
@@ -173,7 +180,10 @@ def where_time_goes(results: dict[str, list[dict[str, Any]]]) -> str:
                 trained = (f"; trained on {r['trained_rollouts']} of them ({r['trained_rollouts'] / r['rollouts']:.0%}), "
                            f"{r['tokens']:.0f} tokens, {r['tokens'] / trainer_cpu:.0f} per trainer CPU-second"
                            if r.get("tokens") and trainer_cpu and r.get("rollouts") else "")
-                out.append(f"- {LABELS[system]}, run {i}: {r['train_s']:.0f} s of training, optimiser steps {r['step_time_s']:.0f} s "
+                if r.get("groups"):
+                    trained += (f"; {r['groups_teaching']} of {r['groups']} groups generated taught "
+                                f"({r['groups_teaching'] / r['groups']:.0%}, task selection {r.get('task_selection', 'all')})")
+                out.append(f"- {label(system, r)}, run {i}: {r['train_s']:.0f} s of training, optimiser steps {r['step_time_s']:.0f} s "
                            f"of it (the trainer, one thread, while serve generates); CPU s by process (with its children: "
                            f"serve's vLLM engine): {cpu}; {r['steps']} steps, {r['rollouts']} training rollouts{trained}; "
                            f"validation {val or '—'}: version "
@@ -189,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-out", type=int, default=90, help="held-out questions (a third on the training databases)")
     p.add_argument("--validation", type=int, default=20, help="validation questions per version (rolloutbus rows)")
     p.add_argument("--validate-every", type=int, default=1)
+    p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
+                   help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

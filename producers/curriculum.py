@@ -5,7 +5,14 @@ A GRPO group teaches only when its rewards differ. A task whose last ``k`` rollo
 task always failed, or always solved) will most likely give another group that teaches nothing, and DAPO's dynamic
 sampling can only drop such a group after it was generated, judged and shipped. The feeder asks first: such a task
 is skipped, except with probability ``explore`` (it may have become learnable, or been forgotten), and a task with
-fewer than ``k`` finished rollouts is always taken (unknown).
+fewer than ``k`` finished rollouts is taken, unless its *family* says otherwise.
+
+A task's family (``metadata["task_family"]``: the SQL demo's question level, the calculator's keywords, any label a
+producer sets) speaks for the task until the task has ``k`` rollouts of its own. In a short run with many tasks
+each comes round once or not at all, so its own history never forms; its family's does. A family's recent pass
+rate ``p`` (its last ``family_k`` rollouts) gives the chance that a group of ``G`` teaches,
+``1 - p^G - (1-p)^G``, and an unknown task of a known family is taken with that chance (at least ``explore``):
+generation goes to the families whose groups teach, in proportion to how often they do.
 
 A task is known by its *key*: the task's ``metadata["task_key"]`` when it has one (the feeder sets it to a digest
 of the problem, so the same problem published again under a new task id is the same task), else its ``task_id``.
@@ -26,6 +33,7 @@ from typing import Any, Callable, Iterable
 log = logging.getLogger(__name__)
 
 TASK_KEY = "task_key"
+TASK_FAMILY = "task_family"
 SELECTIONS = ("all", "pass-rate")  # the feeders' --task-selection
 
 
@@ -56,47 +64,68 @@ def teaches(recent: Recent | None, k: int) -> bool | None:
     return recent.high > recent.low
 
 
-def take(recent: Recent | None, k: int, explore: float, rng: random.Random) -> bool:
-    """Whether to generate a group for a task now: unknown or teaching, yes; one whose last ``k`` rollouts all earned
-    the same, only with probability ``explore``. Pure (given ``rng``)."""
+def teach_probability(pass_rate: float, group_size: int) -> float:
+    """The chance that a group of ``group_size`` rollouts, each passing with ``pass_rate``, has differing rewards:
+    ``1 - p^G - (1-p)^G``. Pure."""
+    p = min(max(pass_rate, 0.0), 1.0)
+    return max(0.0, 1.0 - p ** group_size - (1.0 - p) ** group_size)
+
+
+def take(recent: Recent | None, k: int, explore: float, rng: random.Random, family: Recent | None = None,
+         group_size: int = 4) -> bool:
+    """Whether to generate a group for a task now: teaching, yes; one whose last ``k`` rollouts all earned the same,
+    only with probability ``explore``; unknown, yes, or when its ``family`` has ``k`` rollouts or more, with the
+    chance that a group of the family teaches (:func:`teach_probability`, at least ``explore``). Pure (given ``rng``)."""
     verdict = teaches(recent, k)
+    if verdict is None and family is not None and family.rollouts >= k:
+        return rng.random() < max(explore, teach_probability(family.pass_rate, group_size))
     return verdict is not False or rng.random() < explore
 
 
-RECENT_SQL = """
+def _recent_sql(key: str, having_key: str) -> str:
+    return f"""
 SELECT key, count() AS rollouts, min(final_reward) AS low, max(final_reward) AS high,
-       countIf(final_reward >= {pass_at:Float64}) AS passed
+       countIf(final_reward >= {{pass_at:Float64}}) AS passed
 FROM (
-    SELECT if(metadata['task_key'] != '', metadata['task_key'], task_id) AS key, final_reward,
+    SELECT {key} AS key, final_reward,
            row_number() OVER (PARTITION BY key ORDER BY finished_ns DESC) AS recency
     FROM rollouts FINAL
-    WHERE mode = 'train' AND final_reward IS NOT NULL AND finished_ns > 0
+    WHERE mode = 'train' AND final_reward IS NOT NULL AND finished_ns > 0{having_key}
 )
-WHERE recency <= {k:UInt32}
+WHERE recency <= {{k:UInt32}}
 GROUP BY key
 """
 
 
-def recent_rewards(client: Any, k: int, pass_at: float = 1.0) -> dict[str, Recent]:
+RECENT_SQL = _recent_sql("if(metadata['task_key'] != '', metadata['task_key'], task_id)", "")
+FAMILY_SQL = _recent_sql("metadata['task_family']", " AND metadata['task_family'] != ''")
+
+
+def recent_rewards(client: Any, k: int, pass_at: float = 1.0, families: bool = False) -> dict[str, Recent]:
     """Each task key's last ``k`` finished train rollouts in the client's database (``rollouts``): their count, lowest
-    and highest final reward, and how many reached ``pass_at``."""
-    rows = client.query(RECENT_SQL, parameters={"k": k, "pass_at": pass_at}).result_rows
+    and highest final reward, and how many reached ``pass_at``; with ``families``, each task family's instead."""
+    rows = client.query(FAMILY_SQL if families else RECENT_SQL, parameters={"k": k, "pass_at": pass_at}).result_rows
     return {str(key): Recent(int(n), float(lo), float(hi), int(p)) for key, n, lo, hi, p in rows}
 
 
 @dataclass
 class Curriculum:
-    """The feeder's view of what teaches: the recent rewards per task key, refreshed from ClickHouse at most every
-    ``refresh_s``; :meth:`take` decides one task. Counts what it skipped and why, for the run's report."""
+    """The feeder's view of what teaches: the recent rewards per task key (and per task family, with
+    ``read_families``), refreshed from ClickHouse at most every ``refresh_s``; :meth:`take` decides one task. Counts
+    what it skipped and why, for the run's report."""
 
     read: Callable[[], dict[str, Recent]]
     k: int = 8
     explore: float = 0.1
     refresh_s: float = 10.0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    read_families: Callable[[], dict[str, Recent]] | None = None
+    group_size: int = 4  # the groups generated: a family's chance of teaching is a group's
     recent: dict[str, Recent] = field(default_factory=dict)
+    families: dict[str, Recent] = field(default_factory=dict)
     skipped_solved: int = 0
     skipped_unsolved: int = 0
+    skipped_family: int = 0  # unknown tasks passed over on their family's chance of teaching
     _read_at: float = -1e18
     _failing: bool = False
 
@@ -108,7 +137,9 @@ class Curriculum:
             return
         self._read_at = now
         try:
-            self.recent = self.read()
+            recent = self.read()
+            self.families = self.read_families() if self.read_families is not None else {}
+            self.recent = recent
             self._failing = False
         except Exception as exc:  # noqa: BLE001 - ClickHouse unreachable or not yet migrated: choose with what we have
             if not self._failing:
@@ -116,43 +147,49 @@ class Curriculum:
                             str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
             self._failing = True
 
-    def take(self, key: str) -> bool:
+    def take(self, key: str, family: str | None = None, group_size: int | None = None) -> bool:
         r = self.recent.get(key)
-        if take(r, self.k, self.explore, self.rng):
+        f = self.families.get(family) if family else None
+        if take(r, self.k, self.explore, self.rng, f, group_size or self.group_size):
             return True
-        if r is not None and r.passed == r.rollouts:
+        if teaches(r, self.k) is None:
+            self.skipped_family += 1
+        elif r is not None and r.passed == r.rollouts:
             self.skipped_solved += 1
         else:
             self.skipped_unsolved += 1
         return False
 
-    def next_of(self, keys: Iterable[tuple[int, str]]) -> int | None:
-        """The first index whose task :meth:`take` accepts, of ``(index, key)`` pairs in the order offered; None
+    def next_of(self, keys: Iterable[tuple[int, str, str | None]]) -> int | None:
+        """The first index whose task :meth:`take` accepts, of ``(index, key, family)`` in the order offered; None
         when it accepts none of them (every task decided: the caller takes the next one anyway)."""
-        for i, key in keys:
-            if self.take(key):
+        for i, key, family in keys:
+            if self.take(key, family):
                 return i
         return None
 
 
-def pass_rate_curriculum(settings: Any, k: int = 8, explore: float = 0.1, refresh_s: float = 10.0, seed: int = 0) -> Curriculum:
+def pass_rate_curriculum(settings: Any, k: int = 8, explore: float = 0.1, refresh_s: float = 10.0, seed: int = 0,
+                         group_size: int = 4, family_k: int | None = None) -> Curriculum:
     """A curriculum reading the run's own ClickHouse database (``settings``: a CommonSettings), connecting on first
-    use and again after a failure."""
+    use and again after a failure; task families judged over their last ``family_k`` rollouts (default ``4 * k``)."""
     from foundation.clickhouse import connect
 
     client: dict[str, Any] = {}
 
-    def read() -> dict[str, Recent]:
+    def query(**kw: Any) -> dict[str, Recent]:
         if "c" not in client:
             client["c"] = connect(settings.dsn, database=settings.clickhouse_database, password=settings.clickhouse_password,
                                   create_database=False)
         try:
-            return recent_rewards(client["c"], k)
+            return recent_rewards(client["c"], **kw)
         except Exception:
             client.pop("c").close()
             raise
 
-    return Curriculum(read, k=k, explore=explore, refresh_s=refresh_s, rng=random.Random(seed))
+    return Curriculum(lambda: query(k=k), k=k, explore=explore, refresh_s=refresh_s, rng=random.Random(seed),
+                      read_families=lambda: query(k=family_k or 4 * k, families=True), group_size=group_size)
 
 
-__all__ = ["SELECTIONS", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_KEY", "recent_rewards", "take", "task_key", "teaches"]
+__all__ = ["FAMILY_SQL", "SELECTIONS", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_FAMILY", "TASK_KEY",
+           "recent_rewards", "take", "task_key", "teach_probability", "teaches"]

@@ -6,7 +6,9 @@ error naming its line number; nothing is published from a file with bad lines.
 
 ``--task-selection pass-rate`` publishes only the train tasks that teach (:mod:`producers.curriculum`): a task
 whose last ``--selection-k`` finished rollouts in ClickHouse all earned the same reward is left out, but for
-``--selection-explore`` of them; a task is known by ``metadata.task_key`` when it has one, else by its ``task_id`` (a
+``--selection-explore`` of them, and a task with fewer of its own is published with the chance that a group of its
+family (``metadata.task_family``, over the family's last 4 x k rollouts) teaches; a task is known by
+``metadata.task_key`` when it has one, else by its ``task_id`` (a
 line without one gets a ``task_key``: its input's digest, so that publishing the file again finds its history).
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from foundation.errors import ConfigError, KafkaUnavailable
 from foundation.flags import Bounded
-from producers.curriculum import TASK_KEY, task_key
+from producers.curriculum import TASK_FAMILY, TASK_KEY, task_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +87,9 @@ def select_tasks(tasks: list[Any], curriculum: Any) -> tuple[list[Any], int]:
     """The tasks to publish and how many train tasks the curriculum left out (test tasks always go). Pure given the
     curriculum's read."""
     curriculum.refresh()
-    kept = [t for t in tasks if t.mode != "train" or curriculum.take(t.metadata.get(TASK_KEY) or t.task_id)]
+    kept = [t for t in tasks
+            if t.mode != "train" or curriculum.take(t.metadata.get(TASK_KEY) or t.task_id, t.metadata.get(TASK_FAMILY),
+                                                      max(t.group_size, 2))]
     return kept, len(tasks) - len(kept)
 
 
@@ -112,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
         client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
         try:
             recent = recent_rewards(client, args.selection_k)
+            families = recent_rewards(client, 4 * args.selection_k, families=True)
         finally:
             client.close()
         # Seeded afresh each time: the same left-out tasks must not be the ones explored on every publish.
-        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore, rng=random.Random())
+        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore, rng=random.Random(),
+                                read_families=lambda: families)
         tasks, left_out = select_tasks(tasks, curriculum)
     warning = single_rollout_line(tasks)
     if warning:
@@ -149,5 +155,6 @@ def run(args: argparse.Namespace) -> int:
     if left:
         raise KafkaUnavailable(f"{left} tasks not delivered to {s.bootstrap} within 30s")
     print(f"published {len(tasks)} tasks to {s.topics.tasks}"
-          + (f"; left out {left_out} whose last {args.selection_k} rollouts all earned the same reward" if left_out else ""))
+          + (f"; left out {left_out} whose last {args.selection_k} rollouts all earned the same reward, or whose family's "
+             "groups seldom teach" if left_out else ""))
     return 0

@@ -42,6 +42,11 @@ class Problem:
             value = apply(value, KEYWORDS[word], n)
         return value
 
+    @property
+    def family(self) -> str:
+        """Its keywords (task selection judges an unseen problem by its keywords' recent rollouts)."""
+        return " ".join(self.words)
+
     def to_json(self) -> str:
         return json.dumps({"question": self.text, "numbers": list(self.numbers), "words": list(self.words)})
 

@@ -313,6 +313,8 @@ class DemoResult:
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process over the training phase
     tokens: float = 0.0  # tokens the trainer's steps trained on (prompt + response of each row), summed
     samples: float = 0.0  # rows (rollout turns) the steps trained on, summed
+    groups: int = 0  # training groups generated (seen on the batches topic)
+    groups_teaching: int = 0  # of them, those whose rewards differ
 
 
 def _local_settings(cfg: DemoConfig) -> CommonSettings:
@@ -419,8 +421,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         else:
             from producers.curriculum import pass_rate_curriculum
 
-            curriculum = (pass_rate_curriculum(settings, cfg.selection_k, cfg.selection_explore, seed=cfg.seed)
-                          if cfg.task_selection == "pass-rate" else None)
+            curriculum = (pass_rate_curriculum(settings, cfg.selection_k, cfg.selection_explore, seed=cfg.seed,
+                                               group_size=cfg.group_size) if cfg.task_selection == "pass-rate" else None)
             feeder = TaskFeeder(settings, train, live, group_size=cfg.group_size, runners=cfg.runners,
                                 groups_per_step=cfg.groups_per_step, curriculum=curriculum)
         train_for = cfg.minutes * 60
@@ -464,6 +466,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             trained_tokens = sum(float(st.get("tokens", 0.0)) for st in live.steps)
             trained_samples = sum(float(st.get("samples", 0.0)) for st in live.steps)
             rollouts = sum(len(v) for v in live.rewards_by_version.values())
+            groups, groups_teaching = len(live.groups_seen), live.groups_teaching
         if not versions:
             raise RolloutbusError("no resource version was published: the trainer never started")
         if len(versions) < 2:
@@ -527,7 +530,8 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             say(f"query      the store stays up on {stack.store.url}: .venv/bin/rolloutbus query \"SELECT * FROM v_reward_by_version\" "
                 "(.venv/bin/rolloutbus down stops it)")
         return DemoResult(first, chosen, final, first_scores, chosen_scores, val_scores, task.subsets, steps_done, rollouts,
-                          train_s, early_stopped, time.monotonic() - t_start, step_time, cpu, trained_tokens, trained_samples)
+                          train_s, early_stopped, time.monotonic() - t_start, step_time, cpu, trained_tokens, trained_samples,
+                          groups, groups_teaching)
     finally:
         stop_follow.set()
 

@@ -98,6 +98,11 @@ class Question:
     gold: str
     db: str = "company"  # the database (a key of DATABASES) the question is about
 
+    @property
+    def family(self) -> str:
+        """Its kind of query (task selection judges an unseen question by its level's recent rollouts)."""
+        return f"level-{self.level}"
+
     def to_json(self) -> str:
         return json.dumps({"qid": self.qid, "level": self.level, "question": self.text, "gold": self.gold, "db": self.db})
 

@@ -47,6 +47,7 @@ class Live:
     steps: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     groups_seen: set[str] = field(default_factory=set)
+    groups_teaching: int = 0  # groups seen whose rewards differ (the ones a step can learn from)
     rewards_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=128))
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,6 +79,7 @@ def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
                     live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics, "config": dict(rec.config)}
                 elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
                     live.groups_seen.add(rec.group_id)
+                    live.groups_teaching += int(bool(rec.rewards) and max(rec.rewards) > min(rec.rewards))
                     live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
                     live.recent.extend(rec.rewards)
     finally:
@@ -94,7 +96,9 @@ class TaskFeeder:
     """Publishes training tasks (anything with ``to_json()`` and ``text``), keeping only a few steps' worth ahead
     of the trainer. The problems go round in order; with a :class:`~producers.curriculum.Curriculum`, a
     problem whose recent rollouts all earned the same reward is passed over (but for its exploration), so that
-    groups are generated for problems that teach. Each task carries its problem's key (``metadata["task_key"]``)."""
+    groups are generated for problems that teach; a problem not yet known by its own rollouts is judged by its
+    family's (a problem's ``family`` attribute, when it has one). Each task carries its problem's key
+    (``metadata["task_key"]``) and family (``metadata["task_family"]``)."""
 
     def __init__(self, settings: CommonSettings, problems: list[Any], live: Live, *, group_size: int, runners: int,
                  groups_per_step: int, curriculum: Any = None) -> None:
@@ -106,6 +110,7 @@ class TaskFeeder:
         self.topic = settings.topics.tasks
         self.problems = problems
         self.keys = [task_key(p.to_json()) for p in problems]
+        self.families: list[str | None] = [getattr(p, "family", None) for p in problems]
         self.group_size = group_size
         self.live = live
         self.published = 0
@@ -120,23 +125,23 @@ class TaskFeeder:
         i = self.cursor % n
         if self.curriculum is not None:
             self.curriculum.refresh()
-            found = self.curriculum.next_of(((j % n, self.keys[j % n]) for j in range(self.cursor, self.cursor + n)))
+            found = self.curriculum.next_of((j % n, self.keys[j % n], self.families[j % n]) for j in range(self.cursor, self.cursor + n))
             i = i if found is None else found
         self.cursor = i + 1
         return i
 
     def top_up(self) -> None:
-        from producers.curriculum import TASK_KEY
+        from producers.curriculum import TASK_FAMILY, TASK_KEY
         from schemas import Task, encode
 
         with self.live.lock:
             done = len(self.live.groups_seen)
         while self.published - done < self.ahead:
             i = self.next_problem()
-            p = self.problems[i]
+            p, family = self.problems[i], self.families[i]
             task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
                         group_size=self.group_size, created_ns=time.time_ns(),
-                        metadata={"question": p.text, TASK_KEY: self.keys[i]})
+                        metadata={"question": p.text, TASK_KEY: self.keys[i], **({TASK_FAMILY: family} if family else {})})
             self.producer.produce(self.topic, key=task.task_id.encode(), value=encode(task))
             self.published += 1
         self.producer.poll(0)
@@ -147,7 +152,8 @@ class TaskFeeder:
         if c is None:
             return None
         return (f"tasks      {self.published} published; a problem was passed over {c.skipped_solved} times as solved and "
-                f"{c.skipped_unsolved} times as failed (its last {c.k} rollouts' rewards all equal; task selection pass-rate)")
+                f"{c.skipped_unsolved} times as failed (its last {c.k} rollouts' rewards all equal), {c.skipped_family} times "
+                "on its family's chance of teaching (task selection pass-rate)")
 
     def close(self) -> None:
         self.producer.flush(10)

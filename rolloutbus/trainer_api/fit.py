@@ -13,6 +13,7 @@ its versions (:func:`_sft`).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -54,12 +55,22 @@ AGENT_SPEC = "rolloutbus.trainer_api.shipped:agent"
 
 @dataclass
 class Row:
-    """A dataset row as the demo's task feeder takes a problem."""
+    """A dataset row as the demo's task feeder takes a problem; a row with a ``"task_family"`` field is of that
+    family (task selection pass-rate judges a row it has not seen by its family's recent rollouts)."""
 
     json: str
 
     def to_json(self) -> str:
         return self.json
+
+    @property
+    def family(self) -> str | None:
+        try:
+            row = json.loads(self.json)
+        except ValueError:
+            return None
+        family = row.get("task_family") if isinstance(row, dict) else None
+        return str(family) if family not in (None, "") else None
 
     @property
     def text(self) -> str:
@@ -281,8 +292,8 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
     say = trainer.say
     from producers.curriculum import pass_rate_curriculum
 
-    curriculum = (pass_rate_curriculum(settings, algo.selection_k, algo.selection_explore, seed=algo.seed)
-                  if algo.task_selection == "pass-rate" else None)
+    curriculum = (pass_rate_curriculum(settings, algo.selection_k, algo.selection_explore, seed=algo.seed,
+                                       group_size=algo.group_size) if algo.task_selection == "pass-rate" else None)
     feeder = TaskFeeder(settings, [Row(t) for t in train], live, group_size=algo.group_size, runners=trainer.n_runners,
                         groups_per_step=algo.groups_per_step, curriculum=curriculum)
     warnings: list[str] = []

@@ -34,3 +34,15 @@ def test_the_last_k_finished_train_rollouts_of_each_task_key(ch: Any) -> None:
     assert recent["sql-7"] == Recent(rollouts=3, low=0.0, high=1.0, passed=2)
     assert "sql-8" not in recent and "sql-9" not in recent
     assert recent_rewards(ch, k=5)["add-2-3"] == Recent(5, 0.0, 1.0, 3)
+
+
+def test_the_last_k_finished_train_rollouts_of_each_task_family(ch: Any) -> None:
+    ch.insert("rollouts", [
+        _row("a1", "q-1", 0.0, 1, meta={"task_family": "level-2"}), _row("a2", "q-2", 1.0, 2, meta={"task_family": "level-2"}),
+        _row("a3", "q-3", 1.0, 3, meta={"task_family": "level-2"}),
+        _row("b1", "q-4", 0.0, 1, meta={"task_family": "level-5"}), _row("b2", "q-5", 0.0, 2, meta={"task_family": "level-5"}),
+        _row("c1", "q-6", 1.0, 1),  # no family: not counted for any
+    ], column_names=COLS)
+    families = recent_rewards(ch, k=2, families=True)
+    assert families == {"level-2": Recent(2, 1.0, 1.0, 2), "level-5": Recent(2, 0.0, 0.0, 0)}  # the last two of each
+    assert recent_rewards(ch, k=8, families=True)["level-2"] == Recent(3, 0.0, 1.0, 2)

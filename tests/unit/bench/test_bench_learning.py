@@ -23,7 +23,7 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     class Result:
         first_scores, chosen_scores, subsets, chosen, final, validation = [0.0, 1.0], [1.0, 1.0], {}, 1, 1, {}
         steps, rollouts, train_s, step_time_s, cpu_s, early_stopped = 2, 32, 60.0, 10.0, {"train": 40.0}, False
-        tokens, samples = 4000.0, 16.0
+        tokens, samples, groups, groups_teaching = 4000.0, 16.0, 8, 3
 
     def fake_run(cfg: Any, first_scores: list[float] | None = None) -> Result:
         seen.update(cfg=cfg, first=first_scores)
@@ -39,7 +39,9 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert seen["first"] == ([0.5, 0.5] if key == "single" else None)
     assert first[key] == ([0.5, 0.5] if key == "single" else [0.0, 1.0])
     assert row["rollouts"] == 32 and row["trained_rollouts"] == 2 * 2 * 4 and row["tokens"] == 4000.0
-    assert "trained on 16 of them (50%), 4000 tokens, 100 per trainer CPU-second" in bl.where_time_goes({system: [row]})
+    shown = bl.where_time_goes({system: [row]})
+    assert "trained on 16 of them (50%), 4000 tokens, 100 per trainer CPU-second" in shown
+    assert "3 of 8 groups generated taught (38%, task selection all)" in shown
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:
