@@ -47,7 +47,8 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
     return DemoConfig(task="sql", minutes=args.minutes, group_size=4, runners=16, groups_per_step=2, held_out=args.held_out,
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
-                      engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"))  # one broker for every run (each demo run recreates its topics); stopped at the end
+                      engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
+                      pace=getattr(args, "pace", "generation"))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
 def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
@@ -69,7 +70,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "steps": res.steps, "rollouts": res.rollouts, "train_s": res.train_s, "wall_s": time.monotonic() - t0,
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
-            "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection}
+            "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
@@ -135,8 +136,9 @@ def teaching_groups(r: dict[str, Any]) -> float:
 
 def label(system: str, r: dict[str, Any]) -> str:
     """The row's name, with its task selection when it is not every question in turn."""
-    sel = r.get("task_selection", "all")
-    return LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
+    sel, pace = r.get("task_selection", "all"), r.get("pace", "generation")
+    return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
+            + ("" if pace == "generation" else f", paced by the {pace}"))
 
 
 def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validate-every", type=int, default=1)
     p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
                    help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
+    p.add_argument("--pace", choices=["generation", "trainer"], default="generation",
+                   help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

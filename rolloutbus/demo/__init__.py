@@ -88,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selection-k", type=Bounded(int, ge=1), default=None, help="--task-selection pass-rate: rollouts looked at (default 8)")
     p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=None,
                    help="--task-selection pass-rate: the chance a passed-over problem is taken all the same (default 0.1)")
+    p.add_argument("--pace", choices=["generation", "trainer"], default=None,
+                   help="what the task feeder keeps a few groups ahead of: generation (default: the runners never wait), or "
+                        "the trainer (the groups that teach and wait for it count too: the runners wait while it catches up)")
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

@@ -76,6 +76,7 @@ class DemoConfig:
     task_selection: str = "all"  # the feeder's choice of problems: all (in turn) | pass-rate (producers.curriculum)
     selection_k: int = 8  # pass-rate: a problem whose last K rollouts all earned the same reward is passed over
     selection_explore: float = 0.1  # pass-rate: ... but for this share of the times it comes round
+    pace: str = "generation"  # the feeder keeps tasks a few groups ahead of: generation (runners never wait) | the trainer
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
@@ -140,7 +141,7 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node", "task_selection", "selection_k", "selection_explore"):
+                     "policy_loss", "nproc_per_node", "task_selection", "selection_k", "selection_explore", "pace"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -424,7 +425,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             curriculum = (pass_rate_curriculum(settings, cfg.selection_k, cfg.selection_explore, seed=cfg.seed,
                                                group_size=cfg.group_size) if cfg.task_selection == "pass-rate" else None)
             feeder = TaskFeeder(settings, train, live, group_size=cfg.group_size, runners=cfg.runners,
-                                groups_per_step=cfg.groups_per_step, curriculum=curriculum)
+                                groups_per_step=cfg.groups_per_step, curriculum=curriculum, pace=cfg.pace)
         train_for = cfg.minutes * 60
         t_train = time.monotonic()
         shown = 0

@@ -86,6 +86,17 @@ def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
         c.close()
 
 
+PACES = ("generation", "trainer")  # the feeders' --pace
+
+
+def waiting_for_trainer(teaching: int, steps: list[dict[str, Any]]) -> int:
+    """Groups that teach, generated and not yet taken by the trainer: ``teaching`` seen, less what its steps took
+    (trained on, dropped as stale, skipped in a backlog; each step's metrics). Pure."""
+    taken = sum(float(st.get("groups", 0.0)) + float(st.get("batches_dropped_stale", 0.0))
+                + float(st.get("batches_skipped_backlog", 0.0)) for st in steps)
+    return max(0, teaching - int(taken))
+
+
 def tasks_ahead(group_size: int, runners: int, groups_per_step: int) -> int:
     """How many tasks the feeder keeps published beyond the groups seen: two steps' worth, or enough to keep
     every runner busy twice over. Pure."""
@@ -98,10 +109,17 @@ class TaskFeeder:
     problem whose recent rollouts all earned the same reward is passed over (but for its exploration), so that
     groups are generated for problems that teach; a problem not yet known by its own rollouts is judged by its
     family's (a problem's ``family`` attribute, when it has one). Each task carries its problem's key
-    (``metadata["task_key"]``) and family (``metadata["task_family"]``)."""
+    (``metadata["task_key"]``) and family (``metadata["task_family"]``).
+
+    ``pace``: ``generation`` keeps :func:`tasks_ahead` tasks beyond the groups generated, so runners never wait;
+    ``trainer`` counts the groups that teach and wait for the trainer (:func:`waiting_for_trainer`) against the same
+    allowance, so that generation stays a few groups ahead of the trainer rather than of itself: the runners wait
+    while the trainer catches up, the batches stay fresh, and on shared cores the CPU goes to the trainer."""
 
     def __init__(self, settings: CommonSettings, problems: list[Any], live: Live, *, group_size: int, runners: int,
-                 groups_per_step: int, curriculum: Any = None) -> None:
+                 groups_per_step: int, curriculum: Any = None, pace: str = "generation") -> None:
+        if pace not in PACES:
+            raise ValueError(f"pace must be one of {', '.join(PACES)}, got {pace!r}")
         from confluent_kafka import Producer
 
         from producers.curriculum import task_key
@@ -117,6 +135,7 @@ class TaskFeeder:
         self.cursor = 0  # the next problem in the round
         self.curriculum = curriculum
         self.ahead = tasks_ahead(group_size, runners, groups_per_step)
+        self.pace = pace
 
     def next_problem(self) -> int:
         """The index of the problem to publish next: the round's next, or with a curriculum the next that it takes
@@ -136,7 +155,8 @@ class TaskFeeder:
 
         with self.live.lock:
             done = len(self.live.groups_seen)
-        while self.published - done < self.ahead:
+            waiting = waiting_for_trainer(self.live.groups_teaching, self.live.steps) if self.pace == "trainer" else 0
+        while self.published - done + waiting < self.ahead:
             i = self.next_problem()
             p, family = self.problems[i], self.families[i]
             task = Task(task_id=f"train-{self.published:05d}", input=p.to_json(), mode="train",
@@ -159,4 +179,4 @@ class TaskFeeder:
         self.producer.flush(10)
 
 
-__all__ = ["Live", "TaskFeeder", "engine_args", "engine_start_s", "follow", "tasks_ahead", "wait_http"]
+__all__ = ["Live", "PACES", "TaskFeeder", "engine_args", "engine_start_s", "follow", "tasks_ahead", "wait_http", "waiting_for_trainer"]

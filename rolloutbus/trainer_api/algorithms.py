@@ -33,7 +33,8 @@ class GRPO:
     rollout's rewards become each step's advantage, and the loss's policy term (``decoupled`` for stale
     batches). ``task_selection="pass-rate"`` passes over the tasks whose last ``selection_k`` rollouts (read from the
     run's ClickHouse database) all earned the same reward, but for ``selection_explore`` of the times they come round
-    (:mod:`producers.curriculum`)."""
+    (:mod:`producers.curriculum`). ``pace="trainer"`` keeps generation a few teaching groups ahead of the trainer
+    rather than of itself (:class:`rolloutbus.runs.live.TaskFeeder`)."""
 
     group_size: int = 4
     groups_per_step: int = 2
@@ -55,6 +56,7 @@ class GRPO:
     task_selection: str = "all"  # all (in turn) | pass-rate: pass over tasks whose last selection_k rollouts all scored alike
     selection_k: int = 8
     selection_explore: float = 0.1
+    pace: str = "generation"  # generation: runners never wait | trainer: generation stays a few groups ahead of the trainer
     train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
 
     def __post_init__(self) -> None:
@@ -73,6 +75,10 @@ class GRPO:
 
         if self.task_selection not in SELECTIONS:
             raise ConfigError(f"GRPO(task_selection=...) must be one of {', '.join(SELECTIONS)}, got {self.task_selection!r}")
+        from rolloutbus.runs.live import PACES
+
+        if self.pace not in PACES:
+            raise ConfigError(f"GRPO(pace=...) must be one of {', '.join(PACES)}, got {self.pace!r}")
         if self.selection_k < 1 or not 0.0 <= self.selection_explore <= 1.0:
             raise ConfigError("GRPO(selection_k=...) must be at least 1 and selection_explore in [0, 1]")
 

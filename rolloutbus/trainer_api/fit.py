@@ -295,7 +295,7 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
     curriculum = (pass_rate_curriculum(settings, algo.selection_k, algo.selection_explore, seed=algo.seed,
                                        group_size=algo.group_size) if algo.task_selection == "pass-rate" else None)
     feeder = TaskFeeder(settings, [Row(t) for t in train], live, group_size=algo.group_size, runners=trainer.n_runners,
-                        groups_per_step=algo.groups_per_step, curriculum=curriculum)
+                        groups_per_step=algo.groups_per_step, curriculum=curriculum, pace=algo.pace)
     warnings: list[str] = []
     checked = False
     say(f"{'step':>5} {'version':>7} {'rollouts':>8} {'batch reward':>12} {'reward (last 128)':>17} {'loss':>8}  {'elapsed':>7}")
