@@ -47,7 +47,7 @@ class Live:
     steps: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     groups_seen: set[str] = field(default_factory=set)
-    groups_teaching: int = 0  # groups seen whose rewards differ (the ones a step can learn from)
+    groups_teaching: int = 0  # groups seen whose returns differ (not zero_variance: the ones a step can learn from)
     rewards_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=128))
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,7 +79,7 @@ def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
                     live.versions[rec.version] = {"uri": rec.uri, "step": rec.step, "metrics": rec.metrics, "config": dict(rec.config)}
                 elif isinstance(rec, GroupBatch) and rec.group_id not in live.groups_seen:
                     live.groups_seen.add(rec.group_id)
-                    live.groups_teaching += int(bool(rec.rewards) and max(rec.rewards) > min(rec.rewards))
+                    live.groups_teaching += int(not rec.zero_variance)
                     live.rewards_by_version[rec.resource_version if rec.resource_version is not None else -1].extend(rec.rewards)
                     live.recent.extend(rec.rewards)
     finally:
