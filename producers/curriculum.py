@@ -74,9 +74,11 @@ def teach_probability(pass_rate: float, group_size: int) -> float:
 def take(recent: Recent | None, k: int, explore: float, rng: random.Random, family: Recent | None = None,
          group_size: int = 4) -> bool:
     """Whether to generate a group for a task now: teaching, yes; one whose last ``k`` rollouts all earned the same,
-    only with probability ``explore``; unknown, yes, or when its ``family`` has ``k`` rollouts or more, with the
-    chance that a group of the family teaches (:func:`teach_probability`, at least ``explore``). Pure (given ``rng``)."""
+    only with probability ``explore``; with fewer than ``k`` of its own that differ, yes; else unknown: yes, or when its
+    ``family`` has ``k`` rollouts or more, with the chance that a group of the family teaches (:func:`teach_probability`, at least ``explore``). Pure (given ``rng``)."""
     verdict = teaches(recent, k)
+    if verdict is None and recent is not None and recent.high > recent.low:
+        return True  # fewer than k of its own, but they already differ: it teaches, whatever its family does
     if verdict is None and family is not None and family.rollouts >= k:
         return rng.random() < max(explore, teach_probability(family.pass_rate, group_size))
     return verdict is not False or rng.random() < explore

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=Bounded(int, ge=1), default=None, help="default group_size for lines without one")
     p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
                    help="all (default), or pass-rate: leave out train tasks whose last --selection-k rollouts in ClickHouse "
-                        "all earned the same reward (always solved, or never), but for --selection-explore of them")
+                        "all earned the same reward (always solved, or never), but for --selection-explore of them; a task with fewer "
+                        "of its own goes with the chance that a group of its metadata.task_family teaches")
     p.add_argument("--selection-k", type=Bounded(int, ge=1), default=8, help="--task-selection pass-rate: rollouts looked at")
     p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=0.1,
                    help="--task-selection pass-rate: the chance a left-out task is published all the same")

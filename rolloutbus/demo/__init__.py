@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-selection", choices=["all", "pass-rate"], default=None,
                    help="which problems get groups: all, in turn (default), or pass-rate: a problem whose last --selection-k "
                         "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "
-                        "--selection-explore of the times it comes round")
+                        "--selection-explore of the times it comes round; one with fewer rollouts of its own is taken with the chance "
+                        "that a group of its family (the SQL question's level, the calculator's keywords) teaches")
     p.add_argument("--selection-k", type=Bounded(int, ge=1), default=None, help="--task-selection pass-rate: rollouts looked at (default 8)")
     p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=None,
                    help="--task-selection pass-rate: the chance a passed-over problem is taken all the same (default 0.1)")

@@ -91,9 +91,10 @@ PACES = ("generation", "trainer")  # the feeders' --pace
 
 def waiting_for_trainer(teaching: int, steps: list[dict[str, Any]]) -> int:
     """Groups that teach, generated and not yet taken by the trainer: ``teaching`` seen, less what its steps took
-    (trained on, dropped as stale, skipped in a backlog; each step's metrics). Pure."""
-    taken = sum(float(st.get("groups", 0.0)) + float(st.get("batches_dropped_stale", 0.0))
-                + float(st.get("batches_skipped_backlog", 0.0)) for st in steps)
+    (trained on, less the zero-variance groups a trainer without --skip-zero-variance trains on too; dropped as stale;
+    skipped in a backlog; each step's metrics). Pure."""
+    taken = sum(float(st.get("groups", 0.0)) - float(st.get("zero_variance_groups", 0.0))
+                + float(st.get("batches_dropped_stale", 0.0)) + float(st.get("batches_skipped_backlog", 0.0)) for st in steps)
     return max(0, teaching - int(taken))
 
 

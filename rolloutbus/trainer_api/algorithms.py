@@ -33,7 +33,8 @@ class GRPO:
     rollout's rewards become each step's advantage, and the loss's policy term (``decoupled`` for stale
     batches). ``task_selection="pass-rate"`` passes over the tasks whose last ``selection_k`` rollouts (read from the
     run's ClickHouse database) all earned the same reward, but for ``selection_explore`` of the times they come round
-    (:mod:`producers.curriculum`). ``pace="trainer"`` keeps generation a few teaching groups ahead of the trainer
+    (:mod:`producers.curriculum`); a task with fewer of its own is judged by its family's (a row's ``task_family``
+    field). ``pace="trainer"`` keeps generation a few teaching groups ahead of the trainer
     rather than of itself (:class:`rolloutbus.runs.live.TaskFeeder`)."""
 
     group_size: int = 4

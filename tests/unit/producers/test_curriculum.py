@@ -36,6 +36,7 @@ def test_an_unknown_task_is_taken_with_its_family_s_chance_of_teaching() -> None
     assert sum(take(None, 4, 0.05, rng, family=hopeless) for _ in range(4000)) < 300  # explored only (0.05)
     assert take(None, 4, 0.0, rng, family=Recent(3, 0.0, 0.0, 0))  # a family with fewer than k rollouts: unknown, taken
     assert take(Recent(4, 0.0, 1.0, 1), 4, 0.0, rng, family=hopeless)  # the task's own history comes first
+    assert all(take(Recent(2, 0.0, 1.0, 1), 4, 0.0, rng, family=hopeless) for _ in range(50))  # two of its own that differ
     assert not take(Recent(4, 1.0, 1.0, 4), 4, 0.0, rng, family=half)
 
 

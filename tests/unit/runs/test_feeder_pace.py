@@ -45,7 +45,9 @@ def _seen(live: Live, groups: int, teaching: int) -> None:
 def test_the_groups_that_wait_for_the_trainer_are_those_that_teach_less_what_its_steps_took() -> None:
     steps = [{"groups": 2.0, "batches_dropped_stale": 1.0}, {"groups": 2.0, "batches_skipped_backlog": 3.0}]
     assert waiting_for_trainer(10, steps) == 2 and waiting_for_trainer(10, []) == 10
-    assert waiting_for_trainer(3, steps) == 0  # never below nothing (a trainer that also trains groups that do not teach)
+    assert waiting_for_trainer(3, steps) == 0  # never below nothing
+    # A trainer without --skip-zero-variance trains groups that teach nothing too: they are not what the feeder counts.
+    assert waiting_for_trainer(4, [{"groups": 2.0, "zero_variance_groups": 1.0}] * 2) == 2
 
 
 @pytest.mark.parametrize("pace", ["generation", "trainer"])
