@@ -132,8 +132,12 @@ def extension_path() -> Path:
     the worker extension without the project's own site-packages, whose pins conflict with vLLM's."""
     import trainer
 
+    from trainer.vllm_spin import ENV, SITECUSTOMIZE
+
     folder = Path(tempfile.mkdtemp(prefix="rolloutbus-vllm-ext-"))
     (folder / "trainer").symlink_to(Path(trainer.__file__).resolve().parent, target_is_directory=True)
+    if os.environ.get(ENV, "").strip():  # opt-in: the engine's queues spin less (trainer/vllm_spin.py)
+        (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     return folder
 
 
