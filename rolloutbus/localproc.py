@@ -9,6 +9,7 @@ port for one more local service (the demo's and the benches' processes).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,8 +22,34 @@ from typing import Any, ClassVar
 from foundation.errors import ServiceError
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the kernel's pick), for a local process to listen on."""
+def ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a connection's own (``ip_local_port_range``; 32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A TCP port free on ``host`` now, for a local process to listen on: drawn below the kernel's ephemeral range, so
+    that no outgoing connection (a Kafka client's, another process's) takes it as its own before the process binds it
+    (seen: a policy server started seconds later failing with "address already in use"); the kernel's pick where there
+    is no room below."""
+    rng = rng or random.SystemRandom()
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+            return True
+
+    top = ephemeral_low()
+    for _ in range(200 if top > 10001 else 0):
+        port = rng.randrange(10000, top)
+        if free(port):
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
