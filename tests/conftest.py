@@ -24,14 +24,7 @@ from typing import Any
 
 import pytest
 
-
-
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out as a connection's own (ip_local_port_range)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+from rolloutbus.localproc import ephemeral_low
 
 
 def free_port_run(offsets: tuple[int, ...] = (0,)) -> int:
@@ -46,7 +39,7 @@ def free_port_run(offsets: tuple[int, ...] = (0,)) -> int:
                 return False
             return True
 
-    top = _ephemeral_low() - max(offsets) - 1
+    top = ephemeral_low() - max(offsets) - 1
     for _ in range(200):
         port = random.randrange(10000, top) if top > 10000 else _kernel_port()
         if port + max(offsets) < 65000 and all(free(port + d) for d in offsets):
