@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 TASK_KEY = "task_key"
 TASK_FAMILY = "task_family"
-SELECTIONS = ("all", "pass-rate")  # the feeders' --task-selection
 
 
 def task_key(problem_json: str) -> str:
@@ -193,5 +192,5 @@ def pass_rate_curriculum(settings: Any, k: int = 8, explore: float = 0.1, refres
                       read_families=lambda: query(k=family_k or 4 * k, families=True), group_size=group_size)
 
 
-__all__ = ["FAMILY_SQL", "SELECTIONS", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_FAMILY", "TASK_KEY",
+__all__ = ["FAMILY_SQL", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_FAMILY", "TASK_KEY",
            "recent_rewards", "take", "task_key", "teach_probability", "teaches"]

@@ -3,11 +3,13 @@ span transport and ``rolloutbus run-agent``. The ingest service's are :mod:`prod
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from foundation.config import CommonSettings
+from foundation.config import ENV_PREFIX, CommonSettings
+from foundation.errors import ConfigError
 
 
 class AgentSettings(CommonSettings):
@@ -34,4 +36,43 @@ class RunnerSettings(AgentSettings):
     runner_heartbeat_s: float = Field(default=10.0, gt=0)
 
 
-__all__ = ["AgentSettings", "RunnerSettings"]
+class FeederSettings(BaseSettings):
+    """A task feeder's choices (the demo's, ``Trainer.fit``'s, ``rolloutbus tasks publish``'s): which tasks get groups,
+    and what generation stays ahead of. Declared once here: the three take their defaults, flags and checks from it."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    task_selection: Literal["all", "pass-rate"] = Field(
+        default="all", description="all (in turn), or pass-rate: a task whose last selection_k rollouts all earned the "
+                                   "same reward is passed over but for selection_explore of the times (producers.curriculum).")
+    selection_k: int = Field(default=8, ge=1, description="pass-rate: a task's rollouts looked at.")
+    selection_explore: float = Field(default=0.1, ge=0, le=1,
+                                     description="pass-rate: the chance a passed-over task is taken all the same.")
+    pace: Literal["generation", "trainer"] = Field(
+        default="generation", description="What generation stays a few groups ahead of: itself (the runners never wait) "
+                                          "or the trainer (the teaching groups that wait for it count too).")
+
+
+def feeder_default(field: str) -> Any:
+    """A :class:`FeederSettings` field's default, for the API's and the demo's own fields. Pure."""
+    return FeederSettings.model_fields[field].default
+
+
+def feeder_choices(field: str) -> tuple[str, ...]:
+    """The values a ``Literal`` field of :class:`FeederSettings` takes (the flags' ``choices``). Pure."""
+    return tuple(get_args(FeederSettings.model_fields[field].annotation))
+
+
+def check_feeder(values: dict[str, Any], name: str = "{}") -> None:
+    """ConfigError for the first of ``values`` (field → value) that breaks its :class:`FeederSettings` rule, naming it
+    as ``name.format(field)`` (``GRPO({}=...)``); the environment is not read. Pure."""
+    try:
+        FeederSettings.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0])
+        rule = str(err["msg"]).replace("Input should be", "must be")
+        raise ConfigError(f"{name.format(field)} {rule}, got {values.get(field)!r}") from None
+
+
+__all__ = ["AgentSettings", "FeederSettings", "RunnerSettings", "check_feeder", "feeder_choices", "feeder_default"]

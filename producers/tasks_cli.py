@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from foundation.errors import ConfigError, KafkaUnavailable
-from foundation.flags import Bounded
+from foundation.flags import Bounded, describe_flags
 from producers.curriculum import TASK_FAMILY, TASK_KEY, task_key
+from producers.settings import feeder_choices
+
+# flag dest → producers.settings.FeederSettings field (its default, bounds and variable)
+_FLAGS = {"task_selection": "task_selection", "selection_k": "selection_k", "selection_explore": "selection_explore"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,13 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("publish", help="publish tasks from a JSONL file")
     p.add_argument("file", type=Path)
     p.add_argument("--group-size", type=Bounded(int, ge=1), default=None, help="default group_size for lines without one")
-    p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
-                   help="all (default), or pass-rate: leave out train tasks whose last --selection-k rollouts in ClickHouse "
+    p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
+                   help="all, or pass-rate: leave out train tasks whose last --selection-k rollouts in ClickHouse "
                         "all earned the same reward (always solved, or never), but for --selection-explore of them; a task with fewer "
                         "of its own goes with the chance that a group of its metadata.task_family teaches")
-    p.add_argument("--selection-k", type=Bounded(int, ge=1), default=8, help="--task-selection pass-rate: rollouts looked at")
-    p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=0.1,
+    p.add_argument("--selection-k", type=int, default=None, help="--task-selection pass-rate: rollouts looked at")
+    p.add_argument("--selection-explore", type=float, default=None,
                    help="--task-selection pass-rate: the chance a left-out task is published all the same")
+    describe_flags(p, "producers.settings:FeederSettings", list(_FLAGS))
 
 
 def parse_tasks(lines: list[str], group_size: int | None = None) -> list[Any]:
@@ -100,28 +105,31 @@ def run(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
     from foundation.config import CommonSettings, load_settings
+    from producers.settings import FeederSettings
     from schemas.codec import encode
 
     s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})
+    given = {k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None}
+    feed = load_settings(FeederSettings, given, {k: "--" + k.replace("_", "-") for k in _FLAGS})
     try:
         lines = args.file.read_text().splitlines()
     except OSError as exc:
         raise ConfigError(f"cannot read {args.file}: {exc}") from exc
     tasks = parse_tasks(lines, args.group_size)
     left_out = 0
-    if getattr(args, "task_selection", "all") == "pass-rate":
+    if feed.task_selection == "pass-rate":
         from foundation.clickhouse import connect
         from producers.curriculum import Curriculum, recent_rewards
 
         # Read once, and here a failed read is the command's error: nothing is published on a guess.
         client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
         try:
-            recent = recent_rewards(client, args.selection_k)
-            families = recent_rewards(client, 4 * args.selection_k, families=True)
+            recent = recent_rewards(client, feed.selection_k)
+            families = recent_rewards(client, 4 * feed.selection_k, families=True)
         finally:
             client.close()
         # Seeded afresh each time: the same left-out tasks must not be the ones explored on every publish.
-        curriculum = Curriculum(lambda: recent, k=args.selection_k, explore=args.selection_explore, rng=random.Random(),
+        curriculum = Curriculum(lambda: recent, k=feed.selection_k, explore=feed.selection_explore, rng=random.Random(),
                                 read_families=lambda: families)
         tasks, left_out = select_tasks(tasks, curriculum)
     warning = single_rollout_line(tasks)
@@ -156,6 +164,6 @@ def run(args: argparse.Namespace) -> int:
     if left:
         raise KafkaUnavailable(f"{left} tasks not delivered to {s.bootstrap} within 30s")
     print(f"published {len(tasks)} tasks to {s.topics.tasks}"
-          + (f"; left out {left_out} whose last {args.selection_k} rollouts all earned the same reward, or whose family's "
+          + (f"; left out {left_out} whose last {feed.selection_k} rollouts all earned the same reward, or whose family's "
              "groups seldom teach" if left_out else ""))
     return 0

@@ -8,7 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from foundation.flags import Bounded
+from foundation.flags import Bounded, describe_flags
+from producers.settings import feeder_choices
+
+# the feeder's flags: producers.settings.FeederSettings declares them (defaults, bounds, variables)
+FEEDER_FLAGS = {"task_selection": "--task-selection", "selection_k": "--selection-k", "selection_explore": "--selection-explore",
+                "pace": "--pace"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,17 +86,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term (default ppo-clip)")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
-    p.add_argument("--task-selection", choices=["all", "pass-rate"], default=None,
-                   help="which problems get groups: all, in turn (default), or pass-rate: a problem whose last --selection-k "
+    p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
+                   help="which problems get groups: all, in turn, or pass-rate: a problem whose last --selection-k "
                         "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "
                         "--selection-explore of the times it comes round; one with fewer rollouts of its own is taken with the chance "
                         "that a group of its family (the SQL question's level, the calculator's keywords) teaches")
-    p.add_argument("--selection-k", type=Bounded(int, ge=1), default=None, help="--task-selection pass-rate: rollouts looked at (default 8)")
-    p.add_argument("--selection-explore", type=Bounded(float, ge=0, le=1), default=None,
-                   help="--task-selection pass-rate: the chance a passed-over problem is taken all the same (default 0.1)")
-    p.add_argument("--pace", choices=["generation", "trainer"], default=None,
-                   help="what the task feeder keeps a few groups ahead of: generation (default: the runners never wait), or "
+    p.add_argument("--selection-k", type=int, default=None, help="--task-selection pass-rate: rollouts looked at")
+    p.add_argument("--selection-explore", type=float, default=None,
+                   help="--task-selection pass-rate: the chance a passed-over problem is taken all the same")
+    p.add_argument("--pace", choices=feeder_choices("pace"), default=None,
+                   help="what the task feeder keeps a few groups ahead of: generation (the runners never wait), or "
                         "the trainer (the groups that teach and wait for it count too: the runners wait while it catches up)")
+    describe_flags(p, "producers.settings:FeederSettings", list(FEEDER_FLAGS))
     p.add_argument("--seed", type=Bounded(int, ge=0), default=0, help="seed of the model, the problems and sampling")
     p.add_argument("--out", default="demo-output", help="where the reward curve and the logs go (default demo-output)")
     p.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes (used by the tests)")

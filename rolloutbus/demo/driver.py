@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from foundation.config import CommonSettings, load_settings
+from producers.settings import FeederSettings, feeder_default
 from rolloutbus.demo import calc
 from rolloutbus.localproc import free_port
 from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
@@ -73,10 +74,10 @@ class DemoConfig:
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo-clip"  # the trainer's --policy-loss
     nproc_per_node: int = 1  # the trainer's --nproc-per-node: FSDP2 ranks (torchrun)
-    task_selection: str = "all"  # the feeder's choice of problems: all (in turn) | pass-rate (producers.curriculum)
-    selection_k: int = 8  # pass-rate: a problem whose last K rollouts all earned the same reward is passed over
-    selection_explore: float = 0.1  # pass-rate: ... but for this share of the times it comes round
-    pace: str = "generation"  # the feeder keeps tasks a few groups ahead of: generation (runners never wait) | the trainer
+    task_selection: str = feeder_default("task_selection")  # the feeder's choices: producers.settings.FeederSettings
+    selection_k: int = feeder_default("selection_k")
+    selection_explore: float = feeder_default("selection_explore")
+    pace: str = feeder_default("pace")
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
@@ -103,6 +104,16 @@ class DemoConfig:
                 RewardRules.load(self.reward_rules)
             except ValueError as exc:
                 raise ConfigError(f"--reward-rules: {exc}") from None
+
+    def _feeder_settings(self, args: argparse.Namespace) -> None:
+        """The task feeder's choices: a flag, else its ``ROLLOUTBUS_*`` variable, else FeederSettings' default; checked
+        by the model that declares them (a bad --selection-k is one line naming the flag and the variable)."""
+        from rolloutbus.demo import FEEDER_FLAGS
+
+        given = {k: getattr(args, k) for k in FEEDER_FLAGS if getattr(args, k, None) is not None}
+        feed = load_settings(FeederSettings, given, FEEDER_FLAGS)
+        for name in FEEDER_FLAGS:
+            setattr(self, name, getattr(feed, name))
 
     @property
     def serve_start_s(self) -> float:
@@ -141,11 +152,12 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node", "task_selection", "selection_k", "selection_explore", "pace"):
+                     "policy_loss", "nproc_per_node"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
         cfg._learning_settings(args)
+        cfg._feeder_settings(args)
         if getattr(args, "production", False):
             from rolloutbus.demo.production import ProductionConfig
 

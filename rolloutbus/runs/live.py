@@ -12,6 +12,7 @@ from typing import Any
 
 from foundation.config import CommonSettings
 from foundation.errors import RolloutbusError
+from producers.settings import feeder_choices
 from rolloutbus.runs.procs import Supervisor
 
 
@@ -86,7 +87,7 @@ def follow(settings: CommonSettings, live: Live, stop: threading.Event) -> None:
         c.close()
 
 
-PACES = ("generation", "trainer")  # the feeders' --pace
+PACES = feeder_choices("pace")  # the feeders' --pace: generation | trainer (producers.settings.FeederSettings)
 
 
 def waiting_for_trainer(teaching: int, steps: list[dict[str, Any]]) -> int:

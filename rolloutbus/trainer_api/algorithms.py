@@ -14,6 +14,7 @@ from typing import Any
 
 from foundation.errors import ConfigError
 from foundation.registry import Registry
+from producers.settings import check_feeder, feeder_default
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
@@ -54,10 +55,10 @@ class GRPO:
     gamma: float = 1.0
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo-clip"
-    task_selection: str = "all"  # all (in turn) | pass-rate: pass over tasks whose last selection_k rollouts all scored alike
-    selection_k: int = 8
-    selection_explore: float = 0.1
-    pace: str = "generation"  # generation: runners never wait | trainer: generation stays a few groups ahead of the trainer
+    task_selection: str = feeder_default("task_selection")  # producers.settings.FeederSettings: all | pass-rate
+    selection_k: int = feeder_default("selection_k")
+    selection_explore: float = feeder_default("selection_explore")
+    pace: str = feeder_default("pace")  # generation: runners never wait | trainer: a few groups ahead of the trainer
     train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
 
     def __post_init__(self) -> None:
@@ -72,16 +73,8 @@ class GRPO:
         POLICY_LOSSES.check(self.policy_loss)
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
-        from producers.curriculum import SELECTIONS
-
-        if self.task_selection not in SELECTIONS:
-            raise ConfigError(f"GRPO(task_selection=...) must be one of {', '.join(SELECTIONS)}, got {self.task_selection!r}")
-        from rolloutbus.runs.live import PACES
-
-        if self.pace not in PACES:
-            raise ConfigError(f"GRPO(pace=...) must be one of {', '.join(PACES)}, got {self.pace!r}")
-        if self.selection_k < 1 or not 0.0 <= self.selection_explore <= 1.0:
-            raise ConfigError("GRPO(selection_k=...) must be at least 1 and selection_explore in [0, 1]")
+        check_feeder({"task_selection": self.task_selection, "selection_k": self.selection_k,
+                      "selection_explore": self.selection_explore, "pace": self.pace}, "GRPO({}=...)")
 
     def fit(self, trainer: Any, agent: Any, train: list[str], val: list[str], test: list[str]) -> Any:
         """``Trainer.fit``'s run: the runners, the stream worker's groups, ``rolloutbus train``."""

@@ -1,5 +1,6 @@
 """A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
-``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store`` and ``dashboard`` that
+``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store``, ``dashboard``, ``tasks publish`` (and the demo's task
+feeder flags) that
 sets a field shows the model's default and variable in its help (derived by ``foundation.flags.describe_flags`` when the help is shown), and
 no help states another default by hand."""
 
@@ -16,8 +17,11 @@ from foundation.config import ENV_PREFIX, shown_default
 def _parser(module: str) -> argparse.ArgumentParser:
     import importlib
 
+    module, _, sub = module.partition(":")  # module:subcommand, for a command whose flags sit on a subparser
     parser = argparse.ArgumentParser()
     importlib.import_module(module).add_arguments(parser)
+    if sub:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[sub]
     parser.format_help()  # the variables and defaults are added when the help is shown
     return parser
 
@@ -43,6 +47,12 @@ def _cases() -> list[tuple[str, str, str, type]]:
                              ("rolloutbus.dashboard.cli", "rolloutbus.dashboard.settings:DashboardSettings")):
         model = getattr(importlib.import_module(settings.split(":")[0]), settings.split(":")[1])
         cases += [(module, dest, field, model) for dest, field in importlib.import_module(module)._FLAGS.items()]
+    from producers.settings import FeederSettings
+    from producers.tasks_cli import _FLAGS as TASKS_FLAGS
+    from rolloutbus.demo import FEEDER_FLAGS
+
+    cases += [("producers.tasks_cli:publish", dest, field, FeederSettings) for dest, field in TASKS_FLAGS.items()]
+    cases += [("rolloutbus.demo", dest, dest, FeederSettings) for dest in FEEDER_FLAGS]
     return cases
 
 

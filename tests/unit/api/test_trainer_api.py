@@ -47,10 +47,12 @@ def test_bad_rows_and_settings_are_one_line() -> None:
         Trainer(adapter={"agent_mtch": "x"})
     with pytest.raises(ConfigError, match="group_size"):
         GRPO(group_size=1)
-    with pytest.raises(ConfigError, match="task_selection=...\\) must be one of all, pass-rate, got 'hard'"):
+    with pytest.raises(ConfigError, match="GRPO\\(task_selection=...\\) must be 'all' or 'pass-rate', got 'hard'"):
         GRPO(task_selection="hard")
-    with pytest.raises(ConfigError, match="selection_k"):
+    with pytest.raises(ConfigError, match="GRPO\\(selection_k=...\\) must be greater than or equal to 1, got 0"):
         GRPO(task_selection="pass-rate", selection_k=0)
+    with pytest.raises(ConfigError, match="GRPO\\(pace=...\\) must be 'generation' or 'trainer', got 'fast'"):
+        GRPO(pace="fast")
     with pytest.raises(ConfigError, match="fit needs a train_dataset"):
         Trainer().fit(Echo(), [])
 
@@ -210,3 +212,23 @@ def test_algorithms_are_registered_by_name_and_each_says_how_fit_runs_it() -> No
         assert "count-tasks" in ALGORITHMS.table() and "counts the tasks it was given" in ALGORITHMS.table()
     finally:
         ALGORITHMS.unregister("count-tasks")
+
+
+def test_the_feeders_choices_are_declared_once() -> None:
+    """GRPO's, the demo's and ``tasks publish``'s task-feeder defaults are FeederSettings'."""
+    import argparse
+
+    from producers.settings import FeederSettings
+    from producers.tasks_cli import add_arguments as add_tasks
+    from rolloutbus.demo import add_arguments as add_demo
+    from rolloutbus.demo.driver import DemoConfig
+
+    demo = argparse.ArgumentParser()
+    add_demo(demo)
+    cfg = DemoConfig.from_args(demo.parse_args([]))
+    tasks = argparse.ArgumentParser()
+    add_tasks(tasks)
+    for name, info in FeederSettings.model_fields.items():
+        assert getattr(GRPO(), name) == getattr(cfg, name) == info.default, name
+    assert demo.parse_args(["--selection-k", "3"]).selection_k == 3
+    assert tasks.parse_args(["publish", "f.jsonl"]).selection_k is None  # the model's default, or its variable, applies
