@@ -293,6 +293,12 @@ _RULES = {
 }
 
 
+def default_of(cls: type[BaseSettings], field: str) -> Any:
+    """A settings field's declared default, for a dataclass or config that mirrors the field (the model stays the one
+    place the default is written). Pure."""
+    return cls.model_fields[field].default
+
+
 def shown_default(cls: type[BaseSettings], field: str) -> str | None:
     """A field's default as a flag's help shows it (None: none to show: no default, a computed one, a switch). Pure."""
     info = cls.model_fields[field]

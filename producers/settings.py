@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from foundation.config import ENV_PREFIX, CommonSettings
+from foundation.config import ENV_PREFIX, CommonSettings, default_of
 from foundation.errors import ConfigError
 
 
@@ -55,7 +55,7 @@ class FeederSettings(BaseSettings):
 
 def feeder_default(field: str) -> Any:
     """A :class:`FeederSettings` field's default, for the API's and the demo's own fields. Pure."""
-    return FeederSettings.model_fields[field].default
+    return default_of(FeederSettings, field)
 
 
 def feeder_choices(field: str) -> tuple[str, ...]:

@@ -78,14 +78,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--credit", choices=CREDIT.names(), default=None,
                    help="how a rollout's rewards become each step's return (default discounted, with --gamma 1: each turn "
                         "credited with the rewards from it on)")
-    p.add_argument("--gamma", type=Bounded(float, ge=0, le=1), default=None, help="discount of --credit discounted (default 1)")
+    p.add_argument("--gamma", type=Bounded(float, ge=0, le=1), default=None, help="discount of --credit discounted")
     p.add_argument("--reward-rules", type=Path, default=None, metavar="FILE",
                    help="TOML/JSON weights of the intermediate reward rules (default: the documented defaults; all 0: "
                         "the final reward alone)")
-    p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="default grpo")
-    p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term (default ppo-clip)")
+    p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
+    p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
+    # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)
+    describe_flags(p, "streams.settings:StreamSettings", ["gamma", "advantage_estimator"])
+    describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss"])
     p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
                    help="which problems get groups: all, in turn, or pass-rate: a problem whose last --selection-k "
                         "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "

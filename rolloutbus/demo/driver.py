@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from foundation.config import CommonSettings, load_settings
+from foundation.config import CommonSettings, default_of, load_settings
 from producers.settings import FeederSettings, feeder_default
+from streams.settings import StreamSettings
+from trainer.settings import TrainerSettings
 from rolloutbus.demo import calc
 from rolloutbus.localproc import free_port
 from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
@@ -69,11 +71,11 @@ class DemoConfig:
     engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
     production: Any = None  # --production: a rolloutbus.demo.production.ProductionConfig (task-less traffic, late feedback)
     credit: str = "discounted"  # the stream worker's --credit (a registered credit mode), with --gamma
-    gamma: float = 1.0
+    gamma: float = default_of(StreamSettings, "gamma")
     reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
-    advantage_estimator: str = "grpo"
-    policy_loss: str = "ppo-clip"  # the trainer's --policy-loss
-    nproc_per_node: int = 1  # the trainer's --nproc-per-node: FSDP2 ranks (torchrun)
+    advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
+    policy_loss: str = default_of(TrainerSettings, "policy_loss")  # the trainer's --policy-loss
+    nproc_per_node: int = default_of(TrainerSettings, "nproc_per_node")  # the trainer's FSDP2 ranks (torchrun)
     task_selection: str = feeder_default("task_selection")  # the feeder's choices: producers.settings.FeederSettings
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
@@ -87,8 +89,6 @@ class DemoConfig:
         estimator, policy loss): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
         checked by the settings that declare it, before anything starts."""
         from streams.rewards import RewardRules
-        from streams.settings import StreamSettings
-        from trainer.settings import TrainerSettings
 
         flags = {"credit": "--credit", "gamma": "--gamma", "reward_rules": "--reward-rules",
                  "advantage_estimator": "--advantage-estimator"}

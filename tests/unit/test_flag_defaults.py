@@ -52,7 +52,12 @@ def _cases() -> list[tuple[str, str, str, type]]:
     from rolloutbus.demo import FEEDER_FLAGS
 
     cases += [("producers.tasks_cli:publish", dest, field, FeederSettings) for dest, field in TASKS_FLAGS.items()]
+    from streams.settings import StreamSettings
+    from trainer.settings import TrainerSettings
+
     cases += [("rolloutbus.demo", dest, dest, FeederSettings) for dest in FEEDER_FLAGS]
+    cases += [("rolloutbus.demo", "gamma", "gamma", StreamSettings), ("rolloutbus.demo", "advantage_estimator", "advantage_estimator", StreamSettings),
+              ("rolloutbus.demo", "policy_loss", "policy_loss", TrainerSettings)]
     return cases
 
 
