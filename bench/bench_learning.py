@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
+from producers.settings import feeder_choices, feeder_default
 
 SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi", "rolloutbus-vllm-single", "rolloutbus-vllm-multi")
 LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
@@ -201,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-out", type=int, default=90, help="held-out questions (a third on the training databases)")
     p.add_argument("--validation", type=int, default=20, help="validation questions per version (rolloutbus rows)")
     p.add_argument("--validate-every", type=int, default=1)
-    p.add_argument("--task-selection", choices=["all", "pass-rate"], default="all",
+    p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=feeder_default("task_selection"),
                    help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
-    p.add_argument("--pace", choices=["generation", "trainer"], default="generation",
+    p.add_argument("--pace", choices=feeder_choices("pace"), default=feeder_default("pace"),
                    help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
