@@ -10,7 +10,12 @@ kept, greedy, on the same problems: the gain in points and its paired standard e
   an exception -0.2): every step of a rollout gets its total;
 - ``discounted+air``: ``--credit discounted --gamma 1`` with the default rules (the demo's default): each step
   gets the rewards from it on;
-- ``per-turn+air``: ``--credit per-turn``: each step only its own reward (the last also the final one).
+- ``per-turn+air``: ``--credit per-turn``: each step only its own reward (the last also the final one);
+- ``stale<N>-ppo-clip`` / ``stale<N>-decoupled`` (N 0, 2, 4): the policy server trails the newest version by N
+  (``demo --serve-lag N``), so every batch arrives at least N versions old, trained with the PPO clip against the
+  behaviour policy or with AReaL's decoupled objective (``--policy-loss decoupled``); each ``decoupled`` row is
+  compared with ``ppo-clip`` at the same N, each ``ppo-clip`` row with ``stale0-ppo-clip``, the credit rows with
+  ``final-only``.
 
 Runs one after the other (nothing else should run meanwhile); writes ``bench/results/credit-<date>.json`` (every
 run's figures and its command) and prints the table (``--render FILE`` prints an earlier run's).
@@ -39,10 +44,18 @@ SETTINGS: dict[str, list[str]] = {
     "identical+air": ["--credit", "identical"],
     "discounted+air": ["--credit", "discounted", "--gamma", "1"],
     "per-turn+air": ["--credit", "per-turn"],
+    # staleness: the policy server trails the newest version by N (demo --serve-lag), so every batch is >= N versions
+    # old; the PPO clip against the behaviour policy (ppo-clip) or AReaL's decoupled objective, the demo's credit
+    **{f"stale{n}-{loss}": ["--serve-lag", str(n), "--policy-loss", loss] for n in (0, 2, 4) for loss in ("ppo-clip", "decoupled")},
 }
+# each row is compared with its baseline over the same seeds: the credit rows with final-only; a decoupled row with
+# ppo-clip at the same lag; a ppo-clip row with ppo-clip at lag 0 (what staleness alone costs)
+BASELINE = {name: ("final-only" if not name.startswith("stale") else name.replace("decoupled", "ppo-clip")
+                   if name.endswith("decoupled") else "stale0-ppo-clip") for name in SETTINGS}
 NO_RULES = ("tool_failed = 0\ntool_succeeded = 0\nexception = 0\nvalidator_pass = 0\nvalidator_fail = 0\n"
             "explicit_scale = 0\n")
 FIRST = re.compile(r"version +0 \(supervised warm-up only\): +([\d.]+)%")
+STALENESS = re.compile(r"staleness +the batches trained on were ([\d.]+) versions old")
 FINAL = re.compile(r"version +(\d+) \(after GRPO\): +([\d.]+)% +\(([+-][\d.]+) points, paired standard error ([\d.]+)\)")
 
 
@@ -51,8 +64,9 @@ def parse(stdout: str) -> dict[str, float]:
     first, final = FIRST.search(stdout), FINAL.search(stdout)
     if first is None or final is None:
         raise ValueError("no held-out lines in the demo's output")
+    stale = STALENESS.search(stdout)
     return {"first": float(first.group(1)), "final": float(final.group(2)), "gain": float(final.group(3)),
-            "se": float(final.group(4)), "version": int(final.group(1))}
+            "se": float(final.group(4)), "version": int(final.group(1)), "staleness": float(stale.group(1)) if stale else None}
 
 
 def run_one(setting: str, seed: int, steps: int, minutes: float, held_out: int, work: Path) -> dict[str, Any]:
@@ -78,9 +92,8 @@ def table(runs: list[dict[str, Any]]) -> str:
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
         by.setdefault(r["setting"], {})[r["seed"]] = r
-    base = by.get("final-only", {})
-    lines = ["| setting | runs | held-out before → after (mean) | gain, points: mean (runs) | paired SE of each run | "
-             "vs final-only, same seeds: mean ± SE |", "|---|---|---|---|---|---|"]
+    lines = ["| setting | runs | batches' mean age, versions | held-out before → after (mean) | gain, points: mean (runs) | "
+             "paired SE of each run | vs its baseline, same seeds: mean ± SE |", "|---|---|---|---|---|---|---|"]
     for setting in SETTINGS:
         rs = by.get(setting)
         if not rs:
@@ -88,16 +101,19 @@ def table(runs: list[dict[str, Any]]) -> str:
         seeds = sorted(rs)
         gains = [rs[s]["gain"] for s in seeds]
         vs = "—"
+        base = by.get(BASELINE[setting], {})
         common = [s for s in seeds if s in base]
-        if setting != "final-only" and common:
+        if BASELINE[setting] != setting and common:
             d = [rs[s]["final"] - base[s]["final"] for s in common]
             se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else 0.0
-            vs = f"{statistics.fmean(d):+.1f} ± {se:.1f} ({len(d)} seeds)"
+            vs = f"{statistics.fmean(d):+.1f} ± {se:.1f} ({len(d)} seeds, vs {BASELINE[setting]})"
+        ages = [rs[s]["staleness"] for s in seeds if rs[s].get("staleness") is not None]
+        age = f"{statistics.fmean(ages):.2f}" if ages else "—"
         ses = ", ".join(format(rs[s]["se"], ".1f") for s in seeds)
         each = ", ".join(format(g, "+.1f") for g in gains)
         before = statistics.fmean(rs[s]["first"] for s in seeds)
         after = statistics.fmean(rs[s]["final"] for s in seeds)
-        lines.append(f"| {setting} | {len(seeds)} | {before:.1f}% → {after:.1f}% | {statistics.fmean(gains):+.1f} ({each}) | "
+        lines.append(f"| {setting} | {len(seeds)} | {age} | {before:.1f}% → {after:.1f}% | {statistics.fmean(gains):+.1f} ({each}) | "
                      f"{ses} | {vs} |")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ A task is known by its *key*: the task's ``metadata["task_key"]`` when it has on
 of the problem, so the same problem published again under a new task id is the same task), else its ``task_id``.
 Rollouts keep their task's metadata, so ``rollouts.metadata['task_key']`` carries it to ClickHouse.
 
-The rule (:func:`teaches`, :func:`take`) is pure; :func:`recent_rewards` is the one query.
+The rule (:func:`teaches`, :func:`take`) is pure; :func:`recent_tasks_and_families` is the one query (one scan of
+``rollouts`` for the tasks and their families).
 """
 
 from __future__ import annotations
@@ -83,30 +84,41 @@ def take(recent: Recent | None, k: int, explore: float, rng: random.Random, fami
     return verdict is not False or rng.random() < explore
 
 
-def _recent_sql(key: str, having_key: str) -> str:
-    return f"""
-SELECT key, count() AS rollouts, min(final_reward) AS low, max(final_reward) AS high,
-       countIf(final_reward >= {{pass_at:Float64}}) AS passed
+BOTH_SQL = """
+SELECT kind, key, count() AS rollouts, min(final_reward) AS low, max(final_reward) AS high,
+       countIf(final_reward >= {pass_at:Float64}) AS passed
 FROM (
-    SELECT {key} AS key, final_reward,
-           row_number() OVER (PARTITION BY key ORDER BY finished_ns DESC) AS recency
-    FROM rollouts FINAL
-    WHERE mode = 'train' AND final_reward IS NOT NULL AND finished_ns > 0{having_key}
+    SELECT kind, key, final_reward,
+           row_number() OVER (PARTITION BY kind, key ORDER BY finished_ns DESC) AS recency
+    FROM (
+        SELECT final_reward, finished_ns,
+               arrayJoin([('task', if(metadata['task_key'] != '', metadata['task_key'], task_id)),
+                          ('family', metadata['task_family'])]) AS kk, kk.1 AS kind, kk.2 AS key
+        FROM rollouts FINAL
+        WHERE mode = 'train' AND final_reward IS NOT NULL AND finished_ns > 0
+    )
+    WHERE kind = 'task' OR key != ''
 )
-WHERE recency <= {{k:UInt32}}
-GROUP BY key
+WHERE recency <= if(kind = 'task', {k:UInt32}, {family_k:UInt32})
+GROUP BY kind, key
 """
 
 
-RECENT_SQL = _recent_sql("if(metadata['task_key'] != '', metadata['task_key'], task_id)", "")
-FAMILY_SQL = _recent_sql("metadata['task_family']", " AND metadata['task_family'] != ''")
+def recent_tasks_and_families(client: Any, k: int, family_k: int, pass_at: float = 1.0) -> tuple[dict[str, Recent], dict[str, Recent]]:
+    """:func:`recent_rewards` of the tasks (last ``k``) and of the families (last ``family_k``) in one scan of
+    ``rollouts``: what a curriculum refresh reads."""
+    rows = client.query(BOTH_SQL, parameters={"k": k, "family_k": family_k, "pass_at": pass_at}).result_rows
+    out: dict[str, dict[str, Recent]] = {"task": {}, "family": {}}
+    for kind, key, n, lo, hi, p in rows:
+        out[str(kind)][str(key)] = Recent(int(n), float(lo), float(hi), int(p))
+    return out["task"], out["family"]
 
 
 def recent_rewards(client: Any, k: int, pass_at: float = 1.0, families: bool = False) -> dict[str, Recent]:
     """Each task key's last ``k`` finished train rollouts in the client's database (``rollouts``): their count, lowest
     and highest final reward, and how many reached ``pass_at``; with ``families``, each task family's instead."""
-    rows = client.query(FAMILY_SQL if families else RECENT_SQL, parameters={"k": k, "pass_at": pass_at}).result_rows
-    return {str(key): Recent(int(n), float(lo), float(hi), int(p)) for key, n, lo, hi, p in rows}
+    tasks, fams = recent_tasks_and_families(client, k, k, pass_at)
+    return fams if families else tasks
 
 
 @dataclass
@@ -177,20 +189,22 @@ def pass_rate_curriculum(settings: Any, k: int = 8, explore: float = 0.1, refres
     from foundation.clickhouse import connect
 
     client: dict[str, Any] = {}
+    families: dict[str, dict[str, Recent]] = {}
 
-    def query(**kw: Any) -> dict[str, Recent]:
+    def read() -> dict[str, Recent]:  # one scan for both; read_families hands over the families half
         if "c" not in client:
             client["c"] = connect(settings.dsn, database=settings.clickhouse_database, password=settings.clickhouse_password,
                                   create_database=False)
         try:
-            return recent_rewards(client["c"], **kw)
+            tasks, families["last"] = recent_tasks_and_families(client["c"], k, family_k or 4 * k)
         except Exception:
             client.pop("c").close()
             raise
+        return tasks
 
-    return Curriculum(lambda: query(k=k), k=k, explore=explore, refresh_s=refresh_s, rng=random.Random(seed),
-                      read_families=lambda: query(k=family_k or 4 * k, families=True), group_size=group_size)
+    return Curriculum(read, k=k, explore=explore, refresh_s=refresh_s, rng=random.Random(seed),
+                      read_families=lambda: families.pop("last", {}), group_size=group_size)
 
 
-__all__ = ["FAMILY_SQL", "pass_rate_curriculum", "Curriculum", "RECENT_SQL", "Recent", "TASK_FAMILY", "TASK_KEY",
-           "recent_rewards", "take", "task_key", "teach_probability", "teaches"]
+__all__ = ["BOTH_SQL", "pass_rate_curriculum", "Curriculum", "Recent", "TASK_FAMILY", "TASK_KEY",
+           "recent_rewards", "recent_tasks_and_families", "take", "task_key", "teach_probability", "teaches"]

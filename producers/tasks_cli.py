@@ -119,13 +119,12 @@ def run(args: argparse.Namespace) -> int:
     left_out = 0
     if feed.task_selection == "pass-rate":
         from foundation.clickhouse import connect
-        from producers.curriculum import Curriculum, recent_rewards
+        from producers.curriculum import Curriculum, recent_tasks_and_families
 
         # Read once, and here a failed read is the command's error: nothing is published on a guess.
         client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
         try:
-            recent = recent_rewards(client, feed.selection_k)
-            families = recent_rewards(client, 4 * feed.selection_k, families=True)
+            recent, families = recent_tasks_and_families(client, feed.selection_k, 4 * feed.selection_k)
         finally:
             client.close()
         # Seeded afresh each time: the same left-out tasks must not be the ones explored on every publish.

@@ -112,13 +112,16 @@ class ResourceFollower:
     to ``on_fatal`` (by default: interrupt the main thread, as Ctrl-C would) and raised again by ``stop()``,
     so an owner that stops the follower in a ``finally`` ends with that one line. Other errors are retried.
     A version whose checkpoint cannot be loaded (pruned, missing) is one warning; the old one keeps serving.
+    ``lag`` N follows the version N behind the newest (after a replay: the newest, then trailing by N as versions
+    come): what the staleness bench uses to make every batch at least N versions old.
     """
 
     def __init__(
         self, conf: dict[str, Any], topic: str, name: str, on_version: Callable[[ResourceVersion], None], poll_s: float = 0.5,
-        on_fatal: Callable[[ServiceError], None] | None = None,
+        on_fatal: Callable[[ServiceError], None] | None = None, lag: int = 0,
     ) -> None:
         self.conf, self.topic, self.name, self.on_version, self.poll_s = conf, topic, name, on_version, poll_s
+        self.lag = lag  # follow the version this many behind the newest (the staleness bench; 0: the newest)
         self.on_fatal = on_fatal
         self.error: ServiceError | None = None
         self.latest: int | None = None
@@ -165,6 +168,7 @@ class ResourceFollower:
             if ends is None:
                 return
             pending: ResourceVersion | None = None
+            window: list[ResourceVersion] = []  # the newest lag + 1 versions seen since the replay
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
             while not self._stop.is_set():
                 msg = consumer.poll(self.poll_s)
@@ -179,7 +183,8 @@ class ResourceFollower:
                     pending = rec
                 if ends or pending is None:
                     continue
-                rec, pending = pending, None
+                window = [*window, pending][-(self.lag + 1):]
+                rec, pending = window[0], None  # the newest, or with a lag N the one N behind it
                 if self.latest is None or rec.version > self.latest:
                     self._switch(rec)
         finally:

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 # flag dest → settings field: what the flags set, and where their help's variable and default come from
 _FLAGS = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
           "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow", "insecure": "insecure",
-          "engine": "serve_engine", "vllm_args": "serve_vllm_args"}
+          "engine": "serve_engine", "vllm_args": "serve_vllm_args", "follow_lag": "serve_follow_lag"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port")
     p.add_argument("--resource-name", help="resource to follow on rb.resources")
     p.add_argument("--no-follow", action="store_true", help="do not hot-reload from rb.resources (env ROLLOUTBUS_SERVE_FOLLOW=false)")
+    p.add_argument("--follow-lag", type=int, metavar="N", help="serve the version N behind the newest: batches arrive at least "
+                   "N versions old (the staleness bench; 0: the newest)")
     p.add_argument("--max-batch", type=int, help="requests in flight at once, one forward pass per decode step for all")
     p.add_argument("--insecure", action="store_true", default=None,
                    help="listen on a non-loopback address without ROLLOUTBUS_SERVE_TOKEN (logged loudly)")
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     follower = None
     if s.serve_follow:
         follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,
-                                    lambda rec: server.load_version(rec.uri, rec.version)).start()
+                                    lambda rec: server.load_version(rec.uri, rec.version), lag=s.serve_follow_lag).start()
     print(f"serving {s.resource_name} on {tls.scheme(ssl_context)}://{s.serve_host}:{s.serve_port}/v1 "
           f"(version {server.policy.version if server.policy else 'pending'}, follow {'on' if follower else 'off'})", flush=True)
     try:
@@ -124,7 +126,8 @@ def run_vllm(s: Any, ssl_context: Any) -> int:
     signal.signal(signal.SIGTERM, terminate)
     follower = None
     if s.serve_follow:
-        follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name, on_version).start()
+        follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name, on_version,
+                                    lag=s.serve_follow_lag).start()
     engine, died = None, []
     try:
         model, version = s.serve_model, manifest_version(s.serve_model) if s.serve_model else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -22,6 +22,11 @@ def _tracker_names(v: str) -> str:
     return check_names(v)
 
 
+def _resource_name() -> Any:
+    """The policy's resource key, one declaration for the trainer's and the server's settings."""
+    return Field(default="policy", description="Key of the published versions on rb.resources.")
+
+
 def _model_ref(v: str | None) -> str | None:
     if v is not None and v != "tiny" and not Path(v).is_dir():
         raise ValueError("must be 'tiny' or an existing model directory")
@@ -35,7 +40,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     train_model: str = Field(default="tiny", description="Local HF causal-LM path, or 'tiny' for the project's tiny model.")
     train_seed: int = Field(default=0, ge=0, description="Seed of the tiny model and of torch.")
     checkpoint_dir: Path | None = Field(default=None, description="Checkpoints; default <data_dir>/checkpoints/<resource_name>.")
-    resource_name: str = Field(default="policy", description="Key of the published versions on rb.resources.")
+    resource_name: str = _resource_name()
     train_llm_endpoint: str | None = Field(default=None, description="Base URL of the LLM proxy serving the versions, "
                                            "published as each version's config.endpoint (Agent Lightning's LLM endpoint).")
     train_group: str | None = Field(default=None, description="Consumer group on rb.batches; default <topic prefix>trainer.<resource name>.")
@@ -144,8 +149,10 @@ class ServeSettings(CommonSettings):
     serve_token: SecretStr | None = Field(default=None, description="Bearer token every route but /healthz needs; unset: no auth "
                                           "(refused on a non-loopback address unless --insecure).")
     insecure: bool = Field(default=False, description="Listen on a non-loopback address without a token (logged loudly).")
-    resource_name: str = "policy"
+    resource_name: str = _resource_name()
     serve_follow: bool = Field(default=True, description="Hot-reload new versions from rb.resources.")
+    serve_follow_lag: int = Field(default=0, ge=0, le=64, description="Follow the version this many behind the newest "
+                                  "(the staleness bench: every batch at least this many versions old; 0: the newest).")
     serve_max_batch: int = Field(default=16, ge=1)
     serve_max_tokens: int = Field(default=64, ge=1, description="Default max_tokens of a request.")
     torch_threads: int = Field(default=0, ge=0)

@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the final reward alone)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
+    p.add_argument("--serve-lag", type=Bounded(int, ge=0, le=16), default=None, metavar="N",
+                   help="serve the version N behind the newest, so every batch is at least N versions old: the staleness "
+                        "bench's knob for --policy-loss decoupled against ppo-clip (the trainer's --max-staleness becomes N + 2; "
+                        "default 0)")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)

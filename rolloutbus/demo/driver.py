@@ -80,6 +80,7 @@ class DemoConfig:
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
     pace: str = feeder_default("pace")
+    serve_lag: int = 0  # the policy server follows the version this many behind the newest (the staleness bench)
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
@@ -152,7 +153,7 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node"):
+                     "policy_loss", "nproc_per_node", "serve_lag"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)
@@ -409,12 +410,14 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
                               *(["--reward-rules", str(cfg.reward_rules)] if cfg.reward_rules else []),
                               "--sink-interval", "0.5", *task.process_args])
         sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args(),
+                            *(["--follow-lag", str(cfg.serve_lag)] if cfg.serve_lag else []),
                             *(cfg.production.serve_args(str(base)) if cfg.production else [])])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
-                      "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(cfg.seed),
+                      "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", str(2 + cfg.serve_lag), "--threads", "1", "--seed", str(cfg.seed),
                       "--policy-loss", cfg.policy_loss,
                       *(["--nproc-per-node", str(cfg.nproc_per_node)] if cfg.nproc_per_node > 1 else []),
+                      *(["--keep-checkpoints", str(3 + cfg.serve_lag)] if cfg.serve_lag else []),  # the served one kept
                       *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)
@@ -480,6 +483,10 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             trained_samples = sum(float(st.get("samples", 0.0)) for st in live.steps)
             rollouts = sum(len(v) for v in live.rewards_by_version.values())
             groups, groups_teaching = len(live.groups_seen), live.groups_teaching
+            staleness = [float(st["batch_staleness_mean"]) for st in live.steps if st.get("batch_staleness_mean") is not None]
+        if staleness:
+            say(f"staleness  the batches trained on were {sum(staleness) / len(staleness):.2f} versions old on average "
+                f"(the steps' means from {min(staleness):.1f} to {max(staleness):.1f}; --policy-loss {cfg.policy_loss})")
         if not versions:
             raise RolloutbusError("no resource version was published: the trainer never started")
         if len(versions) < 2:

@@ -8,47 +8,47 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from foundation.flags import describe_flags
+
+
+# flag dest → trainer.settings.TrainerSettings field: the same settings `rolloutbus train` reports with
+_FLAGS = {"report_to": "report_to", "resource_name": "resource_name", "tracker_dir": "tracker_dir"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--report-to", metavar="NAMES",
-                        help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard, mlflow, wandb; env ROLLOUTBUS_REPORT_TO)")
+    parser.add_argument("--report-to", metavar="NAMES", help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard, mlflow, wandb)")
     parser.add_argument("--run", metavar="RUN", help="a fit run's own database (`rolloutbus runs` lists them)")
     parser.add_argument("--run-id", help="one training run of the database (train_steps.run_id; default: every one)")
-    parser.add_argument("--resource-name", default="policy", help="the resource the run trained, the first half of "
-                        "the tracker's run name <resource>-<run id> (default policy)")
+    parser.add_argument("--resource-name", help="the resource the run trained, the first half of the tracker's run name <resource>-<run id>")
     parser.add_argument("--tracker-dir", type=Path, help="where the trackers write (default <data dir>/trackers)")
+    describe_flags(parser, "trainer.settings:TrainerSettings", _FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     import re
 
     from foundation.clickhouse import connect
-    from foundation.config import CommonSettings
     from foundation.entry import settings_from_args
     from foundation.errors import ConfigError
     from foundation.registry import load_plugins
     from rolloutbus.runs.export import export
-    from trainer.trackers import TRACKERS
+    from trainer.settings import TrainerSettings
 
-    s = settings_from_args(CommonSettings, args, {})  # a bad setting is one line before anything is read
+    load_plugins()  # a user's registered trackers, before the settings check the names
+    s = settings_from_args(TrainerSettings, args, _FLAGS)  # a bad setting is one line before anything is read
     if args.run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", args.run_id):
         raise ConfigError(f"--run-id {args.run_id!r}: a run id is letters, digits, '.', '_' and '-' (train_steps.run_id)")
-    report_to = args.report_to or os.environ.get("ROLLOUTBUS_REPORT_TO", "")
-    names = [n.strip() for n in report_to.split(",") if n.strip()]
+    names = [n.strip() for n in s.report_to.split(",") if n.strip()]  # each a registered tracker (the settings check)
     if not names:
         raise ConfigError("give the trackers to write to: --report-to tensorboard, mlflow or wandb (or ROLLOUTBUS_REPORT_TO)")
-    load_plugins()  # a user's registered trackers
-    for name in names:
-        TRACKERS.get(name)  # an unknown name is one line, before anything is read
     if args.run:
         from rolloutbus.runs.scope import run_database
 
         s = s.model_copy(update={"clickhouse_database": run_database(s, args.run)})
-    root = args.tracker_dir or s.data_dir / "trackers"
+    root = s.resolved_tracker_dir()
     client = connect(s.dsn, database=s.clickhouse_database, password=s.clickhouse_password, create_database=False)
     try:
-        written = export(client, ",".join(names), root, args.resource_name, args.run_id, s.clickhouse_database)
+        written = export(client, ",".join(names), root, s.resource_name, args.run_id, s.clickhouse_database)
     except Exception as exc:  # noqa: BLE001 - what the driver raises for a missing database or table varies
         from clickhouse_connect.driver.exceptions import ClickHouseError as DriverError
 

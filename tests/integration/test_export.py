@@ -81,4 +81,4 @@ def test_the_command_reads_the_store_it_is_given_and_says_what_it_wrote(tmp_path
     assert f"policy-r9: 1 steps to tensorboard under {root}" in out.stdout
     assert _scalars(root / "tensorboard" / "policy-r9")["train/loss"] == [(3, 0.125)]
     bad = subprocess.run([*cmd, "--report-to", "neptune"], env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "tracker 'neptune' is not one of: tensorboard, mlflow, wandb" in bad.stderr
+    assert bad.returncode != 0 and "not a registered tracker: neptune (registered: tensorboard, mlflow, wandb)" in bad.stderr

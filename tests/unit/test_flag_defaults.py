@@ -1,5 +1,5 @@
 """A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
-``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store``, ``dashboard``, ``tasks publish`` (and the demo's task
+``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store``, ``dashboard``, ``export``, ``tasks publish`` (and the demo's task
 feeder flags) that
 sets a field shows the model's default and variable in its help (derived by ``foundation.flags.describe_flags`` when the help is shown), and
 no help states another default by hand."""
@@ -51,6 +51,10 @@ def _cases() -> list[tuple[str, str, str, type]]:
     from producers.tasks_cli import _FLAGS as TASKS_FLAGS
     from rolloutbus.demo import FEEDER_FLAGS
 
+    from rolloutbus.runs.export_cli import _FLAGS as EXPORT_FLAGS
+    from trainer.settings import TrainerSettings as Trained
+
+    cases += [("rolloutbus.runs.export_cli", dest, field, Trained) for dest, field in EXPORT_FLAGS.items()]
     cases += [("producers.tasks_cli:publish", dest, field, FeederSettings) for dest, field in TASKS_FLAGS.items()]
     from streams.settings import StreamSettings
     from trainer.settings import TrainerSettings

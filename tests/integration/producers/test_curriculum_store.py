@@ -46,3 +46,19 @@ def test_the_last_k_finished_train_rollouts_of_each_task_family(ch: Any) -> None
     families = recent_rewards(ch, k=2, families=True)
     assert families == {"level-2": Recent(2, 1.0, 1.0, 2), "level-5": Recent(2, 0.0, 0.0, 0)}  # the last two of each
     assert recent_rewards(ch, k=8, families=True)["level-2"] == Recent(3, 0.0, 1.0, 2)
+
+
+def test_one_scan_gives_the_tasks_and_the_families_each_with_its_own_depth(ch: Any) -> None:
+    """What a curriculum refresh reads: both halves in one query, tasks over their last k, families over theirs."""
+    ch.insert("rollouts", [
+        _row("a1", "q-1", 0.0, 1, meta={"task_family": "level-2", "task_key": "k1"}),
+        _row("a2", "q-1", 1.0, 2, meta={"task_family": "level-2", "task_key": "k1"}),
+        _row("a3", "q-2", 1.0, 3, meta={"task_family": "level-2"}),
+        _row("c1", "q-6", 1.0, 1),  # no family: a task only
+    ], column_names=COLS)
+    from producers.curriculum import recent_tasks_and_families
+
+    tasks, families = recent_tasks_and_families(ch, k=1, family_k=3)
+    assert tasks == {"k1": Recent(1, 1.0, 1.0, 1), "q-2": Recent(1, 1.0, 1.0, 1), "q-6": Recent(1, 1.0, 1.0, 1)}
+    assert families == {"level-2": Recent(3, 0.0, 1.0, 2)}
+    assert (tasks, families) == (recent_rewards(ch, k=1), recent_rewards(ch, k=3, families=True))

@@ -64,3 +64,34 @@ def test_hot_reload_on_new_version(kafka_conf: dict[str, Any], topics: Any, tmp_
         follower.stop()
     latest = read_latest(kafka_conf, topics.resources)
     assert latest["policy"].version == 5 and latest["other"].version == 9
+
+
+def test_a_lagging_follower_trails_the_newest_version(kafka_conf: dict[str, Any], topics: Any, tmp_path: Path) -> None:
+    """``lag`` 2 (``rolloutbus serve --follow-lag 2``, the staleness bench): versions 1..5 published one by one, the
+    follower switches to each one two behind the newest, never ahead."""
+    seen: list[int] = []
+    p = Producer(kafka_conf)
+
+    def publish(version: int) -> None:
+        (tmp_path / f"v{version}").mkdir()  # a checkpoint that is gone is skipped
+        rec = ResourceVersion(name="policy", version=version, uri=str(tmp_path / f"v{version}"), base_model="b",
+                              created_ns=time.time_ns())
+        p.produce(topics.resources, key=b"policy", value=encode(rec))
+        assert p.flush(10) == 0
+
+    publish(0)
+    follower = ResourceFollower(kafka_conf, topics.resources, "policy", lambda r: seen.append(r.version), lag=2).start()
+    try:
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen == [0]  # what the topic held at the start: its newest
+        for v in range(1, 6):
+            publish(v)
+            want = max(0, v - 2)
+            while seen[-1] != want and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert seen[-1] == want, (v, seen)
+        assert seen == [0, 1, 2, 3]
+    finally:
+        follower.stop()
