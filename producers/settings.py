@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from foundation.config import ENV_PREFIX, CommonSettings, default_of
+from foundation.config import CommonSettings, default_of
 from foundation.errors import ConfigError
 
 
@@ -36,11 +35,9 @@ class RunnerSettings(AgentSettings):
     runner_heartbeat_s: float = Field(default=10.0, gt=0)
 
 
-class FeederSettings(BaseSettings):
+class FeederSettings(CommonSettings):
     """A task feeder's choices (the demo's, ``Trainer.fit``'s, ``rolloutbus tasks publish``'s): which tasks get groups,
     and what generation stays ahead of. Declared once here: the three take their defaults, flags and checks from it."""
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     task_selection: Literal["all", "pass-rate"] = Field(
         default="all", description="all (in turn), or pass-rate: a task whose last selection_k rollouts all earned the "
