@@ -78,12 +78,21 @@ def select_backlog(pending: list[tuple[GroupBatch, float]], n: int, policy: str,
     if len(pending) <= n or policy == "oldest":
         return pending[:n], []
     if policy == "newest":
-        ranked = sorted(range(len(pending)), key=lambda i: (-1 if pending[i][0].resource_version is None
-                                                            else pending[i][0].resource_version, i))
+        versions = [behaviour_version(batch) for batch, _ in pending]
+        ranked = sorted(range(len(pending)), key=lambda i: (-1 if versions[i] is None else versions[i], i))
         chosen = set(ranked[-n:])
     else:
         chosen = set(rng.sample(range(len(pending)), n))
     return ([p for i, p in enumerate(pending) if i in chosen], [p for i, p in enumerate(pending) if i not in chosen])
+
+
+def behaviour_version(batch: GroupBatch) -> int | None:
+    """The oldest policy version that generated the group's tokens: the versions its transitions were served by (the
+    LLM proxy records each response's), else the one the runner saw when the rollout started (``resource_version``).
+    A server that trails the newest version (a reload under way, ``serve --follow-lag``) makes them differ: staleness
+    is the behaviour policy's. Pure."""
+    served = [t.resource_version for t in batch.transitions if t.resource_version is not None]
+    return min(served) if served else batch.resource_version
 
 
 def crash_point(point: str, step: int) -> None:
@@ -459,9 +468,9 @@ class Trainer:
         if batch.group_id in self.state.seen or any(b.group_id == batch.group_id for b, _ in self.pending):
             self.counters.duplicates += 1
             return
-        w = staleness_weight(batch.resource_version, self.current_version, self.s.max_staleness, self.s.stale_weight,
-                             self.s.min_version)
-        if batch.resource_version is None:
+        behaviour = behaviour_version(batch)
+        w = staleness_weight(behaviour, self.current_version, self.s.max_staleness, self.s.stale_weight, self.s.min_version)
+        if behaviour is None:
             self.counters.unversioned += 1
         self.state.seen[batch.group_id] = None
         while len(self.state.seen) > SEEN_LIMIT:
@@ -499,7 +508,7 @@ class Trainer:
         data_s = self.counters.decode_s + metrics.get("build_time_s", 0.0)
         metrics.update(self.counters.as_metrics())
         metrics["data_time_fraction"] = data_s / max(step_s + self.counters.decode_s, 1e-9)
-        metrics["batch_staleness_mean"] = _mean([self.current_version - g.resource_version for g in groups if g.resource_version is not None])
+        metrics["batch_staleness_mean"] = _mean([self.current_version - v for v in map(behaviour_version, groups) if v is not None])
         version = self.current_version + 1
         metrics["resource_version"] = float(version)
         manifest = Manifest(step=step, version=version, resource_name=self.s.resource_name, base_model=self.base_model,
