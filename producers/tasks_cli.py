@@ -104,13 +104,11 @@ def run(args: argparse.Namespace) -> int:
 
     from confluent_kafka import Producer
 
-    from foundation.config import CommonSettings, load_settings
+    from foundation.entry import settings_from_args
     from producers.settings import FeederSettings
     from schemas.codec import encode
 
-    s = load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})
-    given = {k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None}
-    feed = load_settings(FeederSettings, given, {k: "--" + k.replace("_", "-") for k in _FLAGS})
+    s = feed = settings_from_args(FeederSettings, args, _FLAGS)  # the common settings and the feeder's, one read
     try:
         lines = args.file.read_text().splitlines()
     except OSError as exc:
