@@ -55,6 +55,9 @@ class FaustGuardError(RuntimeError):
 # known). For STRICT_TOPICS the frontier already tells a record read again (below it) from one fetched
 # before a seek (past it), so their read offset reads as None: every fetched record reaches the agent.
 # That also keeps faust's gap bookkeeping (Consumer._add_gap, counted as acked) off these partitions.
+# A STRICT_TOPICS partition whose committed offset lies past its end (the topic deleted and created again
+# while the broker kept the group's offsets: a reset) is read from its beginning, as one with no commit is;
+# else the frontier would take every record of the new topic for one already processed.
 STRICT_TOPICS: set[str] = set()
 REPLAY_TOPICS: set[str] = set()
 START: dict[tuple[str, int], int] = {}
@@ -121,6 +124,14 @@ def _patch_faust_seek_uncommitted() -> None:
         async def seek() -> tuple[Any, Any]:
             offsets = await consumer.seek_to_committed()
             rewind = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and not off]
+            held = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and off]
+            ends = await consumer.end_offsets(held) if held else {}
+            past = [tp for tp in held if offsets[tp] > ends.get(tp, offsets[tp])]
+            if past:  # an earlier topic's offsets (the topic was created again): this one is read from its start
+                log.warning("committed offsets past the end of %s (the topics were created again): reading them "
+                            "from the beginning", sorted((tp, offsets[tp], ends[tp]) for tp in past))
+                rewind += past
+                offsets = {**offsets, **{tp: 0 for tp in past}}
             earliest = {}
             if rewind:
                 await consumer.seek_to_beginning(*rewind)

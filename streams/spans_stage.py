@@ -124,6 +124,22 @@ def parse_replay_from(metadata: str | None) -> int | None:
     return None
 
 
+def resume_point(committed: int, metadata: str | None, end: int) -> tuple[int, int]:
+    """Where a newly assigned partition is read from, and below which offset its rows are already written, from
+    its committed offset (negative: none), the commit's metadata and the partition's end offset.
+
+    A committed offset past the end belongs to an earlier topic of the same name (deleted and created again, as
+    ``rolloutbus demo``'s reset does, while the broker kept the group's offsets): the partition is read from its
+    beginning and nothing in it counts as written — else every span of the new topic would be taken for a replay
+    and dropped. Pure."""
+    if committed > end >= 0:
+        return OFFSET_BEGINNING, 0
+    replay_from = parse_replay_from(metadata) if committed >= 0 else None
+    if replay_from is None:
+        return committed, 0
+    return replay_from, committed
+
+
 def state_topic_name(app_id: str) -> str:
     """The compacted changelog of completed attempts (one partition per rb.spans partition). It
     belongs to the application, as its consumer group does: a new app id starts from nothing."""
@@ -225,10 +241,13 @@ class SpanStage:
         committed = consumer.committed(partitions, timeout=30)
         start = []
         for tp in committed:
-            replay_from = parse_replay_from(tp.metadata) if tp.offset >= 0 else None
-            sunk = tp.offset if replay_from is not None else 0
+            end = consumer.get_watermark_offsets(TopicPartition(self.spans_topic, tp.partition), timeout=30)[1]
+            at, sunk = resume_point(tp.offset, tp.metadata, end)
+            if at == OFFSET_BEGINNING and tp.offset >= 0:
+                log.warning("%s[%d]: the committed offset %d lies past the partition's end %d (the topic was created "
+                            "again): read from its beginning", self.spans_topic, tp.partition, tp.offset, end)
             self.parts[tp.partition] = PartitionState(tp.partition, sunk_below=sunk)
-            start.append(TopicPartition(self.spans_topic, tp.partition, replay_from if replay_from is not None else tp.offset))
+            start.append(TopicPartition(self.spans_topic, tp.partition, at))
         restored = self._restore([tp.partition for tp in partitions])
         consumer.incremental_assign(start)  # the cooperative protocol: add these, keep the rest
         log.info("span stage assigned %s (reading from %s, rows written below %s); %d completed attempts restored",
@@ -681,4 +700,4 @@ class SpanStage:
             log.warning("closing the span stage's Kafka clients: %s", exc)
 
 
-__all__ = ["SpanStage", "dead_letter_reason", "parse_replay_from", "span_group", "state_topic_name"]
+__all__ = ["SpanStage", "dead_letter_reason", "parse_replay_from", "resume_point", "span_group", "state_topic_name"]

@@ -198,3 +198,34 @@ def test_a_group_split_across_versions_gets_the_line_that_says_so(kafka_conf, to
     assert len(lines) == 1 and "group s@2 (task 's') has 1 rollout" in lines[0], out[-3000:]
     assert "answered by another policy version" in lines[0] and "defaults to 1" not in lines[0]
     assert query(test_env, {"groups": "SELECT group_id, rollouts FROM groups FINAL"})["groups"] == [["s@1", 3]]
+
+
+def test_offsets_kept_from_an_earlier_topic_of_the_same_name_do_not_hide_the_new_records(kafka_conf, topics, test_env):
+    """``rolloutbus demo`` deletes its topics and creates them again; the broker can keep the worker's groups'
+    offsets (an old worker committing on its way out recreates a group the reset deleted). Offsets past the new
+    partitions' ends made the span stage count every new span as replayed and faust's frontier every finished
+    rollout as redelivered: no row, no group, no training step."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from foundation.kafka_admin import ensure_topics
+    from streams.app import done_topic_name
+    from streams.cli import worker_topics
+    from streams.spans_stage import REPLAY_PREFIX, span_group
+
+    app_id = f"{topics.prefix}streams"
+    ensure_topics(kafka_conf, worker_topics(topics.prefix, app_id, 4))  # as the worker makes them at its start
+    for group, topic in ((span_group(app_id), topics.spans), (app_id, done_topic_name(topics.prefix))):
+        c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, p, 5000, metadata=f"{REPLAY_PREFIX}4000") for p in range(4)],
+                 asynchronous=False)
+        c.close()
+    inputs = [rollout(f"t1-r{i}", "t1", reward=float(i)) for i in range(2)]
+    produce(kafka_conf, topics.spans, [kv for spans, ev in inputs for kv in encoded(spans, ev)])
+    proc = start_worker(test_env, "--group-size", "2")
+    got = batches(kafka_conf, topics.batches, 1, proc)
+    rc, out = stop_worker(proc)
+    assert rc == 0, out[-3000:]
+    assert [b.group_id for b in got] == ["t1@1"]
+    assert "past the partition's end" in out and "past the end of" in out
+    rows = query(test_env, {"spans": "SELECT count() FROM spans FINAL", "ro": "SELECT count() FROM rollouts FINAL"})
+    assert rows == {"spans": [[8]], "ro": [[2]]}

@@ -147,6 +147,21 @@ def test_replay_from_is_read_back_from_commit_metadata_only_when_it_is_ours() ->
     assert parse_replay_from("42") is None and parse_replay_from(f"{REPLAY_PREFIX}-1") is None
 
 
+def test_a_partition_resumes_where_its_commit_says_unless_the_commit_is_past_its_end() -> None:
+    """A reset deletes and creates the topics again; a consumer group's offsets the broker kept (seen in the demo:
+    every span of the new run counted as replayed, no group formed) must not make the new topic's spans old."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID
+
+    from streams.spans_stage import REPLAY_PREFIX, resume_point
+
+    assert resume_point(OFFSET_INVALID, None, 0) == (OFFSET_INVALID, 0)  # no commit: the reset policy (earliest)
+    assert resume_point(120, f"{REPLAY_PREFIX}90", 500) == (90, 120)  # in-flight attempts read again, not rewritten
+    assert resume_point(120, "not ours", 500) == (120, 0)
+    assert resume_point(500, f"{REPLAY_PREFIX}450", 500) == (450, 500)  # at the end: still this topic's
+    assert resume_point(5000, f"{REPLAY_PREFIX}4000", 37) == (OFFSET_BEGINNING, 0)  # an earlier topic's offsets
+    assert resume_point(5000, None, 0) == (OFFSET_BEGINNING, 0)
+
+
 # --------------------------------------------------------------------------- numbering unnumbered spans
 
 

@@ -179,12 +179,15 @@ class TP(NamedTuple):
 class FakeAioConsumer:
     """aiokafka's consumer as the rewind guard uses it: committed offsets, seeks to the beginning."""
 
-    def __init__(self, committed: dict[Any, int], earliest: int) -> None:
-        self.committed, self.earliest = committed, earliest
+    def __init__(self, committed: dict[Any, int], earliest: int, ends: dict[Any, int] | None = None) -> None:
+        self.committed, self.earliest, self.ends = committed, earliest, ends or {}
         self.to_beginning: list[Any] = []
 
     async def seek_to_committed(self) -> dict[Any, int]:
         return dict(self.committed)
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: self.ends.get(tp, 1000) for tp in tps}
 
     async def seek_to_beginning(self, *tps: Any) -> None:
         self.to_beginning.extend(tps)
@@ -217,6 +220,31 @@ def test_rewind_reads_uncommitted_strict_partitions_and_every_replay_partition_f
     assert offsets == {spans: 0, metrics: 12, resources: 0, other: 5}
     assert faust_guards.START[("x.spans", 0)] == 3 and faust_guards.START[("x.metrics", 0)] == 12
     assert ("x.resources", 0) not in faust_guards.START
+
+
+def test_a_committed_offset_past_a_partitions_end_reads_the_partition_from_its_beginning() -> None:
+    """A reset deletes the topics and creates them again; offsets the broker kept for the worker's group lie past
+    the new partitions' ends. Taken as they are, the frontier would count every record of the new topic as one
+    already processed (seen in the demo: every finished rollout 'redelivered', no group formed)."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    faust_guards._patch_faust_seek_uncommitted()
+    old, kept, fresh = (TP("y.done", p) for p in range(3))
+    fake = FakeAioConsumer({old: 5000, kept: 10, fresh: 0}, earliest=0, ends={old: 37, kept: 20, fresh: 0})
+
+    async def call_thread(fn: Any) -> Any:
+        return await fn()
+
+    thread = SimpleNamespace(_ensure_consumer=lambda: fake, call_thread=call_thread)
+    faust_guards.STRICT_TOPICS.add("y.done")
+    try:
+        offsets = asyncio.run(faust_aiokafka.AIOKafkaConsumerThread.seek_to_committed(thread))
+    finally:
+        faust_guards.STRICT_TOPICS.discard("y.done")
+    assert sorted(fake.to_beginning) == [old, fresh]
+    assert offsets == {old: 0, kept: 10, fresh: 0}
+    assert faust_guards.START[("y.done", 0)] == faust_guards.FRONTIER[("y.done", 0)] == 0
+    assert faust_guards.START[("y.done", 1)] == 10 and faust_guards.START[("y.done", 2)] == 0
 
 
 
