@@ -73,18 +73,21 @@ def sized_args(b: Bench, quick: bool, spans: int | None) -> list[str]:
     return args
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from foundation.flags import Bounded
+# flag dest → BenchSettings field: each flag's default, variable and bounds are the model's
+_FLAGS = {"quick": "bench_quick", "spans": "bench_spans", "out": "bench_out"}
 
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("ROLLOUTBUS_BENCH_QUICK") == "1",
-                        help="smaller sizes, a smoke run (env ROLLOUTBUS_BENCH_QUICK=1)")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from foundation.flags import describe_flags
+
+    parser.add_argument("--quick", action="store_true", default=None, help="smaller sizes, a smoke run")
     parser.add_argument("--only", action="append", default=None, metavar="NAME", choices=[b.name for b in BENCHES],
                         help=f"run only this bench (repeatable): {', '.join(b.name for b in BENCHES)}")
-    parser.add_argument("--spans", type=Bounded(int, ge=SPANS_PER_ROLLOUT), default=None,
-                        metavar="N", help="workload size for the ingest, Agent Lightning and hot-path benches, e.g. 100000 "
-                        "(env ROLLOUTBUS_BENCH_SPANS; default: their own, 1,024 spans for the ingest comparison)")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("ROLLOUTBUS_BENCH_OUT", str(BENCH / "results"))),
-                        help="where the results file goes (env ROLLOUTBUS_BENCH_OUT, default bench/results)")
+    parser.add_argument("--spans", type=int, default=None, metavar="N",
+                        help="workload size for the ingest, Agent Lightning, hot-path and end-to-end benches, e.g. "
+                             "100000 (whole rollouts of 16; default: their own, 1,024 spans for the ingest comparison)")
+    parser.add_argument("--out", type=Path, default=None, help="where the results file goes (default: bench/results)")
+    describe_flags(parser, "rolloutbus.bench_settings:BenchSettings", _FLAGS)
 
 
 # --------------------------------------------------------------------------- running
@@ -330,39 +333,15 @@ def write_results(out_dir: Path, rows: list[tuple[str, str, str, str]], info: di
 # --------------------------------------------------------------------------- entry
 
 
-def _bench_port() -> int:
-    from foundation.errors import SettingError
-
-    raw = os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", "29892")
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise SettingError(f"bad value {raw!r}", "must be a port, 1-65535", env="ROLLOUTBUS_BENCH_KAFKA_PORT")
-    return int(raw)
-
-
-def _bench_spans(given: int | None) -> int | None:
-    from foundation.errors import SettingError
-
-    if given is not None:
-        if given < SPANS_PER_ROLLOUT:
-            raise SettingError(f"bad value {given}", f"must be at least {SPANS_PER_ROLLOUT} (one rollout)", flag="--spans",
-                               env="ROLLOUTBUS_BENCH_SPANS")
-        return given
-    raw = os.environ.get("ROLLOUTBUS_BENCH_SPANS", "")
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < SPANS_PER_ROLLOUT:
-        raise SettingError(f"bad value {raw!r}", f"must be a whole number of spans, at least {SPANS_PER_ROLLOUT}",
-                           env="ROLLOUTBUS_BENCH_SPANS")
-    return int(raw)
-
-
 def run(args: argparse.Namespace) -> int:
-    from foundation.config import CommonSettings, load_settings
+    from foundation.entry import settings_from_args
     from foundation.errors import ConfigError
+    from rolloutbus.bench_settings import BenchSettings
 
-    load_settings(CommonSettings, {"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})  # the benches read the same ROLLOUTBUS_* variables: check them before a broker starts
-    port = _bench_port()
-    args.spans = _bench_spans(getattr(args, "spans", None))
+    # the benches read the same ROLLOUTBUS_* variables: checked before a broker starts
+    s = settings_from_args(BenchSettings, args, _FLAGS)
+    port, args.spans, args.quick = s.bench_kafka_port, s.bench_spans, s.bench_quick
+    out = s.bench_out or BENCH / "results"
 
     names = [b.name for b in BENCHES]
     only = args.only or names
@@ -405,14 +384,14 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     command = " ".join(["rolloutbus bench", *(f"--only {n}" for n in (args.only or [])),
                         *([f"--spans {args.spans}"] if args.spans else []), *(["--quick"] if args.quick else [])])
-    path = write_results(args.out, rows, info, results, args.quick, seconds, command)
+    path = write_results(out, rows, info, results, args.quick, seconds, command)
     print(f"\n{len(chosen)} benches in {seconds:.0f}s on {info['cores']} cores ({info['memory']}); written to {path}")
     return 0 if all("error" not in r for r in results.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m rolloutbus.bench_cli``: the same as ``rolloutbus bench``."""
-    parser = argparse.ArgumentParser(prog="rolloutbus bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rolloutbus bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

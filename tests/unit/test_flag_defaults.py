@@ -1,5 +1,5 @@
 """A default is written once, in the settings model: every flag of ``rolloutbus train``, ``process``, ``gateway``,
-``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store``, ``dashboard``, ``export``, ``tasks publish`` (and the demo's task
+``proxy``, ``run-agent``, ``serve``, ``optimize-prompt``, ``store``, ``dashboard``, ``export``, ``bench``, ``tasks publish`` (and the demo's task
 feeder flags) that
 sets a field shows the model's default and variable in its help (derived by ``foundation.flags.describe_flags`` when the help is shown), and
 no help states another default by hand."""
@@ -44,7 +44,8 @@ def _cases() -> list[tuple[str, str, str, type]]:
                              ("trainer.serve_cli", "trainer.settings:ServeSettings"),
                              ("trainer.apo_cli", "trainer.settings:ApoSettings"),
                              ("rolloutbus.store.cli", "rolloutbus.store.settings:StoreSettings"),
-                             ("rolloutbus.dashboard.cli", "rolloutbus.dashboard.settings:DashboardSettings")):
+                             ("rolloutbus.dashboard.cli", "rolloutbus.dashboard.settings:DashboardSettings"),
+                             ("rolloutbus.bench_cli", "rolloutbus.bench_settings:BenchSettings")):
         model = getattr(importlib.import_module(settings.split(":")[0]), settings.split(":")[1])
         cases += [(module, dest, field, model) for dest, field in importlib.import_module(module)._FLAGS.items()]
     from producers.settings import FeederSettings

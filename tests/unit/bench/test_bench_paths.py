@@ -29,13 +29,31 @@ def test_the_size_goes_to_the_benches_that_take_one() -> None:
 
 
 def test_bad_sizes_are_one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(SettingError, match="--spans"):
-        bench_cli._bench_spans(3)
+    """The flags and ROLLOUTBUS_BENCH_* read through BenchSettings: a bad value names the flag and the variable."""
+    import argparse
+
+    from foundation.entry import settings_from_args
+    from rolloutbus.bench_settings import BenchSettings
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+
+    def read(*argv: str) -> BenchSettings:
+        return settings_from_args(BenchSettings, parser.parse_args(argv), bench_cli._FLAGS)
+
+    with pytest.raises(SettingError, match="--spans.*ROLLOUTBUS_BENCH_SPANS"):
+        read("--spans", "3")
     monkeypatch.setenv("ROLLOUTBUS_BENCH_SPANS", "lots")
     with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_SPANS"):
-        bench_cli._bench_spans(None)
+        read()
     monkeypatch.setenv("ROLLOUTBUS_BENCH_SPANS", "100000")
-    assert bench_cli._bench_spans(None) == 100_000
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_QUICK", "1")
+    s = read()
+    assert (s.bench_spans, s.bench_quick, s.bench_out, s.bench_kafka_port) == (100_000, True, None, 29892)
+    assert read("--spans", "2000", "--out", "/tmp/x").bench_spans == 2000
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_KAFKA_PORT", "70000")
+    with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_KAFKA_PORT"):
+        read()
 
 
 def test_rows_show_per_cpu_second_figures_against_the_targets() -> None:

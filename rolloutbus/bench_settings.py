@@ -1,0 +1,25 @@
+"""Settings of ``rolloutbus bench``, from ``ROLLOUTBUS_BENCH_*`` environment variables (its flags derive from them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from foundation.config import PORT, CommonSettings
+from rolloutbus.bench_cli import SPANS_PER_ROLLOUT
+
+
+class BenchSettings(CommonSettings):
+    """How big the benches run, where their table goes, and the port of the one broker they share."""
+
+    bench_quick: bool = Field(default=False, description="Smaller sizes, a smoke run.")
+    bench_spans: int | None = Field(
+        default=None, ge=SPANS_PER_ROLLOUT,
+        description="Workload size (spans, at least one rollout of 16) for the ingest, Agent Lightning, hot-path and "
+                    "end-to-end benches; unset: their own (1,024 spans for the ingest comparison).")
+    bench_out: Path | None = Field(default=None, description="Where the results file goes; unset: the checkout's bench/results.")
+    bench_kafka_port: int = Field(default=29892, **PORT, description="Port of the local broker the benches share.")
+
+
+__all__ = ["BenchSettings"]
