@@ -125,7 +125,11 @@ def _patch_faust_seek_uncommitted() -> None:
             offsets = await consumer.seek_to_committed()
             rewind = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and not off]
             held = [tp for tp, off in offsets.items() if tp.topic in STRICT_TOPICS and off]
-            ends = await consumer.end_offsets(held) if held else {}
+            try:
+                ends = await consumer.end_offsets(held) if held else {}
+            except Exception as exc:  # noqa: BLE001 - the broker busy (a restart): the commits are taken as they are
+                log.warning("end offsets of %s could not be read (%s): resuming from the commits", sorted(held), exc)
+                ends = {}
             past = [tp for tp in held if offsets[tp] > ends.get(tp, offsets[tp])]
             if past:  # an earlier topic's offsets (the topic was created again): this one is read from its start
                 log.warning("committed offsets past the end of %s (the topics were created again): reading them "

@@ -131,7 +131,7 @@ def resume_point(committed: int, metadata: str | None, end: int) -> tuple[int, i
     A committed offset past the end belongs to an earlier topic of the same name (deleted and created again, as
     ``rolloutbus demo``'s reset does, while the broker kept the group's offsets): the partition is read from its
     beginning and nothing in it counts as written — else every span of the new topic would be taken for a replay
-    and dropped. Pure."""
+    and dropped. ``end`` negative: not known (the commit is taken as it is). Pure."""
     if committed > end >= 0:
         return OFFSET_BEGINNING, 0
     replay_from = parse_replay_from(metadata) if committed >= 0 else None
@@ -241,7 +241,12 @@ class SpanStage:
         committed = consumer.committed(partitions, timeout=30)
         start = []
         for tp in committed:
-            end = consumer.get_watermark_offsets(TopicPartition(self.spans_topic, tp.partition), timeout=30)[1]
+            try:
+                end = consumer.get_watermark_offsets(TopicPartition(self.spans_topic, tp.partition), timeout=30)[1]
+            except KafkaException as exc:  # the broker busy (a restart): the commit is taken as it is, as before
+                log.warning("%s[%d]: its end offset could not be read (%s): resuming from the commit",
+                            self.spans_topic, tp.partition, exc)
+                end = -1
             at, sunk = resume_point(tp.offset, tp.metadata, end)
             if at == OFFSET_BEGINNING and tp.offset >= 0:
                 log.warning("%s[%d]: the committed offset %d lies past the partition's end %d (the topic was created "

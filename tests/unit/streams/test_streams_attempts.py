@@ -160,6 +160,7 @@ def test_a_partition_resumes_where_its_commit_says_unless_the_commit_is_past_its
     assert resume_point(500, f"{REPLAY_PREFIX}450", 500) == (450, 500)  # at the end: still this topic's
     assert resume_point(5000, f"{REPLAY_PREFIX}4000", 37) == (OFFSET_BEGINNING, 0)  # an earlier topic's offsets
     assert resume_point(5000, None, 0) == (OFFSET_BEGINNING, 0)
+    assert resume_point(5000, f"{REPLAY_PREFIX}4000", -1) == (4000, 5000)  # the end not known: the commit as it is
 
 
 # --------------------------------------------------------------------------- numbering unnumbered spans

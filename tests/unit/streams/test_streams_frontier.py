@@ -246,6 +246,18 @@ def test_a_committed_offset_past_a_partitions_end_reads_the_partition_from_its_b
     assert faust_guards.START[("y.done", 0)] == faust_guards.FRONTIER[("y.done", 0)] == 0
     assert faust_guards.START[("y.done", 1)] == 10 and faust_guards.START[("y.done", 2)] == 0
 
+    async def unknown(tps: list[Any]) -> dict[Any, int]:
+        raise TimeoutError("no leader yet")  # the broker restarting: the commits are taken as they are
+
+    fake = FakeAioConsumer({old: 5000, kept: 10}, earliest=0)
+    fake.end_offsets = unknown  # type: ignore[method-assign]
+    faust_guards.STRICT_TOPICS.add("y.done")
+    try:
+        offsets = asyncio.run(faust_aiokafka.AIOKafkaConsumerThread.seek_to_committed(thread))
+    finally:
+        faust_guards.STRICT_TOPICS.discard("y.done")
+    assert offsets == {old: 5000, kept: 10} and fake.to_beginning == []
+
 
 
 class FetchLog:
