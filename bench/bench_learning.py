@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from bench.common import ROOT
 from producers.settings import feeder_choices, feeder_default
@@ -49,7 +49,7 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
-                      pace=getattr(args, "pace", "generation"))  # one broker for every run (each demo run recreates its topics); stopped at the end
+                      pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
 def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
@@ -71,7 +71,8 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "steps": res.steps, "rollouts": res.rollouts, "train_s": res.train_s, "wall_s": time.monotonic() - t0,
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
-            "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace}
+            "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
+            "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
@@ -137,9 +138,9 @@ def teaching_groups(r: dict[str, Any]) -> float:
 
 def label(system: str, r: dict[str, Any]) -> str:
     """The row's name, with its task selection when it is not every question in turn."""
-    sel, pace = r.get("task_selection", "all"), r.get("pace", "generation")
+    sel, pace, backlog = r.get("task_selection", "all"), r.get("pace", "generation"), r.get("backlog", "oldest")
     return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
-            + ("" if pace == "generation" else f", paced by the {pace}"))
+            + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}"))
 
 
 def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
@@ -183,6 +184,9 @@ def where_time_goes(results: dict[str, list[dict[str, Any]]]) -> str:
                 trained = (f"; trained on {r['trained_rollouts']} of them ({r['trained_rollouts'] / r['rollouts']:.0%}), "
                            f"{r['tokens']:.0f} tokens, {r['tokens'] / trainer_cpu:.0f} per trainer CPU-second"
                            if r.get("tokens") and trainer_cpu and r.get("rollouts") else "")
+                if r.get("staleness") is not None:
+                    trained += (f"; batches {r['staleness']:.2f} versions old on average, "
+                                f"{r.get('skipped_backlog', 0):.0f} waiting groups skipped (backlog {r.get('backlog', 'oldest')})")
                 if r.get("groups"):
                     trained += (f"; {r['groups_teaching']} of {r['groups']} groups generated taught "
                                 f"({r['groups_teaching'] / r['groups']:.0%}, task selection {r.get('task_selection', 'all')})")
@@ -206,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
     p.add_argument("--pace", choices=feeder_choices("pace"), default=feeder_default("pace"),
                    help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
+    from foundation.config import default_of
+    from trainer.settings import TrainerSettings
+
+    p.add_argument("--backlog", choices=get_args(TrainerSettings.model_fields["backlog"].annotation),
+                   default=default_of(TrainerSettings, "backlog"),
+                   help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the final reward alone)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
+    p.add_argument("--backlog", choices=_trainer_choices("backlog"), default=None,
+                   help="which groups a trainer step takes when more wait than it trains on: oldest (in order), newest "
+                        "(the newest versions'; the rest skipped) or sample (a uniform draw; the rest skipped)")
     p.add_argument("--serve-lag", type=Bounded(int, ge=0, le=16), default=None, metavar="N",
                    help="serve the version N behind the newest, so every batch is at least N versions old: the staleness "
                         "bench's knob for --policy-loss decoupled against ppo-clip (the trainer's --max-staleness becomes N + 2; "
@@ -92,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)
     describe_flags(p, "streams.settings:StreamSettings", ["gamma", "advantage_estimator"])
-    describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss"])
+    describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss", "backlog"])
     p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
                    help="which problems get groups: all, in turn, or pass-rate: a problem whose last --selection-k "
                         "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "
@@ -111,6 +114,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-running", action="store_true", help="leave the broker running at the end")
     p.add_argument("--no-dashboard", action="store_true", help="do not serve the live dashboard during the run "
                    "(default: on http://127.0.0.1:8050, or a free port when that one is taken)")
+
+
+def _trainer_choices(field: str) -> tuple[str, ...]:
+    """The values a ``Literal`` field of the trainer's settings takes (a flag's ``choices``). Pure."""
+    from typing import get_args
+
+    from trainer.settings import TrainerSettings
+
+    return tuple(get_args(TrainerSettings.model_fields[field].annotation))
 
 
 def _model_source(text: str) -> str:

@@ -81,13 +81,14 @@ class DemoConfig:
     selection_explore: float = feeder_default("selection_explore")
     pace: str = feeder_default("pace")
     serve_lag: int = 0  # the policy server follows the version this many behind the newest (the staleness bench)
+    backlog: str = default_of(TrainerSettings, "backlog")  # the trainer's --backlog: which waiting groups a step takes
 
     def serve_args(self) -> list[str]:
         return engine_args(self.engine)
 
     def _learning_settings(self, args: argparse.Namespace) -> None:
         """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
-        estimator, policy loss): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
+        estimator, policy loss, backlog): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
         checked by the settings that declare it, before anything starts."""
         from streams.rewards import RewardRules
 
@@ -95,9 +96,10 @@ class DemoConfig:
                  "advantage_estimator": "--advantage-estimator"}
         given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
         stream = load_settings(StreamSettings, given, flags)
-        loss = {"policy_loss": args.policy_loss} if getattr(args, "policy_loss", None) is not None else {}
-        train = load_settings(TrainerSettings, loss, {"policy_loss": "--policy-loss"})
-        for name, source in [*((k, stream) for k in flags), ("policy_loss", train)]:
+        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog"}
+        loss = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
+        train = load_settings(TrainerSettings, loss, train_flags)
+        for name, source in [*((k, stream) for k in flags), *((k, train) for k in train_flags)]:
             if name in given or name in loss or f"ROLLOUTBUS_{name.upper()}" in os.environ:
                 setattr(self, name, getattr(source, name))
         if self.reward_rules is not None:
@@ -329,6 +331,8 @@ class DemoResult:
     samples: float = 0.0  # rows (rollout turns) the steps trained on, summed
     groups: int = 0  # training groups generated (seen on the batches topic)
     groups_teaching: int = 0  # of them, those whose rewards differ
+    staleness: float | None = None  # the trained batches' mean age in versions (the steps' batch_staleness_mean)
+    skipped_backlog: float = 0.0  # groups the trainer read and skipped (--backlog newest|sample), summed over the steps
 
 
 def _local_settings(cfg: DemoConfig) -> CommonSettings:
@@ -415,7 +419,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                       "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", str(2 + cfg.serve_lag), "--threads", "1", "--seed", str(cfg.seed),
-                      "--policy-loss", cfg.policy_loss,
+                      "--policy-loss", cfg.policy_loss, "--backlog", cfg.backlog,
                       *(["--nproc-per-node", str(cfg.nproc_per_node)] if cfg.nproc_per_node > 1 else []),
                       *(["--keep-checkpoints", str(3 + cfg.serve_lag)] if cfg.serve_lag else []),  # the served one kept
                       *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
@@ -484,6 +488,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
             rollouts = sum(len(v) for v in live.rewards_by_version.values())
             groups, groups_teaching = len(live.groups_seen), live.groups_teaching
             staleness = [float(st["batch_staleness_mean"]) for st in live.steps if st.get("batch_staleness_mean") is not None]
+            skipped = sum(float(st.get("batches_skipped_backlog", 0.0)) for st in live.steps)
         if staleness:
             say(f"staleness  the batches trained on were {sum(staleness) / len(staleness):.2f} versions old on average "
                 f"(the steps' means from {min(staleness):.1f} to {max(staleness):.1f}; --policy-loss {cfg.policy_loss})")
@@ -551,7 +556,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
                 "(.venv/bin/rolloutbus down stops it)")
         return DemoResult(first, chosen, final, first_scores, chosen_scores, val_scores, task.subsets, steps_done, rollouts,
                           train_s, early_stopped, time.monotonic() - t_start, step_time, cpu, trained_tokens, trained_samples,
-                          groups, groups_teaching)
+                          groups, groups_teaching, sum(staleness) / len(staleness) if staleness else None, skipped)
     finally:
         stop_follow.set()
 

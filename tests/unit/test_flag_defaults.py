@@ -62,7 +62,8 @@ def _cases() -> list[tuple[str, str, str, type]]:
 
     cases += [("rolloutbus.demo", dest, dest, FeederSettings) for dest in FEEDER_FLAGS]
     cases += [("rolloutbus.demo", "gamma", "gamma", StreamSettings), ("rolloutbus.demo", "advantage_estimator", "advantage_estimator", StreamSettings),
-              ("rolloutbus.demo", "policy_loss", "policy_loss", TrainerSettings)]
+              ("rolloutbus.demo", "policy_loss", "policy_loss", TrainerSettings),
+              ("rolloutbus.demo", "backlog", "backlog", TrainerSettings)]
     return cases
 
 

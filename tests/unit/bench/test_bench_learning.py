@@ -10,7 +10,7 @@ import pytest
 
 from bench import bench_learning as bl
 
-ARGS = argparse.Namespace(minutes=1.0, held_out=9, validation=3, validate_every=1)
+ARGS = argparse.Namespace(minutes=1.0, held_out=9, validation=3, validate_every=1, backlog="newest")
 
 
 @pytest.mark.parametrize(("system", "engine", "single", "key"), [
@@ -23,7 +23,7 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     class Result:
         first_scores, chosen_scores, subsets, chosen, final, validation = [0.0, 1.0], [1.0, 1.0], {}, 1, 1, {}
         steps, rollouts, train_s, step_time_s, cpu_s, early_stopped = 2, 32, 60.0, 10.0, {"train": 40.0}, False
-        tokens, samples, groups, groups_teaching = 4000.0, 16.0, 8, 3
+        tokens, samples, groups, groups_teaching, staleness, skipped_backlog = 4000.0, 16.0, 8, 3, 1.25, 6.0
 
     def fake_run(cfg: Any, first_scores: list[float] | None = None) -> Result:
         seen.update(cfg=cfg, first=first_scores)
@@ -33,7 +33,7 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     first = {"single": [0.5, 0.5]}  # torch's single-turn version 0, scored by an earlier row
     row = bl.run_rolloutbus(ARGS, system, 0, tmp_path, first)
     cfg = seen["cfg"]
-    assert (cfg.engine, cfg.single_turn) == (engine, single)
+    assert (cfg.engine, cfg.single_turn, cfg.backlog) == (engine, single, "newest")
     assert cfg.serve_args() == (["--engine", "vllm"] if engine == "vllm" else [])
     # Version 0 is reused only when the same engine scored the same form: vLLM samples in bfloat16, torch in float32.
     assert seen["first"] == ([0.5, 0.5] if key == "single" else None)
@@ -42,6 +42,8 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     shown = bl.where_time_goes({system: [row]})
     assert "trained on 16 of them (50%), 4000 tokens, 100 per trainer CPU-second" in shown
     assert "3 of 8 groups generated taught (38%, task selection all)" in shown
+    assert f"batches 1.25 versions old on average, 6 waiting groups skipped (backlog newest)" in shown
+    assert bl.label(system, row).endswith(", backlog newest")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:

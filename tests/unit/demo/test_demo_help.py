@@ -35,3 +35,18 @@ def test_help_gives_each_tasks_default_as_the_config_applies_it() -> None:
     assert sql.runners == calc.runners and sql_quick.runners == quick.runners
     assert f"default {calc.sft_epochs}; --quick {quick.sft_epochs}" in _help("--sft-epochs")
     assert f"default {sql.validation}; --quick {sql_quick.validation}" in _help("--validation")
+
+
+def test_the_trainers_backlog_policy_reaches_the_demo_from_its_flag_or_its_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--backlog (the learning bench's knob for a trainer behind generation): the flag, else ROLLOUTBUS_BACKLOG, else
+    the trainer's own default; a bad variable is one line naming the flag and the variable."""
+    import pytest
+
+    from foundation.errors import SettingError
+
+    assert _cfg().backlog == "oldest" and _cfg("--backlog", "newest").backlog == "newest"
+    monkeypatch.setenv("ROLLOUTBUS_BACKLOG", "sample")
+    assert _cfg().backlog == "sample" and _cfg("--backlog", "oldest").backlog == "oldest"
+    monkeypatch.setenv("ROLLOUTBUS_BACKLOG", "latest")
+    with pytest.raises(SettingError, match="--backlog.*ROLLOUTBUS_BACKLOG"):
+        _cfg()
