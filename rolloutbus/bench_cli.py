@@ -78,12 +78,12 @@ _FLAGS = {"quick": "bench_quick", "spans": "bench_spans", "out": "bench_out"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from foundation.flags import describe_flags
+    from foundation.flags import Bounded, describe_flags
 
     parser.add_argument("--quick", action="store_true", default=None, help="smaller sizes, a smoke run")
     parser.add_argument("--only", action="append", default=None, metavar="NAME", choices=[b.name for b in BENCHES],
                         help=f"run only this bench (repeatable): {', '.join(b.name for b in BENCHES)}")
-    parser.add_argument("--spans", type=int, default=None, metavar="N",
+    parser.add_argument("--spans", type=Bounded(int, ge=SPANS_PER_ROLLOUT), default=None, metavar="N",
                         help="workload size for the ingest, Agent Lightning, hot-path and end-to-end benches, e.g. "
                              "100000 (whole rollouts of 16; default: their own, 1,024 spans for the ingest comparison)")
     parser.add_argument("--out", type=Path, default=None, help="where the results file goes (default: bench/results)")

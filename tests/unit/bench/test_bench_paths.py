@@ -41,7 +41,7 @@ def test_bad_sizes_are_one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     def read(*argv: str) -> BenchSettings:
         return settings_from_args(BenchSettings, parser.parse_args(argv), bench_cli._FLAGS)
 
-    with pytest.raises(SettingError, match="--spans.*ROLLOUTBUS_BENCH_SPANS"):
+    with pytest.raises(SystemExit):  # the flag's own bound: argparse's one line
         read("--spans", "3")
     monkeypatch.setenv("ROLLOUTBUS_BENCH_SPANS", "lots")
     with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_SPANS"):
