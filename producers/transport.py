@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+from concurrent.futures import Future
 import threading
 import time
 from collections import deque
@@ -74,6 +75,16 @@ def producer_config(kafka_conf: dict[str, Any], overrides: dict[str, Any] | None
     }
     conf.update(overrides or {})
     return conf
+
+
+class _Barrier:
+    """A mark in the queue (:meth:`SpanTransport.spooled`): its future is done once every record queued before it is
+    in the spool, handed to the OS."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future[None]) -> None:
+        self.future = future
 
 
 class _Encoded:
@@ -223,6 +234,19 @@ class SpanTransport:
         if self._sleeping:
             self._wake.set()
         return len(records)
+
+    def spooled(self) -> Future[None]:
+        """A future done once every record emitted before this call is in the spool (written and handed to the OS: a
+        SIGKILL of this process loses none of them; the next start sends them). The gateway answers 200 only then.
+        Failed with the transport's error when it stopped first."""
+        future: Future[None] = Future()
+        if self.error is not None:
+            future.set_exception(self.error)
+            return future
+        self._q.append(_Barrier(future))
+        if self._sleeping:
+            self._wake.set()
+        return future
 
     def _full_queue(self) -> bool:
         """The in-memory queue is full: block until there is room, or drop (loudly). True: go on."""
@@ -420,11 +444,17 @@ class SpanTransport:
         except Exception as exc:  # the caller must learn of it at its next emit/flush, not find a dead thread
             log.exception("rolloutbus transport worker failed")
             self._fail(ServiceError(f"the span transport to topic {self.topic} stopped: {exc!r}"))
+        finally:  # a caller waiting on spooled() learns that it will not be
+            stopped = self.error or ServiceError(f"the span transport to topic {self.topic} stopped")
+            for item in list(self._q):
+                if type(item) is _Barrier and not item.future.done():
+                    item.future.set_exception(stopped)
 
     def _work(self) -> None:
         last_fsync = time.monotonic()
         last_ack = last_fsync
         q = self._q
+        barriers: list[_Barrier] = []
         while True:
             n = 0
             while q and n < 10000:
@@ -435,6 +465,9 @@ class SpanTransport:
                 batch = []
                 nbytes = 0
                 for item in items:
+                    if type(item) is _Barrier:
+                        barriers.append(item)  # done once what came before it is in the spool (below)
+                        continue
                     enc = self._encode(item)
                     if enc is not None:
                         batch.append(enc)
@@ -455,6 +488,10 @@ class SpanTransport:
             self.spool.flush(fsync=fsync)
             if fsync:
                 last_fsync = now
+            if barriers:
+                for b in barriers:
+                    b.future.set_result(None)
+                barriers.clear()
             if self._cursor is not None:
                 self._drain_backlog()
             self._producer.poll(0)

@@ -7,11 +7,13 @@ Answers as the OTLP spec asks: 200 with ``partial_success.rejected_spans`` for s
 ours, 400 with a reason for undecodable bodies, 413 over the size limit, 503 + ``Retry-After`` when
 Kafka is down and the spool is full, 401 without the configured bearer token (every route's checks are
 :mod:`producers.ingest.front_door`'s). ``/healthz`` and Prometheus ``/metrics`` too. Decoding and
-mapping are :mod:`producers.ingest.otlp_decoding`'s.
+mapping are :mod:`producers.ingest.otlp_decoding`'s. A 200 is answered once the accepted spans are in the local spool
+(:meth:`~producers.transport.SpanTransport.spooled`): a SIGKILL of the gateway after it loses none of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -27,9 +29,13 @@ from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, Fron
 from producers.ingest.otlp_decoding import _OTLP_COMPILED, JSON, PROTOBUF, map_body
 from producers.ingest.resources import Resources
 from producers.spool import FRAME_OVERHEAD
+from foundation.errors import ServiceError
 from producers.transport import SpanTransport
 
 log = logging.getLogger(__name__)
+# How long a request waits for its spans to reach the spool before it is answered 503 (retry): the transport's thread
+# writes within milliseconds; only a stalled disk or a stopped transport takes longer.
+SPOOLED_WAIT_S = 10.0
 
 
 class Gateway:
@@ -89,6 +95,15 @@ class Gateway:
             self.feedback.add_to(app)
         return app
 
+    async def _spooled(self) -> bool:
+        """Whether what was just accepted is in the spool (a 200 promises it survives a SIGKILL of this process: until
+        the transport wrote it, it was only in memory). False: not in SPOOLED_WAIT_S, or the transport stopped."""
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self.transport.spooled()), SPOOLED_WAIT_S)
+            return True
+        except (asyncio.TimeoutError, ServiceError):
+            return False
+
     @guarded()
     async def traces(self, request: web.Request) -> web.Response:
         door = self.door
@@ -107,6 +122,8 @@ class Gateway:
         if not self.transport.accepting(sum(len(k) + len(v) + FRAME_OVERHEAD for k, v, _ in encoded)):
             return door.busy()
         accepted = self.transport.emit_encoded_many([(key, value) for key, value, _name in encoded])
+        if accepted and not await self._spooled():
+            return door.busy("the spans could not be written to the local spool in time; retry")
         errors.extend(f"{name}: local queue full" for _key, _value, name in encoded[accepted:])
         self.m_spans.inc(accepted)
         if errors:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -26,6 +27,12 @@ class MemoryTransport:
             if not self.emit_encoded(key, value):
                 return n
         return len(records)
+
+    def spooled(self) -> Future[None]:
+        """As SpanTransport's: done once what was taken is kept (here, at once)."""
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
     def stats(self) -> dict[str, Any]:
         return {"spool_pending": 0}

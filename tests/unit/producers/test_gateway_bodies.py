@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import time
 import zlib
 from typing import Any
 
@@ -164,3 +165,45 @@ def test_a_compressed_body_without_the_token_is_refused_before_it_is_decompresse
             return r.status, await r.text()
 
     assert asyncio.run(go()) == (401, "missing or wrong bearer token")
+
+
+class SlowSpool(MemoryTransport):
+    """Takes the records; says they are in the spool only when the test says so (``spool``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[Any] = []
+
+    def spooled(self) -> Any:
+        from concurrent.futures import Future
+
+        done: Future[None] = Future()
+        self.waits.append(done)
+        return done
+
+
+def test_a_200_waits_until_the_spans_are_in_the_spool_and_a_spool_that_never_takes_them_is_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answered 200 while the spans were only in memory, a SIGKILL of the gateway lost them (the crash fault test: 78
+    acknowledged spans missing once). Now the answer waits for the transport's word that they are on disk."""
+    import threading
+
+    from producers.ingest import gateway
+
+    transport = SlowSpool()
+    gw = Gateway(transport, token="tok")  # type: ignore[arg-type]
+    body = _spans(3).SerializeToString()
+    answered: list[tuple[int, str]] = []
+    poster = threading.Thread(target=lambda: answered.append(post(gw, "/v1/traces", body, {"Content-Type": "application/x-protobuf"})))
+    poster.start()
+    deadline = time.monotonic() + 5
+    while not transport.waits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(transport.records) == 3 and answered == [], "no answer before the spool has them"
+    transport.waits[0].set_result(None)
+    poster.join(5)
+    assert answered and answered[0][0] == 200, answered
+
+    monkeypatch.setattr(gateway, "SPOOLED_WAIT_S", 0.2)
+    status, text = post(gw, "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+    assert status == 503 and "spool" in text, text
