@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from bench.common import ROOT
 from producers.settings import feeder_choices, feeder_default
@@ -210,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
     p.add_argument("--pace", choices=feeder_choices("pace"), default=feeder_default("pace"),
                    help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
-    from foundation.config import default_of
+    from foundation.config import choices_of, default_of
     from trainer.settings import TrainerSettings
 
-    p.add_argument("--backlog", choices=get_args(TrainerSettings.model_fields["backlog"].annotation),
+    p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -297,6 +297,12 @@ def default_of(cls: type[BaseSettings], field: str) -> Any:
     """A settings field's declared default, for a dataclass or config that mirrors the field (the model stays the one
     place the default is written). Pure."""
     return cls.model_fields[field].default
+
+
+def choices_of(cls: type[BaseSettings], field: str) -> tuple[str, ...]:
+    """The values a ``Literal`` settings field takes, for a flag's ``choices`` (the model stays the one place they are
+    written). Pure."""
+    return tuple(get_args(cls.model_fields[field].annotation))
 
 
 def shown_default(cls: type[BaseSettings], field: str) -> str | None:

@@ -3,11 +3,11 @@ span transport and ``rolloutbus run-agent``. The ingest service's are :mod:`prod
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from foundation.config import CommonSettings, default_of
+from foundation.config import CommonSettings, choices_of, default_of
 from foundation.errors import ConfigError
 
 
@@ -57,7 +57,7 @@ def feeder_default(field: str) -> Any:
 
 def feeder_choices(field: str) -> tuple[str, ...]:
     """The values a ``Literal`` field of :class:`FeederSettings` takes (the flags' ``choices``). Pure."""
-    return tuple(get_args(FeederSettings.model_fields[field].annotation))
+    return choices_of(FeederSettings, field)
 
 
 def check_feeder(values: dict[str, Any], name: str = "{}") -> None:

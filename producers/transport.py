@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-from concurrent.futures import Future
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from enum import Enum
 from functools import partial
 from pathlib import Path

@@ -21,6 +21,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from foundation.errors import ServiceError
 from producers.ingest.agl.v0_3_store_http import LightningStoreRoutes
 from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from producers.ingest.auth import authorized
@@ -29,7 +30,6 @@ from producers.ingest.front_door import SERVER_OPTIONS, BadRequest, Counts, Fron
 from producers.ingest.otlp_decoding import _OTLP_COMPILED, JSON, PROTOBUF, map_body
 from producers.ingest.resources import Resources
 from producers.spool import FRAME_OVERHEAD
-from foundation.errors import ServiceError
 from producers.transport import SpanTransport
 
 log = logging.getLogger(__name__)

@@ -84,7 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the final reward alone)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
-    p.add_argument("--backlog", choices=_trainer_choices("backlog"), default=None,
+    from foundation.config import choices_of
+    from trainer.settings import TrainerSettings
+
+    p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"), default=None,
                    help="which groups a trainer step takes when more wait than it trains on: oldest (in order), newest "
                         "(the newest versions'; the rest skipped) or sample (a uniform draw; the rest skipped)")
     p.add_argument("--serve-lag", type=Bounded(int, ge=0, le=16), default=None, metavar="N",
@@ -114,15 +117,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-running", action="store_true", help="leave the broker running at the end")
     p.add_argument("--no-dashboard", action="store_true", help="do not serve the live dashboard during the run "
                    "(default: on http://127.0.0.1:8050, or a free port when that one is taken)")
-
-
-def _trainer_choices(field: str) -> tuple[str, ...]:
-    """The values a ``Literal`` field of the trainer's settings takes (a flag's ``choices``). Pure."""
-    from typing import get_args
-
-    from trainer.settings import TrainerSettings
-
-    return tuple(get_args(TrainerSettings.model_fields[field].annotation))
 
 
 def _model_source(text: str) -> str:

@@ -97,10 +97,10 @@ class DemoConfig:
         given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
         stream = load_settings(StreamSettings, given, flags)
         train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog"}
-        loss = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
-        train = load_settings(TrainerSettings, loss, train_flags)
+        given_train = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
+        train = load_settings(TrainerSettings, given_train, train_flags)
         for name, source in [*((k, stream) for k in flags), *((k, train) for k in train_flags)]:
-            if name in given or name in loss or f"ROLLOUTBUS_{name.upper()}" in os.environ:
+            if name in given or name in given_train or f"ROLLOUTBUS_{name.upper()}" in os.environ:
                 setattr(self, name, getattr(source, name))
         if self.reward_rules is not None:
             try:
