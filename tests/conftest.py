@@ -80,9 +80,27 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return str(longrepr)
 
 
+_DURATIONS: list[tuple[str, float]] = []  # (node id, seconds) of every phase, for --record-durations
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", metavar="FILE", default=None,
+                     help="write the seconds each test file took into FILE (merged with what it holds), the order "
+                          "make test's parallel pass hands files out in (tests/schedule.py)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the slowest files first (tests/schedule.py)
+        from tests import schedule
+
+        schedule.reorder(items, [item.nodeid for item in items], schedule.read())
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _SKIPPED.append((report.nodeid, _skip_reason(report)))
+    _DURATIONS.append((report.nodeid, report.duration))
 
 
 def unexpected_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -95,6 +113,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: its reports reach the controller, which judges them all once
+    if session.config.getoption("--record-durations"):
+        from tests import schedule
+
+        schedule.record(Path(session.config.getoption("--record-durations")), _DURATIONS)
     bad = unexpected_skips(_SKIPPED)
     if strict() and bad:
         lines = "\n".join(f"  {node}: {why}" for node, why in bad)
