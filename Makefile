@@ -107,12 +107,13 @@ demo: setup
 # during the integration tests run one at a time), so they run on TEST_WORKERS processes at once, each with
 # its own broker, a test file to one process; then the tests marked `solo` (the learning test's margin depends
 # on CPU time, the container topology fills the memory, the scale-out test's rebalances have deadlines) run
-# alone. Both passes always run; either failing fails.
+# alone. Both passes always run; either failing fails. The parallel pass hands the slowest files out first (the
+# record in tests/durations.json, tests/schedule.py says why and how to refresh it), not xdist's most-tests-first.
 # A pass that selects no test (PYTEST_ARGS naming files of the other kind) is not a failure.
 TEST_WORKERS ?= 3
 test: setup browser-deps prometheus-tools containers-host validate-deploy vllm
 	@rc=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not solo" tests $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not solo" tests $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	$(BIN)/python -m pytest -q -m solo tests $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || [ $$rc != 0 ] || rc=$$r; }; \
 	exit $$rc
 
