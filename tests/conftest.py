@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hasattr(config, "workerinput"):  # an xdist worker: the slowest files first (tests/schedule.py)
         from tests import schedule
 
-        schedule.reorder(items, [item.nodeid for item in items], schedule.read())
+        schedule.reorder(items, schedule.read())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -43,9 +43,9 @@ def slowest_files_first(nodeids: Sequence[str], seconds: Mapping[str, float]) ->
     return [i for f in order for i in by_file[f]]
 
 
-def reorder(items: list[T], nodeids: Sequence[str], seconds: Mapping[str, float]) -> None:
-    """``items`` (whose node ids are ``nodeids``) in place, in :func:`slowest_files_first`'s order."""
-    items[:] = [items[i] for i in slowest_files_first(nodeids, seconds)]
+def reorder(items: list[T], seconds: Mapping[str, float]) -> None:
+    """pytest's ``items`` (each with its ``nodeid``) in place, in :func:`slowest_files_first`'s order."""
+    items[:] = [items[i] for i in slowest_files_first([item.nodeid for item in items], seconds)]  # type: ignore[attr-defined]
 
 
 def read(path: Path | None = None) -> dict[str, float]:
