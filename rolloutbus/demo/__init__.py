@@ -17,54 +17,59 @@ FEEDER_FLAGS = {"task_selection": "--task-selection", "selection_k": "--selectio
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help="minutes of training (default 6; --task sql 9; --quick: 0.6, with --task sql 1.5)")
+    from rolloutbus.demo.config import profile_help as d  # each default as DemoConfig and its PROFILES apply it
+    from rolloutbus.demo.config import production_help as pd
+
+    p.add_argument("--minutes", type=Bounded(float, gt=0), default=None, help=f"minutes of training ({d('minutes')})")
     p.add_argument("--max-steps", type=Bounded(int, ge=0), default=None,
                    help="stop training after this many optimiser steps, or when --minutes are up if that comes first "
-                        "(default 0: the minutes alone); a step budget makes a run depend less on the machine's speed")
+                        f"({d('max_steps')}: the minutes alone); a step budget makes a run depend less on the machine's speed")
     p.add_argument("--group-size", type=Bounded(int, ge=2), default=None,
-                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group (default 8; --task sql 4; --quick 4)")
-    p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help="rollouts run at once (default 16; --task sql --algorithm apo 32; --quick 8)")
-    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help="GRPO groups per trainer step (default 8; --task sql 2; --quick 2); with --production the judged rollouts per step "
-                   "(default 32; --task sql 8; --quick 4)")
-    p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end (default 150, of the calculator's 486 problems or the SQL task's questions; --quick 24, with --task sql 16)")
-    p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help="trainer learning rate (default 5e-4; --task sql 1e-4)")
-    p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help="KL-to-warm-up weight that keeps the policy from collapsing (default 0.05; --task sql 0.02)")
-    p.add_argument("--sft-epochs", type=Bounded(int, ge=1), default=None, help="calc: epochs of supervised warm-up (default 3; --quick 1)")
+                   help="rollouts per task, one GRPO group; at least 2, GRPO compares rollouts within a group "
+                        f"({d('group_size')})")
+    p.add_argument("--runners", type=Bounded(int, ge=1), default=None, help=f"rollouts run at once ({d('runners')})")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=None, help=f"GRPO groups per trainer step ({d('groups_per_step')}); with --production the judged rollouts per step "
+                   f"({pd('groups_per_step')})")
+    p.add_argument("--held-out", type=Bounded(int, ge=1), default=None, help="held-out problems evaluated at the end, of the calculator's 486 problems or the SQL task's questions "
+                   f"({d('held_out')})")
+    p.add_argument("--lr", type=Bounded(float, gt=0), default=None, help=f"trainer learning rate ({d('lr')})")
+    p.add_argument("--kl-beta", type=Bounded(float, ge=0), default=None, help=f"KL-to-warm-up weight that keeps the policy from collapsing ({d('kl_beta')})")
+    p.add_argument("--sft-epochs", type=Bounded(int, ge=1), default=None, help=f"calc: epochs of supervised warm-up ({d('sft_epochs')})")
     p.add_argument("--task", choices=["calc", "sql"], default="calc",
                    help="calc: the tiny model learns a calculator agent (fast); sql: SmolLM2-135M-Instruct learns Text-to-SQL")
-    p.add_argument("--model", type=_model_source, default=None, help="--task sql: the model to import and train (default smollm2-135m-instruct; "
+    p.add_argument("--model", type=_model_source, default=None, help=f"--task sql: the model to import and train ({d('model')}; "
                    "a .gguf or HF directory works too)")
-    p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help="--task sql: top decoder layers trained (default 10, 0 = all)")
-    p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help="--task sql: sampling temperature of training rollouts (default 0.7)")
+    p.add_argument("--train-layers", type=Bounded(int, ge=0), default=None, help=f"--task sql: top decoder layers trained ({d('train_layers')}; 0 = all)")
+    p.add_argument("--temperature", type=Bounded(float, gt=0), default=None, help=f"--task sql: sampling temperature of training rollouts ({d('temperature')})")
     p.add_argument("--engine", choices=["torch", "vllm"], default=None, help="--task sql: the policy server's engine: vllm (vLLM's CPU "
                    "build, installed once by `make vllm`; the default where it is installed, but for --algorithm apo) "
                    "or torch (rolloutbus serve's own; the default elsewhere)")
     p.add_argument("--single-turn", action="store_true", help="--task sql: one SQL answer per question, no rewrite after an error "
                    "(the form TRL's GRPOTrainer runs in the learning bench)")
     p.add_argument("--validation", type=Bounded(int, ge=0), default=None, help="--task sql: validation questions scored greedily "
-                   "for each version by the runners; the winner is evaluated (default 30; --quick 8; 0: none, the last version)")
-    p.add_argument("--validate-every", type=Bounded(int, ge=1), default=None, help="--task sql: validate every Nth version (default 1)")
+                   f"for each version by the runners; the winner is evaluated ({d('validation')}; 0: none, the last version)")
+    p.add_argument("--validate-every", type=Bounded(int, ge=1), default=None, help=f"--task sql: validate every Nth version ({d('validate_every')})")
     p.add_argument("--early-stop-patience", type=Bounded(int, ge=0), default=None,
-                   help="--task sql: the trainer stops after N validated versions without a better score (default 0: never)")
+                   help=f"--task sql: the trainer stops after N validated versions without a better score ({d('early_stop_patience')}: never)")
     p.add_argument("--algorithm", choices=["grpo", "apo"], default="grpo",
                    help="--task sql: grpo trains the weights; apo optimizes the agent's prompt (critiques and rewrites by the served model)")
-    p.add_argument("--val-size", type=Bounded(int, ge=2), default=None, help="--algorithm apo: validation questions per candidate (default 30)")
-    p.add_argument("--apo-rounds", type=Bounded(int, ge=0), default=None, help="--algorithm apo: rounds of the beam search (default 2)")
-    p.add_argument("--apo-beam", type=Bounded(int, ge=1), default=None, help="--algorithm apo: beam width (default 1)")
-    p.add_argument("--apo-branch", type=Bounded(int, ge=1), default=None, help="--algorithm apo: candidates per beam member per round (default 2)")
+    p.add_argument("--val-size", type=Bounded(int, ge=2), default=None, help=f"--algorithm apo: validation questions per candidate ({d('val_size')})")
+    p.add_argument("--apo-rounds", type=Bounded(int, ge=0), default=None, help=f"--algorithm apo: rounds of the beam search ({d('apo_rounds')})")
+    p.add_argument("--apo-beam", type=Bounded(int, ge=1), default=None, help=f"--algorithm apo: beam width ({d('apo_beam')})")
+    p.add_argument("--apo-branch", type=Bounded(int, ge=1), default=None, help=f"--algorithm apo: candidates per beam member per round ({d('apo_branch')})")
     p.add_argument("--production", action="store_true", help="requests with no task id, as a deployed agent serves them; a "
                    "simulated user sends feedback later for a fraction of them, and the worker trains each judged rollout once "
                    "with a running leave-one-out baseline (rolloutbus/demo/production.py)")
     p.add_argument("--request-rate", dest="rate", metavar="R", type=Bounded(float, ge=0), default=None,
-                   help="--production: requests a second, at most (default 8; --quick 10; 0: as fast as the agents answer)")
+                   help=f"--production: requests a second, at most ({pd('rate')}; 0: as fast as the agents answer)")
     p.add_argument("--feedback-fraction", dest="feedback_fraction", metavar="F", type=Bounded(float, gt=0, le=1), default=None,
-                   help="--production: the share of answers the user judges (default 0.5; --quick 0.7)")
+                   help=f"--production: the share of answers the user judges ({pd('feedback_fraction')})")
     p.add_argument("--feedback-delay-min", dest="delay_min_s", metavar="S", type=Bounded(float, gt=0), default=None,
-                   help="--production: the shortest delay of the user's feedback, seconds (default 2)")
+                   help=f"--production: the shortest delay of the user's feedback, seconds ({pd('delay_min_s')})")
     p.add_argument("--feedback-delay-max", dest="delay_max_s", metavar="S", type=Bounded(float, gt=0), default=None,
-                   help="--production: the longest delay, seconds; delays are log-uniform in between (default 90; --quick 8)")
+                   help=f"--production: the longest delay, seconds; delays are log-uniform in between ({pd('delay_max_s')})")
     p.add_argument("--feedback-window", dest="window_s", metavar="S", type=Bounded(float, gt=0), default=None,
-                   help="--production: the stream worker's window for late feedback, seconds (default 600)")
+                   help=f"--production: the stream worker's window for late feedback, seconds ({pd('window_s')})")
     p.add_argument("--feedback-baseline", dest="baseline", choices=["loo", "prompt", "none"], default=None,
                    help="--production: the worker's baseline: loo (default: the agent's running leave-one-out mean), prompt "
                    "(the same request's earlier feedback) or none")

@@ -10,10 +10,8 @@ evaluation rollouts are recorded too (mode ``test``).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import random
 import socket
 import threading
@@ -22,162 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from foundation.config import CommonSettings, default_of, load_settings
-from producers.settings import FeederSettings, feeder_default
-from streams.settings import StreamSettings
-from trainer.settings import TrainerSettings
+from foundation.config import CommonSettings, load_settings
 from rolloutbus.demo import calc
+from rolloutbus.demo.config import DemoConfig
 from rolloutbus.localproc import free_port
 from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
-from rolloutbus.runs.live import Live, TaskFeeder, engine_args, engine_start_s, follow, wait_http
+from rolloutbus.runs.live import Live, TaskFeeder, follow, wait_http
 from rolloutbus.runs.procs import Supervisor
 from rolloutbus.runs.scope import reset_namespace
 from rolloutbus.runs.stack import LocalStack, local_stack, process_env, say_stack
 from foundation.errors import ConfigError, RolloutbusError
-
-
-@dataclass
-class DemoConfig:
-    task: str = "calc"
-    minutes: float = 6.0
-    max_steps: int = 0  # 0: train for ``minutes``; else stop after this many optimiser steps (or the minutes, first)
-    group_size: int = 8
-    runners: int = 16
-    groups_per_step: int = 8
-    held_out: int = 150
-    demonstrations: int = 2000
-    lr: float = 5e-4
-    kl_beta: float = 0.05
-    sft_epochs: int = 3
-    seed: int = 0
-    out: Path = Path("demo-output")
-    quick: bool = False
-    keep_running: bool = False
-    dashboard: bool = True
-    data_dir: Path | None = None
-    model: str = "smollm2-135m-instruct"
-    train_layers: int = 10
-    temperature: float = 0.7
-    algorithm: str = "grpo"
-    val_size: int = 40
-    apo_rounds: int = 2
-    apo_beam: int = 2
-    apo_branch: int = 2
-    single_turn: bool = False  # --task sql: one SQL answer per question, no rewrite after an error
-    validation: int = 30  # --task sql: validation questions scored for each version (0: none, the last version is kept)
-    validate_every: int = 1
-    early_stop_patience: int = 0
-    train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
-    engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
-    production: Any = None  # --production: a rolloutbus.demo.production.ProductionConfig (task-less traffic, late feedback)
-    credit: str = "discounted"  # the stream worker's --credit (a registered credit mode), with --gamma
-    gamma: float = default_of(StreamSettings, "gamma")
-    reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
-    advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
-    policy_loss: str = default_of(TrainerSettings, "policy_loss")  # the trainer's --policy-loss
-    nproc_per_node: int = default_of(TrainerSettings, "nproc_per_node")  # the trainer's FSDP2 ranks (torchrun)
-    task_selection: str = feeder_default("task_selection")  # the feeder's choices: producers.settings.FeederSettings
-    selection_k: int = feeder_default("selection_k")
-    selection_explore: float = feeder_default("selection_explore")
-    pace: str = feeder_default("pace")
-    serve_lag: int = 0  # the policy server follows the version this many behind the newest (the staleness bench)
-    backlog: str = default_of(TrainerSettings, "backlog")  # the trainer's --backlog: which waiting groups a step takes
-
-    def serve_args(self) -> list[str]:
-        return engine_args(self.engine)
-
-    def _learning_settings(self, args: argparse.Namespace) -> None:
-        """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
-        estimator, policy loss, backlog): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
-        checked by the settings that declare it, before anything starts."""
-        from streams.rewards import RewardRules
-
-        flags = {"credit": "--credit", "gamma": "--gamma", "reward_rules": "--reward-rules",
-                 "advantage_estimator": "--advantage-estimator"}
-        given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
-        stream = load_settings(StreamSettings, given, flags)
-        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog"}
-        given_train = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
-        train = load_settings(TrainerSettings, given_train, train_flags)
-        for name, source in [*((k, stream) for k in flags), *((k, train) for k in train_flags)]:
-            if name in given or name in given_train or f"ROLLOUTBUS_{name.upper()}" in os.environ:
-                setattr(self, name, getattr(source, name))
-        if self.reward_rules is not None:
-            try:
-                RewardRules.load(self.reward_rules)
-            except ValueError as exc:
-                raise ConfigError(f"--reward-rules: {exc}") from None
-
-    def _feeder_settings(self, args: argparse.Namespace) -> None:
-        """The task feeder's choices: a flag, else its ``ROLLOUTBUS_*`` variable, else FeederSettings' default; checked
-        by the model that declares them (a bad --selection-k is one line naming the flag and the variable)."""
-        from rolloutbus.demo import FEEDER_FLAGS
-
-        given = {k: getattr(args, k) for k in FEEDER_FLAGS if getattr(args, k, None) is not None}
-        feed = load_settings(FeederSettings, given, FEEDER_FLAGS)
-        for name in FEEDER_FLAGS:
-            setattr(self, name, getattr(feed, name))
-
-    @property
-    def serve_start_s(self) -> float:
-        return engine_start_s(self.engine)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DemoConfig:
-        cfg = cls(seed=args.seed, out=Path(args.out), quick=args.quick, keep_running=args.keep_running,
-                  dashboard=not getattr(args, "no_dashboard", False),
-                  data_dir=Path(args.data_dir) if getattr(args, "data_dir", None) else None,
-                  task=getattr(args, "task", None) or "calc", algorithm=getattr(args, "algorithm", None) or "grpo")
-        if cfg.algorithm == "apo" and cfg.task != "sql":
-            raise ConfigError("--algorithm apo optimizes the SQL agent's prompt: use it with --task sql")
-        if cfg.task == "sql":
-            # A 135M-parameter model on 2 cores: small groups, two per step (a step as soon as two groups
-            # teach, so later rollouts come from the better policy), the top layers trained.
-            cfg.minutes, cfg.group_size, cfg.groups_per_step, cfg.lr, cfg.kl_beta = 9.0, 4, 2, 1e-4, 0.02
-            if getattr(args, "model", None):
-                cfg.model = args.model
-            if cfg.algorithm == "apo":  # greedy scoring of many prompts: more agents per batch, a lean search
-                cfg.runners, cfg.val_size, cfg.apo_rounds, cfg.apo_beam, cfg.apo_branch = 32, 30, 2, 1, 2
-            if args.quick:
-                cfg.minutes, cfg.runners, cfg.groups_per_step, cfg.held_out = 1.5, 8, 2, 16
-        elif args.quick:
-            cfg.minutes, cfg.group_size, cfg.runners, cfg.groups_per_step, cfg.held_out, cfg.sft_epochs = 0.6, 4, 8, 2, 24, 1
-            cfg.demonstrations = 600
-        if args.quick and cfg.task == "sql":
-            cfg.validation = 8
-        cfg.single_turn = bool(getattr(args, "single_turn", False))
-        # --task sql's GRPO run (and --production's) serves with vLLM wherever `make vllm` (or `make test`) installed
-        # it; APO keeps torch's server (it was not run on vLLM), as does a machine without it.
-        cfg.engine = getattr(args, "engine", None) or (
-            "vllm" if cfg.task == "sql" and cfg.algorithm == "grpo" and _vllm_installed() else "torch")
-        if cfg.engine == "vllm" and cfg.task != "sql":
-            raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
-        for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
-                     "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
-                     "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node", "serve_lag"):
-            value = getattr(args, name, None)
-            if value is not None:
-                setattr(cfg, name, value)
-        cfg._learning_settings(args)
-        cfg._feeder_settings(args)
-        if getattr(args, "production", False):
-            from rolloutbus.demo.production import ProductionConfig
-
-            if cfg.algorithm != "grpo":
-                raise ConfigError("--production trains the weights on feedback: use it without --algorithm apo")
-
-            cfg.production = ProductionConfig.from_args(args, cfg.task)
-        if cfg.group_size < 2:
-            raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
-        return cfg
-
-
-def _vllm_installed() -> bool:
-    """vLLM's venv is made (its marker) or ``$ROLLOUTBUS_VLLM_PYTHON`` names one: nothing is installed or imported here."""
-    from trainer.vllm_venv import installed
-
-    return installed()
 
 
 # --------------------------------------------------------------------------- warm-up

@@ -23,68 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rolloutbus.demo.config import ProductionConfig
 from rolloutbus.trainer_api import LitAgent, Rollout
-
-
-@dataclass
-class ProductionConfig:
-    """What the simulated deployment does (``rolloutbus demo --production``'s flags)."""
-
-    feedback_fraction: float = 0.5  # of the requests served, the share the user gives feedback on
-    rate: float = 8.0  # requests a second, at most (0: as fast as the agents answer): what the demo's 2 cores serve
-    # and train on in its minutes (the feedback stage, since it reads for a batch at once, applies hundreds a second)
-    delay_min_s: float = 2.0  # the feedback's delay after the answer: log-uniform in [min, max]
-    delay_max_s: float = 90.0
-    window_s: float = 600.0  # the stream worker's --feedback-window
-    baseline: str = "loo"  # the stream worker's --feedback-baseline (loo | prompt | none)
-    sft_first: bool = False  # SFT on the positively judged traffic first, then the feedback training (SFTFirst)
-    sft_at: float = 0.4  # --sft-first: the share of the training minutes served before the SFT
-    sft_epochs: int = 2
-    sft_lr: float = 1e-3
-    sft_batch_size: int = 16
-    groups_per_step: int = 32  # one feedback = one one-rollout batch: rollouts per optimiser step
-    max_staleness: int = 8  # feedback trains a rollout served some versions ago
-
-    @classmethod
-    def quick(cls) -> ProductionConfig:
-        """The smoke run's: short delays, a step every few feedbacks."""
-        return cls(feedback_fraction=0.7, delay_min_s=2.0, delay_max_s=8.0, groups_per_step=4, rate=10.0)
-
-    @classmethod
-    def from_args(cls, args: Any, task: str = "calc") -> ProductionConfig:
-        """The defaults (``--quick``'s for a smoke run) with the flags given; ``--groups-per-step`` is the judged
-        rollouts per step here. The SQL task steps every 8: its rollouts are long (schema, worked examples, about
-        800 tokens), and a step over 32 of them took the trainer's one core most of a run."""
-        cfg = cls.quick() if getattr(args, "quick", False) else cls()
-        if task == "sql" and not getattr(args, "quick", False):
-            cfg.groups_per_step = 8
-        if task == "sql":  # a pretrained 135M model, not the tiny one: its RL learning rate, and a step every 4 answers
-            cfg.sft_lr, cfg.sft_batch_size = 1e-4, 4  # (a few dozen are judged right before the SFT)
-        if getattr(args, "groups_per_step", None) is not None:
-            cfg.groups_per_step = args.groups_per_step
-        for name in ("feedback_fraction", "delay_min_s", "delay_max_s", "window_s", "baseline", "sft_first", "rate"):
-            value = getattr(args, name, None)
-            if value is not None:
-                setattr(cfg, name, value)
-        if cfg.delay_max_s < cfg.delay_min_s:
-            from foundation.errors import ConfigError
-
-            raise ConfigError("--feedback-delay-max must be at least --feedback-delay-min")
-        return cfg
-
-    def process_args(self) -> list[str]:
-        return ["--feedback-window", f"{self.window_s:g}", "--feedback-baseline", self.baseline]
-
-    @property
-    def label(self) -> str:
-        return "after SFT, then feedback" if self.sft_first else "after feedback"
-
-    def serve_args(self, base: str) -> list[str]:
-        """--sft-first: no trainer publishes version 0 before the SFT, so the server starts on the warm-up itself."""
-        return ["--model", base] if self.sft_first else []
-
-    def train_args(self) -> list[str]:
-        return ["--groups-per-step", str(self.groups_per_step), "--max-staleness", str(self.max_staleness)]
 
 
 BASELINES = {"loo": "reward − the agent's running leave-one-out mean", "prompt": "reward − the running mean of the same prompt's "

@@ -20,21 +20,43 @@ def _cfg(*argv: str) -> DemoConfig:
     return DemoConfig.from_args(p.parse_args(list(argv)))
 
 
-def test_help_gives_each_tasks_default_as_the_config_applies_it() -> None:
-    calc, sql = _cfg(), _cfg("--task", "sql")
-    quick, sql_quick = _cfg("--quick"), _cfg("--task", "sql", "--quick")
-    assert f"default {calc.minutes:g}; --task sql {sql.minutes:g}; --quick: {quick.minutes:g}, with --task sql {sql_quick.minutes:g}" \
-        in _help("--minutes")
-    assert f"default {calc.kl_beta:g}; --task sql {sql.kl_beta:g}" in _help("--kl-beta")
-    assert f"default {calc.group_size}; --task sql {sql.group_size}; --quick {quick.group_size}" in _help("--group-size")
-    assert f"default {calc.groups_per_step}; --task sql {sql.groups_per_step}; --quick {quick.groups_per_step}" in _help("--groups-per-step")
+def test_help_gives_each_tasks_default_as_the_config_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each flag's help is written from the profiles table, and the config applies that table: what --help says for
+    each task and mode is the value a run gets."""
+    import dataclasses
+
+    from rolloutbus.demo import config
+
+    monkeypatch.setattr(config, "_vllm_installed", lambda: False)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    fields = {f.name for f in dataclasses.fields(DemoConfig)}
+    prod_fields = {f.name for f in dataclasses.fields(config.ProductionConfig)} - {"groups_per_step", "sft_epochs"}
+    derived = 0
+    for action in p._actions:
+        if action.dest in fields and action.help and "(default " in action.help:
+            assert config.profile_help(action.dest) in action.help, action.dest
+            derived += 1
+        elif action.dest in prod_fields and action.help and "(default " in action.help:
+            assert config.production_help(action.dest) in action.help, action.dest
+            derived += 1
+    assert derived >= 20
+    assert config.production_help("groups_per_step") in _help("--groups-per-step")
+
+    modes = {"": (), "--task sql": ("--task", "sql"), "--task sql --algorithm apo": ("--task", "sql", "--algorithm", "apo"),
+             "--quick": ("--quick",), "--task sql --quick": ("--task", "sql", "--quick")}
+    for label, when, values in config.PROFILES:
+        cfg = _cfg(*modes[label])
+        assert {k: getattr(cfg, k) for k in values} == values, label
+    calc, sql, quick, sql_quick = _cfg(), _cfg(*modes["--task sql"]), _cfg("--quick"), _cfg(*modes["--task sql --quick"])
+    assert (calc.minutes, sql.minutes, quick.minutes, sql_quick.minutes) == (6.0, 9.0, 0.6, 1.5)
     assert (calc.lr, sql.lr) == (5e-4, 1e-4) and "default 5e-4; --task sql 1e-4" in _help("--lr")
-    assert f"default {calc.held_out}" in _help("--held-out") and f"--quick {quick.held_out}, with --task sql {sql_quick.held_out}" in _help("--held-out")
-    apo = _cfg("--task", "sql", "--algorithm", "apo")
-    assert f"default {calc.runners}; --task sql --algorithm apo {apo.runners}; --quick {quick.runners}" in _help("--runners")
-    assert sql.runners == calc.runners and sql_quick.runners == quick.runners
-    assert f"default {calc.sft_epochs}; --quick {quick.sft_epochs}" in _help("--sft-epochs")
-    assert f"default {sql.validation}; --quick {sql_quick.validation}" in _help("--validation")
+    assert "default 6; --task sql 9; --quick 0.6; --task sql --quick 1.5" in _help("--minutes")
+    assert sql.runners == calc.runners == 16 and _cfg(*modes["--task sql --algorithm apo"]).runners == 32
+    assert sql_quick.runners == quick.runners == 8 and sql_quick.validation == 8 and sql.validation == 30
+    sql_prod = _cfg("--task", "sql", "--production").production
+    assert (sql_prod.groups_per_step, sql_prod.sft_lr) == (8, 1e-4)
+    assert _cfg("--task", "sql", "--production", "--quick").production.groups_per_step == 4
 
 
 def test_the_trainers_backlog_policy_reaches_the_demo_from_its_flag_or_its_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]

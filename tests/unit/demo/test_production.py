@@ -83,7 +83,7 @@ def test_demo_config_takes_the_production_flags() -> None:
     assert cfg.production.train_args() == ["--groups-per-step", "32", "--max-staleness", "8"]
     assert DemoConfig.from_args(_args(production=True, baseline="prompt")).production.process_args()[-1] == "prompt"
     quick = DemoConfig.from_args(_args(production=True, quick=True))
-    assert quick.production == ProductionConfig.quick()
+    assert quick.production == ProductionConfig(feedback_fraction=0.7, delay_max_s=8.0, groups_per_step=4, rate=10.0)
     with pytest.raises(ConfigError, match="feedback-delay-max"):
         DemoConfig.from_args(_args(production=True, delay_min_s=10.0, delay_max_s=5.0))
     with pytest.raises(ConfigError, match="production"):
@@ -91,7 +91,7 @@ def test_demo_config_takes_the_production_flags() -> None:
 
 
 def test_production_steps_every_32_judged_rollouts_on_calc_8_on_sql_or_as_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: False)
+    monkeypatch.setattr("rolloutbus.demo.config._vllm_installed", lambda: False)
     assert DemoConfig.from_args(_args(production=True)).production.groups_per_step == 32
     sql = DemoConfig.from_args(_args(production=True, task="sql"))
     assert sql.production.train_args() == ["--groups-per-step", "8", "--max-staleness", "8"]
@@ -102,10 +102,10 @@ def test_production_steps_every_32_judged_rollouts_on_calc_8_on_sql_or_as_told(m
 
 
 def test_sql_production_serves_with_vllm_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: True)
+    monkeypatch.setattr("rolloutbus.demo.config._vllm_installed", lambda: True)
     assert DemoConfig.from_args(_args(production=True, task="sql")).engine == "vllm"
     assert DemoConfig.from_args(_args(production=True, task="sql", engine="torch")).engine == "torch"
-    monkeypatch.setattr("rolloutbus.demo.driver._vllm_installed", lambda: False)
+    monkeypatch.setattr("rolloutbus.demo.config._vllm_installed", lambda: False)
     assert DemoConfig.from_args(_args(production=True, task="sql")).engine == "torch"
 
 
