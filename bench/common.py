@@ -19,27 +19,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foundation.config import Topics
+from foundation.config import Topics, default_of, load_settings
+from rolloutbus.bench_settings import BenchSettings
 from rolloutbus.localproc import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DEFAULT_PORT = 29892
+DEFAULT_PORT = default_of(BenchSettings, "bench_kafka_port")  # 29892
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
 def broker(scratch: Path, default_port: int = DEFAULT_PORT) -> Iterator[str]:
-    """The bootstrap address of a broker: ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set (not stopped at the end),
-    else a local KRaft broker on ``ROLLOUTBUS_BENCH_KAFKA_PORT`` (default ``default_port``, 29892) started here
-    and stopped."""
-    given = os.environ.get("ROLLOUTBUS_KAFKA_BOOTSTRAP")
-    if given:
-        yield given
+    """The bootstrap address of a broker: ``ROLLOUTBUS_KAFKA_BOOTSTRAP`` if set (not stopped at the end), else a local
+    KRaft broker on ``ROLLOUTBUS_BENCH_KAFKA_PORT``, or this bench's ``default_port`` when that is unset, started here
+    and stopped. Both variables are read and checked by ``rolloutbus bench``'s settings (a bad value is one line naming
+    the variable)."""
+    s = load_settings(BenchSettings)
+    if s.kafka_bootstrap:
+        yield s.kafka_bootstrap
         return
     from rolloutbus.local_kafka import LocalKafka
 
-    b = LocalKafka(scratch / "broker", int(os.environ.get("ROLLOUTBUS_BENCH_KAFKA_PORT", str(default_port))))
+    b = LocalKafka(scratch / "broker", s.bench_kafka_port if "bench_kafka_port" in s.model_fields_set else default_port)
     b.start()
     try:
         yield b.bootstrap

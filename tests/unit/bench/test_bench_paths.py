@@ -75,3 +75,19 @@ def test_the_cli_takes_spans() -> None:
     p = argparse.ArgumentParser()
     bench_cli.add_arguments(p)
     assert p.parse_args(["--spans", "100000", "--only", "paths"]).spans == 100_000
+
+
+def test_the_benches_broker_reads_its_variables_through_the_bench_settings(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A given cluster is used as it is; a bad ROLLOUTBUS_BENCH_KAFKA_PORT is one line naming the variable, before any
+    broker starts."""
+    from bench.common import broker
+
+    monkeypatch.setenv("ROLLOUTBUS_KAFKA_BOOTSTRAP", "kafka.example:9092")
+    with broker(tmp_path) as bootstrap:
+        assert bootstrap == "kafka.example:9092"
+    monkeypatch.delenv("ROLLOUTBUS_KAFKA_BOOTSTRAP")
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_KAFKA_PORT", "70000")
+    with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_KAFKA_PORT"):
+        with broker(tmp_path):
+            pass
+    assert not (tmp_path / "broker").exists()
