@@ -18,10 +18,14 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null; \
 	  else echo "Java 17 and Maven are needed: sudo apt-get install -y openjdk-17-jre-headless maven" >&2; exit 1; fi; }
 
+# The venv's packages are installed by uv (from PyPI, pinned here; the same resolution as pip's, 2.5 minutes less on
+# this machine kind: bench/results/install-2026-12-04.md); pip stays in the venv for what runs it (trainer/model_import.py).
+UV_VERSION := 0.13.8
+UV := $(BIN)/uv pip install -q --python $(BIN)/python
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[all,test,trackers]'
+	$(PIP) install -q --upgrade pip uv==$(UV_VERSION)
+	$(UV) -e '.[all,test,trackers]'
 	@touch $(STAMP)
 
 # The compiled hot paths (native/: the Span writer, the span stage's decoder; a Rust extension built
@@ -54,7 +58,7 @@ $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.t
 VERL_STAMP := $(VENV)/.verl-core
 verl-core: $(VERL_STAMP)
 $(VERL_STAMP): $(STAMP) deploy/python/verl-core.txt deploy/python/verl_wheel_fix.py
-	$(PIP) install -q --no-deps -r deploy/python/verl-core.txt
+	$(UV) --no-deps -r deploy/python/verl-core.txt
 	$(BIN)/python deploy/python/verl_wheel_fix.py
 	$(BIN)/python -c "import verl.trainer.ppo.core_algos, tests; assert tests.__file__ is None, tests.__file__"
 	@touch $@
