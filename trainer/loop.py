@@ -213,6 +213,8 @@ class Trainer:
                 raise ConfigError("--lora-rank trains adapters on every layer: leave --train-layers at 0")
             self.lora = LoraSettings(settings.lora_rank, settings.lora_alpha, tuple(settings.lora_targets.split(",")))
             self.model = apply_lora(self.model, self.lora)
+            # the checkpoint whose weights the adapters start on: the one resumed from, else this run's step 0
+            self.lora_base_step = latest[1].step if latest is not None else 0
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         else:
             self.lora = None
@@ -532,15 +534,17 @@ class Trainer:
 
     def _protected_steps(self) -> frozenset[int]:
         """The checkpoint of the best validated version (and of every version not yet fully validated, which
-        may still become the best): kept when older checkpoints are pruned."""
+        may still become the best), and with LoRA the one the adapters sit on (vLLM's server loads the adapters onto
+        it): kept when older checkpoints are pruned."""
+        base = frozenset({self.lora_base_step}) if self.lora is not None else frozenset()
         if self.validator is None:
-            return frozenset()
+            return base
         scores = self.validator.poll()
         self._track_scores(scores)
         b = self.validator.best
         keep = {b.version} if b is not None else set()
         keep |= {v for v in self.validator.published if v not in scores or scores[v].answered < len(self.validator.inputs)}
-        return frozenset(self._version_steps[v] for v in keep if v in self._version_steps)
+        return base | frozenset(self._version_steps[v] for v in keep if v in self._version_steps)
 
     def _commit(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -641,10 +645,13 @@ class Trainer:
         else:
             optimizer_state = self.backend.optimizer_state()
         model = self.model
-        if self.lora is not None:  # the adapters merged into full weights: every policy server loads them as they are
-            from trainer.lora import base_of, merged_state_dict
+        if self.lora is not None:  # the adapters merged into full weights: every policy server loads them as they are;
+            # the adapters alone beside them, on the checkpoint they started from (vLLM's server loads just those)
+            from trainer.lora import base_of, merged_state_dict, write_adapter
 
-            full = merged_state_dict(full if full is not None else self.model.state_dict(), self.lora.scaling)
+            state = full if full is not None else self.model.state_dict()
+            write_adapter(tmp, state, self.lora, str(self.store.path(self.lora_base_step).resolve()))
+            full = merged_state_dict(state, self.lora.scaling)
             model = base_of(self.model)
         return self.store.save(model, self.tok, optimizer_state, manifest, state_dict=full, tmp=tmp)
 

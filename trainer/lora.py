@@ -1,17 +1,26 @@
 """LoRA (peft) for the trainer: adapters on the attention projections (``--lora-rank R``), the base weights frozen,
 so AdamW holds state for the adapters only. What is published stays one HF directory of full weights (the
-adapters merged: ``W + (alpha / r) · B A``), so every policy server loads a LoRA version as it loads any other.
-Resuming from such a checkpoint starts new adapters on the merged weights (the optimizer starts afresh)."""
+adapters merged: ``W + (alpha / r) · B A``), so every policy server loads a LoRA version as it loads any other;
+beside them, in ``adapter/``, the adapters alone in peft's format with the directory of the weights they sit on
+(``base_model_name_or_path``), which vLLM's server loads at run time without reloading the base
+(``rolloutbus serve --engine vllm --lora-rank R``, :func:`trainer.vllm_serve.reload_plan`).
+Resuming from such a checkpoint starts new adapters on the merged weights (the optimizer starts afresh): their base
+is that checkpoint."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+ADAPTER_DIR = "adapter"  # in a LoRA checkpoint: the adapters alone, as peft saves them
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 @dataclass(frozen=True)
@@ -61,9 +70,42 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[st
     return out
 
 
+def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of a peft model's state dict, named as peft saves them (``base_model.model.<module>.lora_A.weight``:
+    the adapter's own name dropped), which peft's ``from_pretrained`` and vLLM load. Pure."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        m = _ADAPTER.match(key[len(_PREFIX):] if key.startswith(_PREFIX) else key)
+        if m:
+            out[f"{_PREFIX}{m['module']}.lora_{m['which']}.weight"] = value
+    return out
+
+
+def adapter_config(lora: LoraSettings, base: str | None) -> dict[str, Any]:
+    """peft's ``adapter_config.json`` for adapters trained with ``lora`` on the weights in directory ``base``. Pure."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+            "target_modules": sorted(lora.targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "use_dora": False, "modules_to_save": None, "base_model_name_or_path": base}
+
+
+def write_adapter(directory: Path, state: dict[str, torch.Tensor], lora: LoraSettings, base: str | None) -> Path:
+    """``directory/adapter/``: the adapters of ``state`` (a peft model's, gathered whole) and their config."""
+    from safetensors.torch import save_file
+
+    out = directory / ADAPTER_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter_state_dict(state).items()}
+    if not tensors:
+        raise ValueError("no LoRA adapters in the model's state")
+    save_file(tensors, str(out / ADAPTER_WEIGHTS))
+    (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base), indent=1, sort_keys=True))
+    return out
+
+
 def base_of(model: Any) -> Any:
     """The HF model under the peft wrapper (its config and ``save_pretrained`` write the merged weights)."""
     return model.get_base_model() if is_lora(model) else model
 
 
-__all__ = ["DEFAULT_TARGETS", "LoraSettings", "apply_lora", "base_of", "is_lora", "merged_state_dict"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_DIR", "ADAPTER_WEIGHTS", "DEFAULT_TARGETS", "LoraSettings", "adapter_config",
+           "adapter_state_dict", "apply_lora", "base_of", "is_lora", "merged_state_dict", "write_adapter"]

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 # flag dest → settings field: what the flags set, and where their help's variable and default come from
 _FLAGS = {"model": "serve_model", "host": "serve_host", "port": "serve_port", "resource_name": "resource_name",
           "max_batch": "serve_max_batch", "threads": "torch_threads", "serve_follow": "serve_follow", "insecure": "insecure",
-          "engine": "serve_engine", "vllm_args": "serve_vllm_args", "follow_lag": "serve_follow_lag"}
+          "engine": "serve_engine", "vllm_args": "serve_vllm_args", "follow_lag": "serve_follow_lag",
+          "lora_rank": "serve_lora_rank"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["torch", "vllm"],
                    help="torch: the project's server; vllm: vLLM's, installed once by `make vllm`")
     p.add_argument("--vllm-args", help="more vLLM server arguments, shell words")
+    p.add_argument("--lora-rank", type=int, metavar="R", help="--engine vllm: a LoRA trainer's versions (train --lora-rank) "
+                   "served by loading their adapters alone, up to rank R, the base weights kept (0: merged weights reloaded)")
     tls.add_arguments(p)
     from foundation.flags import describe_flags
 
@@ -60,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
     ssl_context = tls.from_args(args)  # before torch and the model: a bad certificate is one line, at once
     if s.serve_engine == "vllm":
         return run_vllm(s, ssl_context)
+    if s.serve_lora_rank:
+        from foundation.errors import ConfigError
+
+        raise ConfigError("--lora-rank (ROLLOUTBUS_SERVE_LORA_RANK) loads adapters into vLLM: use it with --engine vllm "
+                          "(this server loads each version's merged weights, LoRA or not)")
 
     import torch
     from aiohttp import web
@@ -136,9 +144,11 @@ def run_vllm(s: Any, ssl_context: Any) -> int:
             first = early.get()
             model, version = first.uri, first.version
         print(f"starting vLLM on {model} (its log follows) ...", flush=True)
-        engine = VllmEngine(python, model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args))
+        engine = VllmEngine(python, model, loopback_port(), s.resource_name, extra=shlex.split(s.serve_vllm_args),
+                            lora_rank=s.serve_lora_rank)
         engine.start()  # a stop meanwhile (SystemExit) still reaches engine.stop() below
-        gate = VllmGate(engine.url, engine.api_key, model, version, token=s.serve_token.get_secret_value() if s.serve_token else None)
+        gate = VllmGate(engine.url, engine.api_key, model, version, token=s.serve_token.get_secret_value() if s.serve_token else None,
+                        served_name=s.resource_name, lora_rank=s.serve_lora_rank)
         box.append(gate)
 
         async def started(app: web.Application) -> None:  # the gate has its loop now: the follower may call it

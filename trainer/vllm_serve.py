@@ -13,7 +13,10 @@ public port, :class:`VllmGate` (aiohttp, this process):
   holds newcomers, lets the requests in flight finish, reloads the weights into the running engine
   (``collective_rpc("rolloutbus_load_checkpoint")`` → vLLM's ``reload_weights``), resets the prefix
   cache (cached prefixes were computed by the old weights), then lets newcomers in. So no response mixes
-  versions and the engine never restarts.
+  versions and the engine never restarts;
+* with ``--lora-rank R`` (vLLM's runtime LoRA on): a version that carries LoRA adapters on weights the engine
+  already holds (:func:`reload_plan`) is served by loading the adapters alone (``/v1/load_lora_adapter``) and naming
+  them in each request, the base weights kept; the previous version's adapters are unloaded after the switch.
 
 The engine's dev routes (``/collective_rpc``, ``/reset_prefix_cache``) need ``VLLM_SERVER_DEV_MODE=1``; they
 are reached only on loopback, with a random API key on the ``/v1`` routes.
@@ -94,6 +97,55 @@ def checkpoint_problem(served: Mapping[str, tuple[int, ...]], uri: str) -> str |
         return f"cannot read the checkpoint: {exc}"
 
 
+def adapter_of(uri: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """A LoRA checkpoint's ``adapter/`` directory and its config (:mod:`trainer.lora`); None when it has none."""
+    d = Path(uri) / "adapter"
+    try:
+        config = json.loads((d / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (d, config) if isinstance(config, dict) and (d / "adapter_model.safetensors").is_file() else None
+
+
+def _same_dir(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def reload_plan(uri: str | Path, loaded: str | Path, max_rank: int) -> tuple[str, Path | None, str | None]:
+    """How to serve checkpoint ``uri`` when the engine holds the full weights of directory ``loaded``: ``("adapter",
+    adapter dir, None)``, the adapters alone, when they sit on ``loaded``; ``("base", adapter dir, base dir)``, the
+    adapters' base first (one full reload), when it is another directory still on disk; else ``("full", None, None)``,
+    the checkpoint's merged weights (no LoRA: ``max_rank`` 0, no adapters, a rank above it, or adapters on their own
+    checkpoint, which holds the base itself). Reads the adapter's config only."""
+    found = adapter_of(uri) if max_rank > 0 else None
+    if found is None:
+        return ("full", None, None)
+    adapter, config = found
+    base = config.get("base_model_name_or_path")
+    try:
+        rank = int(config.get("r", 0))
+    except (TypeError, ValueError):
+        return ("full", None, None)
+    if not isinstance(base, str) or not base or not 0 < rank <= max_rank or _same_dir(base, uri):
+        return ("full", None, None)
+    if _same_dir(base, loaded):
+        return ("adapter", adapter, None)
+    if Path(base).is_dir():
+        return ("base", adapter, base)
+    return ("full", None, None)
+
+
+def lora_engine_args(max_rank: int) -> list[str]:
+    """vLLM's flags for runtime LoRA with adapters up to ``max_rank`` (vLLM takes a rank from its own list: the
+    smallest that holds ``max_rank``); none for 0. One adapter in a batch (the gate switches with nothing in flight),
+    two held (the new one loads before the old one goes). Pure."""
+    if max_rank <= 0:
+        return []
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    rank = next((r for r in allowed if r >= max_rank), allowed[-1])
+    return ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1", "--max-cpu-loras", "2"]
+
+
 def manifest_version(directory: str | Path) -> int:
     """The version a trainer checkpoint names in its ``manifest.json``; 0 for any other model directory."""
     try:
@@ -102,8 +154,9 @@ def manifest_version(directory: str | Path) -> int:
         return 0
 
 
-def stamp_sse_line(line: bytes, version: int) -> bytes:
-    """One server-sent-events line with ``"resource_version"`` added to its JSON data; others unchanged."""
+def stamp_sse_line(line: bytes, version: int, model: str | None = None) -> bytes:
+    """One server-sent-events line with ``"resource_version"`` added to its JSON data (and ``"model"`` set back to
+    the name the client asked for, when the gate named an adapter instead); others unchanged."""
     if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
         return line
     try:
@@ -113,7 +166,23 @@ def stamp_sse_line(line: bytes, version: int) -> bytes:
     if not isinstance(data, dict):
         return line
     data["resource_version"] = version
+    if model is not None and "model" in data:
+        data["model"] = model
     return b"data: " + json.dumps(data).encode() + b"\n"
+
+
+def name_adapter(raw: bytes, adapter: str) -> tuple[bytes, str | None]:
+    """A request body with ``"model"`` replaced by the adapter's name, and the name the client gave; the body
+    unchanged (and None) when it is not a JSON object (the engine answers it as it would). Pure."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return raw, None
+    if not isinstance(payload, dict):
+        return raw, None
+    asked = payload.get("model")
+    payload["model"] = adapter
+    return json.dumps(payload).encode(), asked if isinstance(asked, str) else None
 
 
 # --------------------------------------------------------------------------- the engine process
@@ -155,13 +224,16 @@ def engine_command(python: str | Path, model: str, port: int, served_name: str, 
             *(extra or [])]
 
 
-def engine_env(base: Mapping[str, str], ext_path: Path, cache_root: Path) -> dict[str, str]:
-    """The engine's environment: dev routes on (reload, prefix cache), the extension importable, caches kept apart."""
+def engine_env(base: Mapping[str, str], ext_path: Path, cache_root: Path, lora: bool = False) -> dict[str, str]:
+    """The engine's environment: dev routes on (reload, prefix cache), the extension importable, caches kept apart;
+    with ``lora``, the routes that load and unload adapters at run time (loopback only, behind the engine's key)."""
     env = dict(base)
     env.pop("PYTHONPATH", None)  # the project's own path would shadow vLLM's packages
     env.update({"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": str(ext_path), "VLLM_CACHE_ROOT": str(cache_root),
                 "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "2"), "VLLM_NO_USAGE_STATS": "1",
                 "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     return env
 
 
@@ -181,14 +253,14 @@ class VllmEngine:
     ``log_path``, else to this process's own."""
 
     def __init__(self, python: str | Path, model: str, port: int, served_name: str, log_path: Path | None = None,
-                 extra: list[str] | None = None, cache_root: Path | None = None) -> None:
+                 extra: list[str] | None = None, cache_root: Path | None = None, lora_rank: int = 0) -> None:
         from foundation.venvs import CACHE
 
         self.url = f"http://127.0.0.1:{port}"
         self.api_key = secrets.token_hex(24)
         self._ext = extension_path()
-        self.command = engine_command(python, model, port, served_name, self.api_key, extra)
-        self.env = engine_env(os.environ, self._ext, cache_root or CACHE / "vllm-cache")
+        self.command = engine_command(python, model, port, served_name, self.api_key, [*lora_engine_args(lora_rank), *(extra or [])])
+        self.env = engine_env(os.environ, self._ext, cache_root or CACHE / "vllm-cache", lora=lora_rank > 0)
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -241,14 +313,18 @@ class VllmGate:
     """The public server: forwards to the engine, names the version, switches versions with nothing in flight."""
 
     def __init__(self, engine_url: str, engine_key: str, model_dir: str, version: int, token: str | None = None,
-                 reload_timeout: float = 300) -> None:
+                 reload_timeout: float = 300, served_name: str = "policy", lora_rank: int = 0) -> None:
         self.engine_url, self.engine_key = engine_url, engine_key
         self.version, self.uri = version, model_dir
+        self.served_name, self.lora_rank = served_name, lora_rank  # lora_rank > 0: the engine runs with runtime LoRA
+        self.loaded = model_dir  # the directory whose full weights the engine holds
+        self.adapter: str | None = None  # the adapters named in every request (the version's), or none
         self.token = token  # with one, every route but /healthz needs ``Authorization: Bearer <token>``
         self.served_shapes = checkpoint_shapes(model_dir)
         self.reload_timeout = reload_timeout
         self.requests_served = 0
         self.reloads: list[tuple[int, float]] = []  # (version, seconds the engine took)
+        self.adapter_loads = 0  # versions served by loading their adapters alone
         self._inflight = 0
         self._idle: asyncio.Condition | None = None
         self._open: asyncio.Event | None = None
@@ -303,7 +379,9 @@ class VllmGate:
         while not self._open.is_set():
             await self._open.wait()
         self._inflight += 1
-        version = self.version
+        version, asked = self.version, None
+        if self.adapter is not None:  # this version is its adapters on the base: name them, answer with the name asked
+            raw, asked = name_adapter(raw, self.adapter)
         try:
             async with self._session.post(self.engine_url + request.path, data=raw, headers=self._headers()) as r:
                 headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
@@ -312,7 +390,7 @@ class VllmGate:
                     resp = web.StreamResponse(status=r.status, headers=headers)
                     await resp.prepare(request)
                     async for line in r.content:
-                        await resp.write(stamp_sse_line(line, version))
+                        await resp.write(stamp_sse_line(line, version, asked))
                     await resp.write_eof()
                     self.requests_served += 1
                     return resp
@@ -324,6 +402,8 @@ class VllmGate:
                     payload = None
                 if isinstance(payload, dict) and r.status == 200:
                     payload["resource_version"] = version
+                    if asked is not None and "model" in payload:
+                        payload["model"] = asked
                     body = json.dumps(payload).encode()
             self.requests_served += 1
             return web.Response(body=body, status=r.status, headers=headers)
@@ -342,14 +422,23 @@ class VllmGate:
             text = await r.text()
             if r.status != 200:
                 raise EngineFailed(f"{path} answered {r.status}: {text[:300]}")
-            return json.loads(text) if text else None
+            try:
+                return json.loads(text) if text else None
+            except ValueError:  # the LoRA routes answer in plain text
+                return text
 
     async def reload(self, uri: str, version: int) -> bool:
-        """Serve checkpoint ``uri`` as ``version`` from the next request on; False (one log line) when it cannot."""
+        """Serve checkpoint ``uri`` as ``version`` from the next request on; False (one log line) when it cannot. A
+        version whose LoRA adapters sit on the weights the engine holds loads the adapters alone (:func:`reload_plan`)."""
         assert self._open is not None and self._idle is not None and self._switching is not None
         if version <= self.version:
             return False
-        problem = await asyncio.get_running_loop().run_in_executor(None, checkpoint_problem, self.served_shapes, uri)
+        loop = asyncio.get_running_loop()
+        plan, adapter, base = await loop.run_in_executor(None, reload_plan, uri, self.loaded, self.lora_rank)
+        problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, base or uri)
+        if problem is not None and plan == "base":  # the adapters' base is not loadable: the merged weights may be
+            plan, adapter, base = "full", None, None
+            problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, uri)
         if problem is not None:
             log.error("not loading version %d from %s: %s; still serving version %d", version, uri, problem, self.version)
             return False
@@ -361,21 +450,55 @@ class VllmGate:
                 async with self._idle:
                     await self._idle.wait_for(lambda: self._inflight == 0)
                 t0 = time.monotonic()
-                try:
-                    await self._rpc("/collective_rpc", {"method": "rolloutbus_load_checkpoint", "args": [uri],
-                                                        "timeout": self.reload_timeout})
-                    await self._rpc("/reset_prefix_cache")
-                except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    # the shapes matched, so a failure here is rare (a file cut short): the weights may be mixed now
-                    log.error("loading version %d from %s failed in the engine: %s; it may now hold part of it", version, uri, exc)
+                served = await self._switch(plan, uri, version, adapter, base)
+                if served is None:
                     return False
                 took = time.monotonic() - t0
                 self.version, self.uri = version, uri
                 self.reloads.append((version, took))
-                log.info("serving version %d from %s (reloaded in %.2fs, prefix cache reset)", version, uri, took)
+                log.info("serving version %d from %s (%s in %.2fs)", version, uri, served, took)
                 return True
             finally:
                 self._open.set()
+
+    async def _full(self, directory: str) -> None:
+        await self._rpc("/collective_rpc", {"method": "rolloutbus_load_checkpoint", "args": [directory],
+                                            "timeout": self.reload_timeout})
+        await self._rpc("/reset_prefix_cache")
+        self.loaded = directory
+
+    async def _switch(self, plan: str, uri: str, version: int, adapter: Path | None, base: str | None) -> str | None:
+        """The engine made to serve ``uri`` (nothing in flight); what was done, or None (logged) when it could not be."""
+        old = self.adapter
+        try:
+            if plan == "base":
+                assert base is not None
+                await self._full(base)
+                self.adapter = None  # the old adapters sat on the weights just replaced
+            if plan in ("adapter", "base"):
+                name = f"{self.served_name}-v{version}"
+                try:
+                    await self._rpc("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter)})
+                except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    log.warning("loading version %d's adapters failed (%s): loading its merged weights instead", version, exc)
+                    plan = "full"
+                else:
+                    self.adapter = name
+                    self.adapter_loads += 1
+            if plan == "full":
+                await self._full(uri)
+                self.adapter = None
+        except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            # the shapes matched, so a failure here is rare (a file cut short): the weights may be mixed now
+            log.error("loading version %d from %s failed in the engine: %s; it may now hold part of it", version, uri, exc)
+            return None
+        if old is not None and old != self.adapter:
+            try:
+                await self._rpc("/v1/unload_lora_adapter", {"lora_name": old})
+            except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                log.warning("unloading the adapters %s failed: %s", old, exc)
+        return {"adapter": "its LoRA adapters loaded onto the weights held", "base": "their base reloaded, then its LoRA adapters",
+                "full": "reloaded, prefix cache reset"}[plan]
 
     def reload_blocking(self, uri: str, version: int, timeout: float | None = None) -> bool:
         """:meth:`reload` from another thread (the ``rb.resources`` follower), waiting for it."""
@@ -383,6 +506,6 @@ class VllmGate:
         return asyncio.run_coroutine_threadsafe(self.reload(uri, version), self.loop).result(timeout)
 
 
-__all__ = ["EXTENSION", "EngineFailed", "VERSION_HEADER", "VllmEngine", "VllmGate", "checkpoint_problem", "checkpoint_shapes",
-           "engine_command", "engine_env", "extension_path", "loopback_port", "manifest_version", "safetensors_shapes", "shape_problem",
-           "stamp_sse_line"]
+__all__ = ["EXTENSION", "EngineFailed", "VERSION_HEADER", "VllmEngine", "VllmGate", "adapter_of", "checkpoint_problem",
+           "checkpoint_shapes", "engine_command", "engine_env", "extension_path", "lora_engine_args", "loopback_port",
+           "manifest_version", "name_adapter", "reload_plan", "safetensors_shapes", "shape_problem", "stamp_sse_line"]

@@ -98,6 +98,19 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
         assert train and train == again, name
     versions = [r for r in _read_all(kafka_conf, topics.resources) if isinstance(r, ResourceVersion)]
     assert [v.version for v in versions] == [0, 1, 2, 3] and versions[-1].config["lora_rank"] == "4"
-    first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))  # version 0 is pruned (3 kept)
+    first, last = (dict(load_policy(versions[i].uri)[0].named_parameters()) for i in (1, -1))
     moved = sorted(n for n in first if not (first[n] == last[n]).all())
     assert moved and all(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for n in moved), moved
+    # beside the merged weights, the adapters alone (what vLLM's server loads at run time), on version 0's checkpoint,
+    # which pruning keeps (3 kept, and it): peft loads them onto it and gets the version's weights
+    import json
+
+    import torch
+    from peft import PeftModel
+
+    adapter = Path(versions[-1].uri) / "adapter"
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(base) == Path(versions[0].uri).resolve() and Path(base).is_dir()
+    merged = dict(PeftModel.from_pretrained(load_policy(base)[0], str(adapter)).merge_and_unload().named_parameters())
+    assert merged.keys() == last.keys()
+    assert all(torch.allclose(merged[n], last[n], atol=1e-5) for n in last)

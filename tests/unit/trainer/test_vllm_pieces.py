@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -173,3 +174,157 @@ def test_the_sql_demo_serves_with_vllm_where_it_is_installed(tmp_path: Path, mon
     assert engine() == engine("--production") == engine("--task", "sql", "--algorithm", "apo") == "torch"
     monkeypatch.setenv(vllm_venv.PYTHON_ENV, str(tmp_path / "missing" / "python"))
     assert not vllm_venv.installed() and engine("--task", "sql") == "torch"
+
+
+def _adapter(ckpt: Path, base: Path | str, rank: int = 8) -> Path:
+    """A LoRA checkpoint's adapter/ as the trainer writes it (the config and a weights file)."""
+    d = ckpt / "adapter"
+    d.mkdir(parents=True)
+    (d / "adapter_config.json").write_text(json.dumps({"r": rank, "base_model_name_or_path": str(base)}))
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(rank, 4)}, str(d / "adapter_model.safetensors"))
+    return d
+
+
+def test_a_lora_version_loads_its_adapters_alone_when_they_sit_on_the_weights_held(tmp_path: Path) -> None:
+    from trainer.vllm_serve import adapter_of, reload_plan
+
+    base, other = tmp_path / "step-0", tmp_path / "model"
+    base.mkdir(), other.mkdir()
+    v1 = tmp_path / "step-1"
+    adapter = _adapter(v1, base)
+    assert adapter_of(v1) == (adapter, {"r": 8, "base_model_name_or_path": str(base)})
+    assert reload_plan(v1, base, 8) == ("adapter", adapter, None)
+    assert reload_plan(v1, tmp_path / "." / "step-0", 16) == ("adapter", adapter, None), "the same directory, another spelling"
+    assert reload_plan(v1, other, 8) == ("base", adapter, str(base)), "the engine holds other weights: the base first"
+    assert reload_plan(v1, base, 0) == ("full", None, None), "runtime LoRA off: the merged weights"
+    assert reload_plan(v1, base, 4) == ("full", None, None), "a rank above the engine's"
+    assert reload_plan(tmp_path / "plain", base, 8) == ("full", None, None), "no adapters"
+    own = tmp_path / "step-0b"
+    _adapter(own, own)
+    assert reload_plan(own, base, 8) == ("full", None, None), "adapters on their own checkpoint: it holds the base"
+    gone = tmp_path / "step-2"
+    _adapter(gone, tmp_path / "pruned")
+    assert reload_plan(gone, base, 8) == ("full", None, None), "a base no longer on disk: the merged weights"
+    (adapter / "adapter_config.json").write_text("{not json")
+    assert adapter_of(v1) is None and reload_plan(v1, base, 8) == ("full", None, None)
+
+
+def test_requests_name_the_adapters_and_answers_the_model_asked_for() -> None:
+    from trainer.vllm_serve import lora_engine_args, name_adapter
+
+    body, asked = name_adapter(json.dumps({"model": "policy", "messages": []}).encode(), "policy-v3")
+    assert json.loads(body) == {"model": "policy-v3", "messages": []} and asked == "policy"
+    assert name_adapter(b"not json", "policy-v3") == (b"not json", None)
+    line = b'data: {"id": "c1", "model": "policy-v3", "choices": []}\n'
+    assert json.loads(stamp_sse_line(line, 3, "policy")[6:]) == {"id": "c1", "model": "policy", "choices": [], "resource_version": 3}
+    assert lora_engine_args(0) == []
+    args = lora_engine_args(4)
+    assert args[:3] == ["--enable-lora", "--max-lora-rank", "8"], "vLLM takes ranks from its own list: the smallest that holds 4"
+    assert lora_engine_args(16)[2] == "16" and lora_engine_args(300)[2] == "320"
+    env = engine_env({}, Path("/e"), Path("/c"), lora=True)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1" and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env({}, Path("/e"), Path("/c"))
+
+
+def test_the_gate_switches_lora_versions_by_their_adapters_and_falls_back_to_the_merged_weights(tmp_path: Path) -> None:
+    """Against a stand-in for vLLM's routes (what the engine is told, in order): an adapter version on the weights held
+    loads its adapters and unloads the previous ones, requests name them; a version on another base reloads the base
+    first; adapters the engine refuses give way to the merged weights; a plain version drops the adapters."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from trainer.vllm_serve import VllmGate
+
+    served = {"model.embed_tokens.weight": (8, 4)}
+    base = _checkpoint(tmp_path / "step-0", served)
+    other = _checkpoint(tmp_path / "other", served)
+    calls: list[tuple[str, Any]] = []
+    refuse: set[str] = set()
+
+    async def rpc(request: web.Request) -> web.Response:
+        body = await request.json()
+        calls.append((request.path, body.get("args", [body.get("lora_name")])[0] if body else None))
+        if request.path == "/v1/load_lora_adapter" and body["lora_name"] in refuse:
+            return web.Response(status=400, text="no")
+        return web.Response(text="Success" if "lora" in request.path else "{}")
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"model": body["model"], "choices": []})
+
+    async def scenario() -> list[Any]:
+        engine = web.Application()
+        for path in ("/collective_rpc", "/reset_prefix_cache", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            engine.router.add_post(path, rpc)
+        engine.router.add_post("/v1/chat/completions", chat)
+        server = TestServer(engine)
+        await server.start_server()
+        gate = VllmGate(str(server.make_url("")).rstrip("/"), "k", str(base), 0, lora_rank=8)
+        await gate.start()
+        out: list[Any] = []
+
+        async def ask() -> str:
+            class Req:
+                path = "/v1/chat/completions"
+
+                async def read(self) -> bytes:
+                    return json.dumps({"model": "policy", "messages": []}).encode()
+
+            resp = await gate.forward(Req())  # type: ignore[arg-type]
+            return str(json.loads(resp.body)["model"])
+
+        def version(n: int, on: Path, merged: bool = True) -> str:
+            d = _checkpoint(tmp_path / f"step-{n}", served) if merged else tmp_path / f"step-{n}"
+            _adapter(d, on)
+            return str(d)
+
+        try:
+            assert await gate.reload(version(1, base), 1)
+            out.append((list(calls), gate.adapter, gate.loaded, await ask()))
+            calls.clear()
+            assert await gate.reload(version(2, base), 2)
+            out.append(list(calls))
+            calls.clear()
+            assert await gate.reload(version(3, other), 3)  # adapters on other weights: those first
+            out.append((list(calls), gate.loaded))
+            calls.clear()
+            refuse.add("policy-v4")
+            v4 = version(4, other)
+            assert await gate.reload(v4, 4)
+            out.append((list(calls), gate.adapter, gate.loaded))
+            calls.clear()
+            assert await gate.reload(version(5, other), 5)
+            out.append((list(calls), gate.adapter))
+            calls.clear()
+            assert await gate.reload(str(_checkpoint(tmp_path / "plain", served)), 6)
+            out.append((list(calls), gate.adapter, await ask(), gate.adapter_loads))
+        finally:
+            await gate.stop()
+            await server.close()
+        return out
+
+    one, two, three, four, five, six = asyncio.run(scenario())
+    assert one == ([("/v1/load_lora_adapter", "policy-v1")], "policy-v1", str(base), "policy"), "the model asked for, answered"
+    assert two == [("/v1/load_lora_adapter", "policy-v2"), ("/v1/unload_lora_adapter", "policy-v1")]
+    assert three == ([("/collective_rpc", str(other)), ("/reset_prefix_cache", None), ("/v1/load_lora_adapter", "policy-v3"),
+                      ("/v1/unload_lora_adapter", "policy-v2")], str(other))
+    v4 = str(tmp_path / "step-4")
+    assert four == ([("/v1/load_lora_adapter", "policy-v4"), ("/collective_rpc", v4), ("/reset_prefix_cache", None),
+                     ("/v1/unload_lora_adapter", "policy-v3")], None, v4), "refused adapters: the merged weights instead"
+    assert five[0][0][0] == "/collective_rpc" and five[0][0][1] == str(other) and five[1] == "policy-v5", "back on the base"
+    assert six == ([("/collective_rpc", str(tmp_path / "plain")), ("/reset_prefix_cache", None),
+                    ("/v1/unload_lora_adapter", "policy-v5")], None, "policy", 4)
+
+
+def test_lora_serving_is_vllms_and_the_torch_server_says_so() -> None:
+    import argparse
+
+    from foundation.errors import ConfigError
+    from trainer import serve_cli
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_arguments(p)
+    assert serve_cli.settings_from_args(p.parse_args(["--engine", "vllm", "--lora-rank", "16"])).serve_lora_rank == 16
+    with pytest.raises(ConfigError, match="--lora-rank.*--engine vllm"):
+        serve_cli.run(p.parse_args(["--lora-rank", "8", "--model", "tiny"]))
