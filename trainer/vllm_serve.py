@@ -111,8 +111,9 @@ def _same_dir(a: str | Path, b: str | Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def reload_plan(uri: str | Path, loaded: str | Path, max_rank: int) -> tuple[str, Path | None, str | None]:
-    """How to serve checkpoint ``uri`` when the engine holds the full weights of directory ``loaded``: ``("adapter",
+def reload_plan(uri: str | Path, loaded: str | Path | None, max_rank: int) -> tuple[str, Path | None, str | None]:
+    """How to serve checkpoint ``uri`` when the engine holds the full weights of directory ``loaded`` (None: not known,
+    after a load that failed): ``("adapter",
     adapter dir, None)``, the adapters alone, when they sit on ``loaded``; ``("base", adapter dir, base dir)``, the
     adapters' base first (one full reload), when it is another directory still on disk; else ``("full", None, None)``,
     the checkpoint's merged weights (no LoRA: ``max_rank`` 0, no adapters, a rank above it, or adapters on their own
@@ -128,7 +129,7 @@ def reload_plan(uri: str | Path, loaded: str | Path, max_rank: int) -> tuple[str
         return ("full", None, None)
     if not isinstance(base, str) or not base or not 0 < rank <= max_rank or _same_dir(base, uri):
         return ("full", None, None)
-    if _same_dir(base, loaded):
+    if loaded is not None and _same_dir(base, loaded):
         return ("adapter", adapter, None)
     if Path(base).is_dir():
         return ("base", adapter, base)
@@ -317,7 +318,7 @@ class VllmGate:
         self.engine_url, self.engine_key = engine_url, engine_key
         self.version, self.uri = version, model_dir
         self.served_name, self.lora_rank = served_name, lora_rank  # lora_rank > 0: the engine runs with runtime LoRA
-        self.loaded = model_dir  # the directory whose full weights the engine holds
+        self.loaded: str | None = model_dir  # the directory whose full weights the engine holds (None: unknown)
         self.adapter: str | None = None  # the adapters named in every request (the version's), or none
         self.token = token  # with one, every route but /healthz needs ``Authorization: Bearer <token>``
         self.served_shapes = checkpoint_shapes(model_dir)
@@ -382,6 +383,7 @@ class VllmGate:
         version, asked = self.version, None
         if self.adapter is not None:  # this version is its adapters on the base: name them, answer with the name asked
             raw, asked = name_adapter(raw, self.adapter)
+            asked = asked if asked is not None else self.served_name
         try:
             async with self._session.post(self.engine_url + request.path, data=raw, headers=self._headers()) as r:
                 headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
@@ -429,21 +431,22 @@ class VllmGate:
 
     async def reload(self, uri: str, version: int) -> bool:
         """Serve checkpoint ``uri`` as ``version`` from the next request on; False (one log line) when it cannot. A
-        version whose LoRA adapters sit on the weights the engine holds loads the adapters alone (:func:`reload_plan`)."""
+        version whose LoRA adapters sit on the weights the engine holds loads the adapters alone (:func:`reload_plan`:
+        planned under the switch lock, against what the engine holds once the switches before it are done)."""
         assert self._open is not None and self._idle is not None and self._switching is not None
         if version <= self.version:
             return False
         loop = asyncio.get_running_loop()
-        plan, adapter, base = await loop.run_in_executor(None, reload_plan, uri, self.loaded, self.lora_rank)
-        problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, base or uri)
-        if problem is not None and plan == "base":  # the adapters' base is not loadable: the merged weights may be
-            plan, adapter, base = "full", None, None
-            problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, uri)
-        if problem is not None:
-            log.error("not loading version %d from %s: %s; still serving version %d", version, uri, problem, self.version)
-            return False
         async with self._switching:
             if version <= self.version:  # a newer one was switched to while this one waited
+                return False
+            plan, adapter, base = await loop.run_in_executor(None, reload_plan, uri, self.loaded, self.lora_rank)
+            problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, base or uri)
+            if problem is not None and plan == "base":  # the adapters' base is not loadable: the merged weights may be
+                plan, adapter, base = "full", None, None
+                problem = await loop.run_in_executor(None, checkpoint_problem, self.served_shapes, uri)
+            if problem is not None:
+                log.error("not loading version %d from %s: %s; still serving version %d", version, uri, problem, self.version)
                 return False
             self._open.clear()  # newcomers wait from here
             try:
@@ -462,6 +465,7 @@ class VllmGate:
                 self._open.set()
 
     async def _full(self, directory: str) -> None:
+        self.loaded = None  # unknown until the load is done: a failure half-way leaves no base to put adapters on
         await self._rpc("/collective_rpc", {"method": "rolloutbus_load_checkpoint", "args": [directory],
                                             "timeout": self.reload_timeout})
         await self._rpc("/reset_prefix_cache")
@@ -473,8 +477,8 @@ class VllmGate:
         try:
             if plan == "base":
                 assert base is not None
+                self.adapter = None  # the old adapters sit on the weights about to be replaced
                 await self._full(base)
-                self.adapter = None  # the old adapters sat on the weights just replaced
             if plan in ("adapter", "base"):
                 name = f"{self.served_name}-v{version}"
                 try:
@@ -486,19 +490,25 @@ class VllmGate:
                     self.adapter = name
                     self.adapter_loads += 1
             if plan == "full":
-                await self._full(uri)
                 self.adapter = None
+                await self._full(uri)
         except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            # the shapes matched, so a failure here is rare (a file cut short): the weights may be mixed now
+            # the shapes matched, so a failure here is rare (a file cut short): the weights may be mixed now, and no
+            # later version's adapters go on them (the next switch reloads full weights first)
             log.error("loading version %d from %s failed in the engine: %s; it may now hold part of it", version, uri, exc)
+            await self._unload(old)
             return None
+        await self._unload(old)
+        return {"adapter": "its LoRA adapters loaded onto the weights held", "base": "their base reloaded, then its LoRA adapters",
+                "full": "reloaded, prefix cache reset"}[plan]
+
+    async def _unload(self, old: str | None) -> None:
+        """The adapters ``old`` dropped from the engine once no request names them (failures logged only)."""
         if old is not None and old != self.adapter:
             try:
                 await self._rpc("/v1/unload_lora_adapter", {"lora_name": old})
             except (EngineFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log.warning("unloading the adapters %s failed: %s", old, exc)
-        return {"adapter": "its LoRA adapters loaded onto the weights held", "base": "their base reloaded, then its LoRA adapters",
-                "full": "reloaded, prefix cache reset"}[plan]
 
     def reload_blocking(self, uri: str, version: int, timeout: float | None = None) -> bool:
         """:meth:`reload` from another thread (the ``rb.resources`` follower), waiting for it."""
