@@ -80,10 +80,10 @@ def train_sft(s: Any) -> int:
                                 run_id=trainer.state.run_id, offsets={t: dict(p) for t, p in trainer.state.offsets.items()},
                                 seen_group_ids=list(trainer.state.seen), metrics=metrics,
                                 config={**trainer._config(), "algorithm": "sft"}, created_ns=time.time_ns())
-            path = trainer.store.save(trainer.model, trainer.tok, trainer.backend.optimizer_state(), manifest)
+            path = trainer._save(manifest)  # as a GRPO step saves: with --lora-rank, the adapters merged (and beside)
             trainer.state.step, trainer.state.version = step, version
             trainer._publish_checkpoint(path, manifest)
-            trainer.store.prune(s.keep_checkpoints, frozenset())
+            trainer.store.prune(s.keep_checkpoints, trainer._protected_steps())
             print(f"SFT epoch {epoch + 1}: loss {losses[0]:.4f} → {losses[-1]:.4f} over {len(losses)} steps; "
                   f"{s.resource_name} version {version}", flush=True)
     finally:

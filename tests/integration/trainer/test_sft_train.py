@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +61,26 @@ def test_sft_trains_on_the_filtered_transitions_and_publishes_versions(kafka_con
     bad = subprocess.run([sys.executable, "-m", "trainer.cli", "--algorithm", "sft", "--sft-where", "1; DROP TABLE rollouts",
                           "--metrics-port", "0"], env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "SFT filter" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sft_with_lora_publishes_the_adapters_merged_into_full_weights(kafka_conf: dict[str, Any], topics: Any,
+                                                                       test_env: dict[str, str]) -> None:
+    """--algorithm sft --lora-rank 4: each version is full weights a policy server loads (the adapters merged, only
+    the adapted projections moved), with the adapters beside them, as a GRPO run with LoRA publishes."""
+    from trainer.model import load_policy
+
+    rollouts, transitions = _rows(random.Random(3))
+    dsn = f"chdb://{test_env['ROLLOUTBUS_DATA_DIR']}/clickhouse"
+    fill = subprocess.run([sys.executable, "-c", _FILL, dsn, json.dumps({"rollouts": rollouts, "transitions": transitions})],
+                          env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fill.returncode == 0, fill.stderr[-3000:]
+    run = subprocess.run([sys.executable, "-m", "trainer.cli", "--algorithm", "sft", "--lora-rank", "4", "--sft-epochs", "1",
+                          "--sft-lr", "3e-2", "--metrics-port", "0"], env=test_env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    versions = [codec.decode(v) for _, v in read_topic(kafka_conf, topics.resources, 2, 30)]
+    assert [(v.version, v.config.get("algorithm")) for v in versions] == [(0, None), (1, "sft")]
+    before, after = (dict(load_policy(v.uri)[0].named_parameters()) for v in versions)
+    moved = sorted(n for n in before if not (before[n] == after[n]).all())
+    assert moved and all(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for n in moved), moved
+    assert (Path(versions[1].uri) / "adapter" / "adapter_model.safetensors").is_file()
