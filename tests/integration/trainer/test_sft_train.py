@@ -29,13 +29,18 @@ for table, rows in json.loads(sys.argv[2]).items():
 """
 
 
-def test_sft_trains_on_the_filtered_transitions_and_publishes_versions(kafka_conf: dict[str, Any], topics: Any,
-                                                                       test_env: dict[str, str]) -> None:
+def _fill(test_env: dict[str, str]) -> None:
+    """The filter test's rollouts and transitions, in the run's store."""
     rollouts, transitions = _rows(random.Random(3))
     dsn = f"chdb://{test_env['ROLLOUTBUS_DATA_DIR']}/clickhouse"
     fill = subprocess.run([sys.executable, "-c", _FILL, dsn, json.dumps({"rollouts": rollouts, "transitions": transitions})],
                           env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fill.returncode == 0, fill.stderr[-3000:]
+
+
+def test_sft_trains_on_the_filtered_transitions_and_publishes_versions(kafka_conf: dict[str, Any], topics: Any,
+                                                                       test_env: dict[str, str]) -> None:
+    _fill(test_env)
     run = subprocess.run([sys.executable, "-m", "trainer.cli", "--algorithm", "sft", "--sft-top-k", "1", "--sft-key", "prompt",
                           "--sft-epochs", "2", "--sft-lr", "3e-3", "--metrics-port", "0"],
                          env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=240)
@@ -69,11 +74,7 @@ def test_sft_with_lora_publishes_the_adapters_merged_into_full_weights(kafka_con
     the adapted projections moved), with the adapters beside them, as a GRPO run with LoRA publishes."""
     from trainer.model import load_policy
 
-    rollouts, transitions = _rows(random.Random(3))
-    dsn = f"chdb://{test_env['ROLLOUTBUS_DATA_DIR']}/clickhouse"
-    fill = subprocess.run([sys.executable, "-c", _FILL, dsn, json.dumps({"rollouts": rollouts, "transitions": transitions})],
-                          env=test_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert fill.returncode == 0, fill.stderr[-3000:]
+    _fill(test_env)
     run = subprocess.run([sys.executable, "-m", "trainer.cli", "--algorithm", "sft", "--lora-rank", "4", "--sft-epochs", "1",
                           "--sft-lr", "3e-2", "--metrics-port", "0"], env=test_env, cwd=ROOT, capture_output=True, text=True,
                          timeout=240)
