@@ -249,11 +249,13 @@ def _run_driver(cmd: list[str], server: Server) -> tuple[dict[str, Any], float]:
 def run_bench(spec: WorkloadSpec, concurrency: int = 16, *, venv: Path = DEFAULT_VENV, port: int | None = None,
               quiet: bool = False) -> dict[str, Any]:
     """Install (once), start, ingest, count, restart, count. Returns the result dict; raises BenchError."""
+    from bench.common import free_port
+    from foundation.config import load_settings
+    from rolloutbus.bench_settings import BenchSettings
+
+    port = port or load_settings(BenchSettings).bench_al_port or free_port()  # a bad variable: before the install
     python = ensure_venv(venv, quiet=quiet)
     expected = size_summary(generate(spec))
-    from bench.common import free_port
-
-    port = port or int(os.environ.get("ROLLOUTBUS_BENCH_AL_PORT", "0")) or free_port()
     workdir = Path(tempfile.mkdtemp(prefix="rb-bench-al-"))
     server = Server(venv, port, workdir)
     try:

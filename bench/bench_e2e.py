@@ -427,7 +427,10 @@ def run_al1(spec: WorkloadSpec, scratch: Path, timeout: float) -> dict[str, Any]
 
 def ensure_al03(venv: Path = AL03_VENV) -> Path:
     """Agent Lightning 0.3.0 (Python 3.11, the OTel pin) in its own venv, installed once."""
-    base = os.environ.get("ROLLOUTBUS_BENCH_AL03_PYTHON") or sys.executable
+    from foundation.config import load_settings
+    from rolloutbus.bench_settings import BenchSettings
+
+    base = str(load_settings(BenchSettings).bench_al03_python or sys.executable)
     return ensure_venv(venv, AL03_PINS, base=lambda: base, error=BenchError)
 
 

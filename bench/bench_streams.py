@@ -31,7 +31,6 @@ opens the worker's store and checks the row counts (``FINAL``). Peak RSS is the 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import subprocess
@@ -54,11 +53,12 @@ from bench.common import (
     stop_process,
 )
 from bench.report import emit_json, log, pct, print_table
-from foundation.config import Topics
+from foundation.config import Topics, load_settings
 from producers.context import RolloutContext
 from producers.emit import llm_record
 from producers.spans import base_span
 from producers.transport import SpanTransport
+from rolloutbus.bench_settings import BenchSettings
 from streams.rollout import RolloutResult
 
 GROUP_SIZE = 4
@@ -515,11 +515,11 @@ def main(argv: list[str] | None = None) -> int:
         phases["live"] = live_phase(bootstrap, scratch, worker_dir, args.live_s, args.live_rate, args.live_concurrency, args.seed)
     counts = verify(worker_dir, phases)
     log(f"row counts (FINAL): {counts}")
-    keep = os.environ.get("ROLLOUTBUS_BENCH_KEEP_LOGS")
+    keep = load_settings(BenchSettings).bench_keep_logs
     if keep:  # the workers' logs, for looking into a slow run
-        Path(keep).mkdir(parents=True, exist_ok=True)
+        keep.mkdir(parents=True, exist_ok=True)
         for f in scratch.glob("worker-*.log"):
-            shutil.copy(f, Path(keep) / f.name)
+            shutil.copy(f, keep / f.name)
     shutil.rmtree(scratch, ignore_errors=True)
     for name in ("small", "llm"):
         ph, got = phases[name], counts[name]

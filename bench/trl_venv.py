@@ -13,7 +13,6 @@ last line. The venv is made by :func:`foundation.venvs.ensure_venv`, as the Agen
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 from pathlib import Path
 
@@ -50,7 +49,10 @@ def _has_trl(python: Path) -> bool:
 
 def ensure_trl_venv() -> Path:
     """The venv's python, installing trl (and this interpreter's torch version) on first use."""
-    venv = Path(os.environ.get("ROLLOUTBUS_BENCH_TRL_VENV", DEFAULT_VENV)).expanduser()
+    from foundation.config import load_settings
+    from rolloutbus.bench_settings import BenchSettings
+
+    venv = (load_settings(BenchSettings).bench_trl_venv or DEFAULT_VENV).expanduser()
     return ensure_venv(venv, pins(), timeout=1800, error=TRLInstallError, present=_has_trl)
 
 

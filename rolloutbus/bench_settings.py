@@ -20,6 +20,13 @@ class BenchSettings(CommonSettings):
                     "end-to-end benches; unset: their own (1,024 spans for the ingest comparison).")
     bench_out: Path | None = Field(default=None, description="Where the results file goes; unset: the checkout's bench/results.")
     bench_kafka_port: int = Field(default=29892, **PORT, description="Port of the local broker the benches share.")
+    bench_al_port: int | None = Field(default=None, **PORT,
+                                      description="Port of Agent Lightning's store in the drop-in comparison; unset: a free one.")
+    bench_al03_python: Path | None = Field(
+        default=None, description="Interpreter that makes Agent Lightning 0.3.0's venv (Python 3.11); unset: the bench's own.")
+    bench_keep_logs: Path | None = Field(default=None, description="Where the streams bench copies its workers' logs; unset: not kept.")
+    bench_trl_venv: Path | None = Field(
+        default=None, description="Where the TRL comparison's venv goes; unset: ~/.cache/rolloutbus/bench-trl-<version>.")
 
 
 __all__ = ["BenchSettings"]

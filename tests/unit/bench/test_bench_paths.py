@@ -91,3 +91,27 @@ def test_the_benches_broker_reads_its_variables_through_the_bench_settings(monke
         with broker(tmp_path):
             pass
     assert not (tmp_path / "broker").exists()
+
+
+def test_the_benches_other_variables_are_read_through_the_bench_settings(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Where the TRL and Agent Lightning 0.3.0 venvs are made from, and Agent Lightning's port: each variable is one
+    field of BenchSettings (a bad value is one line naming it, before anything installs)."""
+    import bench.agentlightning_store as al
+    import bench.bench_e2e as e2e
+    import bench.trl_venv as trl
+
+    made: list[tuple[str, str]] = []
+    monkeypatch.setattr(trl, "ensure_venv", lambda venv, *a, **k: made.append(("trl", str(venv))))
+    monkeypatch.setattr(e2e, "ensure_venv", lambda venv, *a, base, **k: made.append(("al03", base())))
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_TRL_VENV", str(tmp_path / "trl"))
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_AL03_PYTHON", "/opt/py311/bin/python")
+    trl.ensure_trl_venv()
+    e2e.ensure_al03()
+    assert made == [("trl", str(tmp_path / "trl")), ("al03", "/opt/py311/bin/python")]
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_AL_PORT", "0")
+    monkeypatch.setattr(al, "ensure_venv", lambda *a, **k: pytest.fail("installed before the settings were read"))
+    with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_AL_PORT"):
+        al.run_bench(al.WorkloadSpec(rollouts=1))
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_AL_PORT", "70000")
+    with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_AL_PORT"):
+        al.run_bench(al.WorkloadSpec(rollouts=1))
