@@ -1,4 +1,5 @@
-"""LoRA (peft) for the trainer: adapters on the attention projections (``--lora-rank R``), the base weights frozen,
+"""LoRA (peft) for the trainer: adapters on the attention projections (``--lora-rank R``; ``--lora-targets`` names
+others, or ``all-linear`` for every linear layer but the output head), the base weights frozen,
 so AdamW holds state for the adapters only. What is published stays one HF directory of full weights (the
 adapters merged: ``W + (alpha / r) · B A``), so every policy server loads a LoRA version as it loads any other;
 beside them, in ``adapter/``, the adapters alone in peft's format with the directory of the weights they sit on
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+ALL_LINEAR = "all-linear"  # peft's (and verl's default) name for every linear layer but the output head
 ADAPTER_DIR = "adapter"  # in a LoRA checkpoint: the adapters alone, as peft saves them
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -38,7 +40,8 @@ def apply_lora(model: Any, lora: LoraSettings) -> Any:
     """``model`` wrapped by peft with adapters of rank ``lora.rank`` on ``lora.targets``; only they train."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0, bias="none",
+    targets: str | list[str] = ALL_LINEAR if ALL_LINEAR in lora.targets else list(lora.targets)
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0, bias="none",
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
@@ -81,10 +84,17 @@ def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def adapter_config(lora: LoraSettings, base: str | None) -> dict[str, Any]:
-    """peft's ``adapter_config.json`` for adapters trained with ``lora`` on the weights in directory ``base``. Pure."""
+def adapted_modules(state: dict[str, torch.Tensor]) -> list[str]:
+    """The module names (``q_proj``, ``down_proj``...) that carry adapters in a peft model's state dict, sorted. Pure."""
+    found = (_ADAPTER.match(key[len(_PREFIX):] if key.startswith(_PREFIX) else key) for key in state)
+    return sorted({m["module"].rsplit(".", 1)[-1] for m in found if m})
+
+
+def adapter_config(lora: LoraSettings, base: str | None, modules: list[str] | None = None) -> dict[str, Any]:
+    """peft's ``adapter_config.json`` for adapters trained with ``lora`` on the weights in directory ``base``, on
+    ``modules`` (the names adapted: ``all-linear`` resolved, which vLLM needs; default ``lora.targets``). Pure."""
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
-            "target_modules": sorted(lora.targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "target_modules": modules or sorted(lora.targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
             "use_rslora": False, "use_dora": False, "modules_to_save": None, "base_model_name_or_path": base}
 
 
@@ -98,7 +108,7 @@ def write_adapter(directory: Path, state: dict[str, torch.Tensor], lora: LoraSet
     if not tensors:
         raise ValueError("no LoRA adapters in the model's state")
     save_file(tensors, str(out / ADAPTER_WEIGHTS))
-    (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base), indent=1, sort_keys=True))
+    (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base, adapted_modules(state)), indent=1, sort_keys=True))
     return out
 
 
@@ -107,5 +117,5 @@ def base_of(model: Any) -> Any:
     return model.get_base_model() if is_lora(model) else model
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_DIR", "ADAPTER_WEIGHTS", "DEFAULT_TARGETS", "LoraSettings", "adapter_config",
-           "adapter_state_dict", "apply_lora", "base_of", "is_lora", "merged_state_dict", "write_adapter"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_DIR", "ADAPTER_WEIGHTS", "ALL_LINEAR", "DEFAULT_TARGETS", "LoraSettings", "adapted_modules",
+           "adapter_config", "adapter_state_dict", "apply_lora", "base_of", "is_lora", "merged_state_dict", "write_adapter"]

@@ -66,8 +66,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     lora_rank: int = Field(default=0, ge=0, le=1024, description="LoRA adapters of this rank on lora_targets, the base frozen "
                            "(0: full fine-tuning); versions are published with the adapters merged.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA's alpha (the adapters scaled by alpha / rank).")
-    lora_targets: str = Field(default="q_proj,k_proj,v_proj,o_proj", pattern=r"^[A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*$",
-                              description="Comma-separated module names that get adapters.")
+    lora_targets: str = Field(default="q_proj,k_proj,v_proj,o_proj", pattern=r"^(all-linear|[A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*)$",
+                              description="Comma-separated module names that get adapters, or all-linear (every linear "
+                                          "layer but the output head).")
     activation_checkpointing: bool = Field(default=False, description="Recompute each decoder layer's activations in the "
                                            "backward pass instead of keeping them: less memory, about a third more compute.")
     nproc_per_node: int = Field(default=1, ge=1, le=64, description="Training processes on this machine (FSDP2 ranks, torchrun).")

@@ -227,6 +227,22 @@ def _ranks_args(gpus: Any, nodes: Any, given: list[str]) -> list[str]:
     return args
 
 
+def _lora_args(rank: Any, alpha: Any, targets: Any, checkpointing: Any) -> list[str]:
+    """``rolloutbus train``'s LoRA and activation-checkpointing flags for verl's ``actor_rollout_ref.model.lora_rank``,
+    ``lora_alpha``, ``target_modules`` (a list, a comma string, or ``all-linear``: verl's default, so a rank alone
+    adapts every linear layer, as in verl) and ``enable_gradient_checkpointing``. Pure."""
+    args: list[str] = []
+    if rank is not None and int(rank) > 0:
+        if isinstance(targets, (list, tuple)):
+            targets = ",".join(str(t) for t in targets)
+        args += ["--lora-rank", str(int(rank)), "--lora-targets", str(targets or "all-linear")]
+        if alpha is not None:
+            args += ["--lora-alpha", str(float(alpha))]
+    if checkpointing:
+        args += ["--activation-checkpointing"]
+    return args
+
+
 def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: verl's dotted keys (as ``main_ppo`` takes them on its command line). Pure."""
     out: dict[str, Any] = {}
@@ -271,6 +287,12 @@ class VERL(GRPO):
     ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
                                                                 mini-batch, several updates a batch, is refused)
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
+    ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``        ``--lora-rank`` / ``--lora-alpha`` (0: full
+                                                                fine-tuning); with ``engine="vllm"`` fit's server
+                                                                loads each version's adapters alone
+    ``actor_rollout_ref.model.target_modules``                  ``--lora-targets`` (verl's default, all-linear,
+                                                                when a rank is given without it)
+    ``actor_rollout_ref.model.enable_gradient_checkpointing``   ``--activation-checkpointing``
     ==========================================================  ===============================================
 
     A value this trainer has no counterpart for (an estimator or loss it does not implement, ``use_kl_in_reward``)
@@ -338,6 +360,9 @@ class VERL(GRPO):
             train_args += ["--validate-every", str(int(freq))]
         model = take("actor_rollout_ref.model.path")
         train_args += _ranks_args(take("trainer.n_gpus_per_node"), take("trainer.nnodes"), grpo.get("train_args", []))
+        train_args += _lora_args(take("actor_rollout_ref.model.lora_rank"), take("actor_rollout_ref.model.lora_alpha"),
+                                 take("actor_rollout_ref.model.target_modules"),
+                                 take("actor_rollout_ref.model.enable_gradient_checkpointing"))
         mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
         if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
             raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="

@@ -145,11 +145,23 @@ def _verl_model(algo: Any) -> Any:
     return SimpleNamespace(model=algo.model) if getattr(algo, "model", None) else None
 
 
-def serve_command(port: int, engine: str = "torch", model: str | None = None) -> list[str]:
+def serve_command(port: int, engine: str = "torch", model: str | None = None, lora_rank: int = 0) -> list[str]:
     """The policy server's ``rolloutbus`` command: the demo's, with ``--engine vllm`` for vLLM's engine (``make
-    vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0). Pure."""
+    vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0); vLLM serves a LoRA
+    trainer's versions (``lora_rank``) by their adapters alone (the torch server loads their merged weights). Pure."""
     return ["serve", "--port", str(port), "--threads", "1", "--max-batch", "32", *engine_args(engine),
-            *(["--model", model] if model else [])]
+            *(["--model", model] if model else []),
+            *(["--lora-rank", str(lora_rank)] if engine == "vllm" and lora_rank > 0 else [])]
+
+
+def lora_rank_of(train_args: list[str], default: int) -> int:
+    """The LoRA rank the trainer runs with: the last ``--lora-rank`` among its flags, else ``default`` (its
+    ``ROLLOUTBUS_LORA_RANK``). Pure."""
+    import argparse
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--lora-rank", type=int, default=default)
+    return int(p.parse_known_args(train_args)[0].lora_rank)
 
 
 serve_start_s = engine_start_s  # how long the policy server may take to answer (the demo's)
@@ -227,7 +239,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
     with fit_stack(trainer) as (settings, stack, scope):
         serve_port, proxy_port = free_port(), free_port()
         proxy = f"http://127.0.0.1:{proxy_port}"
-        from trainer.settings import ServeSettings
+        from trainer.settings import ServeSettings, TrainerSettings
 
         served = load_settings(ServeSettings, {}).resource_name  # the name `serve` answers to (vLLM: no other)
         ship(Adapted(agent, trainer.resources, proxy=proxy, val_temperature=None if sft else algo.val_temperature,
@@ -258,7 +270,8 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
                                   *([] if sft else algo.process_args()), "--sink-interval", "0.5",
                                   "--group-timeout", str(algo.group_timeout_s), *match])
             # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
-            sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None))
+            rank = 0 if sft else lora_rank_of(train_args, load_settings(TrainerSettings).lora_rank)
+            sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None, rank))
             sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
             if not sft:
                 sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
@@ -434,4 +447,4 @@ def _held_out(trainer: Trainer, agent: Any, algo: Any, settings: CommonSettings,
     return held
 
 
-__all__ = ["FitResult", "HeldOut", "first_rollouts_warning", "run_fit", "serve_command", "serve_start_s"]
+__all__ = ["FitResult", "HeldOut", "first_rollouts_warning", "lora_rank_of", "run_fit", "serve_command", "serve_start_s"]

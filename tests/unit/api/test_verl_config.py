@@ -66,3 +66,30 @@ def test_gpus_and_nodes_become_the_trainers_ranks() -> None:
     assert agl.VERL({"trainer": {"n_gpus_per_node": 4}}).train_args == ["--nproc-per-node", "4"]
     algo = agl.VERL({"trainer": {"n_gpus_per_node": 8, "nnodes": 2}}, train_args=["--rdzv-endpoint", "node0:29400"])
     assert algo.train_args == ["--nproc-per-node", "8", "--nnodes", "2", "--rdzv-endpoint", "node0:29400"]
+
+
+def test_verl_s_lora_and_gradient_checkpointing_keys_become_the_trainer_s_flags() -> None:
+    """A rank alone adapts every linear layer (verl's target_modules default); alpha, targets (list or string) and
+    gradient checkpointing carry over; rank 0 is full fine-tuning."""
+    model = {"lora_rank": 32, "lora_alpha": 64, "enable_gradient_checkpointing": True}
+    assert agl.VERL({"actor_rollout_ref": {"model": model}}).train_args == [
+        "--lora-rank", "32", "--lora-targets", "all-linear", "--lora-alpha", "64.0", "--activation-checkpointing"]
+    targets = {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": ["q_proj", "v_proj"]}
+    assert agl.VERL(targets).train_args == ["--lora-rank", "8", "--lora-targets", "q_proj,v_proj"]
+    assert agl.VERL({"actor_rollout_ref.model.lora_rank": 0}).train_args == []
+    assert agl.VERL({"actor_rollout_ref.model.lora_rank": 0}).ignored == []
+
+
+def test_fit_s_vllm_server_serves_a_lora_trainer_s_versions_by_their_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank the trainer runs with (its last --lora-rank, else ROLLOUTBUS_LORA_RANK) goes to vLLM's server; the torch
+    server and full fine-tuning get no flag; and the flags are ones `rolloutbus train` and `serve` take."""
+    from rolloutbus.cli import build_parser
+    from rolloutbus.trainer_api.fit import lora_rank_of, serve_command
+
+    args = agl.VERL({"actor_rollout_ref.model.lora_rank": 16}).train_args
+    assert lora_rank_of(args, 0) == 16 and lora_rank_of(["--lr", "1e-5"], 4) == 4 and lora_rank_of([], 0) == 0
+    assert serve_command(8000, "vllm", None, 16)[-2:] == ["--lora-rank", "16"]
+    assert "--lora-rank" not in serve_command(8000, "torch", None, 16) + serve_command(8000, "vllm", None, 0)
+    assert build_parser().parse_args(serve_command(8000, "vllm", None, 16)).lora_rank == 16
+    train = build_parser().parse_args(["train", *args])
+    assert (train.lora_rank, train.lora_targets) == (16, "all-linear")

@@ -258,3 +258,30 @@ def test_lora_s_adapters_load_in_peft_onto_their_base_and_make_the_merged_weight
         assert torch.allclose(loaded[key], value, atol=1e-6), key
     with pytest.raises(ValueError, match="no LoRA adapters"):
         write_adapter(tmp_path / "full", build_tiny(seed=0)[0].state_dict(), LoraSettings(rank=4), None)
+
+
+def test_all_linear_adapts_every_linear_layer_but_the_head_and_its_adapters_load_in_peft(tmp_path: Path) -> None:
+    """--lora-targets all-linear (verl's default): adapters on the MLP too, none on the output head; adapter/ names the
+    modules it adapted (vLLM checks them), and peft loads it onto its base as the merged weights."""
+    import json
+
+    from peft import PeftModel
+
+    from trainer.lora import ADAPTER_CONFIG, LoraSettings, apply_lora, merged_state_dict, write_adapter
+    from trainer.settings import TrainerSettings
+
+    assert TrainerSettings(lora_targets="all-linear").lora_targets == "all-linear"
+    lora = LoraSettings(rank=4, targets=("all-linear",))
+    model = apply_lora(build_tiny(seed=0)[0], lora)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.05)
+    state = model.state_dict()
+    config = json.loads((write_adapter(tmp_path, state, lora, "/base") / ADAPTER_CONFIG).read_text())
+    assert {"q_proj", "o_proj", "gate_proj", "down_proj"} <= set(config["target_modules"])
+    assert not any("lm_head" in k and "lora_" in k for k in state)
+    loaded = PeftModel.from_pretrained(build_tiny(seed=0)[0], str(tmp_path / "adapter")).merge_and_unload().state_dict()
+    ours = merged_state_dict(state, lora.scaling)
+    for key, value in ours.items():
+        assert torch.allclose(loaded[key], value, atol=1e-6), key
