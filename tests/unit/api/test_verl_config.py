@@ -78,18 +78,34 @@ def test_verl_s_lora_and_gradient_checkpointing_keys_become_the_trainer_s_flags(
     assert agl.VERL(targets).train_args == ["--lora-rank", "8", "--lora-targets", "q_proj,v_proj"]
     assert agl.VERL({"actor_rollout_ref.model.lora_rank": 0}).train_args == []
     assert agl.VERL({"actor_rollout_ref.model.lora_rank": 0}).ignored == []
+    # as dotted keys from a command line: text everywhere
+    dotted = {"actor_rollout_ref.model.lora_rank": "16", "actor_rollout_ref.model.target_modules": "[q_proj, v_proj]",
+              "actor_rollout_ref.model.enable_gradient_checkpointing": "False"}
+    assert agl.VERL(dotted).train_args == ["--lora-rank", "16", "--lora-targets", "q_proj,v_proj"]
+    for bad, says in (({"actor_rollout_ref.model.lora_rank": "sixteen"}, "not a whole number"),
+                      ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": []}, "module names"),
+                      ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": "all-linear,q_proj"},
+                       "module names"),
+                      ({"actor_rollout_ref.model.enable_gradient_checkpointing": "maybe"}, "not true or false"),
+                      ({"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.exclude_modules": ".*visual.*"},
+                       "exclude_modules with LoRA is not implemented")):
+        with pytest.raises(ConfigError, match=says):
+            agl.VERL(bad)
 
 
 def test_fit_s_vllm_server_serves_a_lora_trainer_s_versions_by_their_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rank the trainer runs with (its last --lora-rank, else ROLLOUTBUS_LORA_RANK) goes to vLLM's server; the torch
     server and full fine-tuning get no flag; and the flags are ones `rolloutbus train` and `serve` take."""
     from rolloutbus.cli import build_parser
-    from rolloutbus.trainer_api.fit import lora_rank_of, serve_command
+    from rolloutbus.trainer_api.fit import lora_rank_of, serve_command, served_lora_rank
 
     args = agl.VERL({"actor_rollout_ref.model.lora_rank": 16}).train_args
     assert lora_rank_of(args, 0) == 16 and lora_rank_of(["--lr", "1e-5"], 4) == 4 and lora_rank_of([], 0) == 0
     assert serve_command(8000, "vllm", None, 16)[-2:] == ["--lora-rank", "16"]
     assert "--lora-rank" not in serve_command(8000, "torch", None, 16) + serve_command(8000, "vllm", None, 0)
     assert build_parser().parse_args(serve_command(8000, "vllm", None, 16)).lora_rank == 16
+    assert (served_lora_rank(512), served_lora_rank(1024)) == (512, 0)  # above what the server loads: merged weights
+    with pytest.raises(ConfigError, match="train_args: argument --lora-rank: invalid int value: 'abc'"):
+        lora_rank_of(["--lora-rank", "abc"], 0)
     train = build_parser().parse_args(["train", *args])
     assert (train.lora_rank, train.lora_targets) == (16, "all-linear")

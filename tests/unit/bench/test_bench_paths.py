@@ -108,6 +108,12 @@ def test_the_benches_other_variables_are_read_through_the_bench_settings(monkeyp
     trl.ensure_trl_venv()
     e2e.ensure_al03()
     assert made == [("trl", str(tmp_path / "trl")), ("al03", "/opt/py311/bin/python")]
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_KEEP_LOGS", "")  # empty: unset, not the current directory
+    monkeypatch.setenv("ROLLOUTBUS_BENCH_TRL_VENV", "")
+    from foundation.config import load_settings
+    from rolloutbus.bench_settings import BenchSettings
+
+    assert (load_settings(BenchSettings).bench_keep_logs, load_settings(BenchSettings).bench_trl_venv) == (None, None)
     monkeypatch.setenv("ROLLOUTBUS_BENCH_AL_PORT", "0")
     monkeypatch.setattr(al, "ensure_venv", lambda *a, **k: pytest.fail("installed before the settings were read"))
     with pytest.raises(SettingError, match="ROLLOUTBUS_BENCH_AL_PORT"):

