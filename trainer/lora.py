@@ -3,8 +3,9 @@ others, or ``all-linear`` for every linear layer but the output head), the base 
 so AdamW holds state for the adapters only. What is published stays one HF directory of full weights (the
 adapters merged: ``W + (alpha / r) · B A``), so every policy server loads a LoRA version as it loads any other;
 beside them, in ``adapter/``, the adapters alone in peft's format with the directory of the weights they sit on
-(``base_model_name_or_path``), which vLLM's server loads at run time without reloading the base
-(``rolloutbus serve --engine vllm --lora-rank R``, :func:`trainer.vllm_serve.reload_plan`).
+(``base_model_name_or_path``), which the policy servers load at run time without reloading the base
+(``rolloutbus serve [--engine vllm] --lora-rank R``, :func:`trainer.vllm_serve.reload_plan`: vLLM's runtime LoRA, the
+torch server's :func:`read_adapter` deltas added to the base weights it keeps).
 Resuming from such a checkpoint starts new adapters on the merged weights (the optimizer starts afresh): their base
 is that checkpoint."""
 
@@ -14,9 +15,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch-free at import: the vLLM gate plans its loads with reload_plan
+    import torch
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ALL_LINEAR = "all-linear"  # peft's (and verl's default) name for every linear layer but the output head
@@ -112,10 +114,79 @@ def write_adapter(directory: Path, state: dict[str, torch.Tensor], lora: LoraSet
     return out
 
 
+def adapter_deltas(tensors: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """Adapters as saved in ``adapter/`` (``base_model.model.<module>.lora_A.weight`` / ``lora_B``) → for each adapted
+    weight of the base model (``<module>.weight``) what they add to it: ``scaling · B A``, in float32. A module with one
+    factor only is refused (ValueError). Pure."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
+        m = re.match(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight$", name)
+        if m:
+            pairs.setdefault(m["module"], {})[m["which"]] = value
+    out: dict[str, torch.Tensor] = {}
+    for module, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"adapter of {module} has lora_{''.join(ab)} only")
+        out[f"{module}.weight"] = scaling * (ab["B"].float() @ ab["A"].float())
+    return out
+
+
+def read_adapter(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``directory`` (an ``adapter/`` as :func:`write_adapter` writes it) → (:func:`adapter_deltas` of its weights,
+    its config). Reads the adapters alone, never the weights they sit on."""
+    from safetensors.torch import load_file
+
+    config = json.loads((directory / ADAPTER_CONFIG).read_text())
+    rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+    scaling = alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
+    return adapter_deltas(load_file(str(directory / ADAPTER_WEIGHTS)), scaling), config
+
+
+def adapter_of(uri: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """A LoRA checkpoint's ``adapter/`` directory and its config; None when it has none."""
+    d = Path(uri) / ADAPTER_DIR
+    try:
+        config = json.loads((d / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return (d, config) if isinstance(config, dict) and (d / ADAPTER_WEIGHTS).is_file() else None
+
+
+def _same_dir(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def reload_plan(uri: str | Path, loaded: str | Path | None, max_rank: int) -> tuple[str, Path | None, str | None]:
+    """How to serve checkpoint ``uri`` when the engine holds the full weights of directory ``loaded`` (None: not known,
+    after a load that failed): ``("adapter",
+    adapter dir, None)``, the adapters alone, when they sit on ``loaded``; ``("base", adapter dir, base dir)``, the
+    adapters' base first (one full reload), when it is another directory still on disk; else ``("full", None, None)``,
+    the checkpoint's merged weights (no LoRA: ``max_rank`` 0, no adapters, a rank above it, or adapters on their own
+    checkpoint, which holds the base itself). Reads the adapter's config only."""
+    found = adapter_of(uri) if max_rank > 0 else None
+    if found is None:
+        return ("full", None, None)
+    adapter, config = found
+    base = config.get("base_model_name_or_path")
+    try:
+        rank = int(config.get("r", 0))
+    except (TypeError, ValueError):
+        return ("full", None, None)
+    if not isinstance(base, str) or not base or not 0 < rank <= max_rank or _same_dir(base, uri):
+        return ("full", None, None)
+    if loaded is not None and _same_dir(base, loaded):
+        return ("adapter", adapter, None)
+    if Path(base).is_dir():
+        return ("base", adapter, base)
+    return ("full", None, None)
+
+
 def base_of(model: Any) -> Any:
     """The HF model under the peft wrapper (its config and ``save_pretrained`` write the merged weights)."""
     return model.get_base_model() if is_lora(model) else model
 
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_DIR", "ADAPTER_WEIGHTS", "ALL_LINEAR", "DEFAULT_TARGETS", "LoraSettings", "adapted_modules",
-           "adapter_config", "adapter_state_dict", "apply_lora", "base_of", "is_lora", "merged_state_dict", "write_adapter"]
+           "adapter_config", "adapter_deltas", "adapter_of", "adapter_state_dict", "apply_lora", "base_of", "is_lora",
+           "merged_state_dict", "read_adapter", "reload_plan", "write_adapter"]

@@ -15,6 +15,10 @@ that finishes answers at once and a newcomer joins at the next step (per-request
 length). A :class:`ResourceFollower` watches ``rb.resources``; when a newer version of the resource
 appears, its weights are loaded in the background; newcomers then wait while the requests in flight
 finish, and the new weights are swapped in with nothing in flight, so a response never mixes versions.
+With ``lora_rank`` R (``rolloutbus serve --lora-rank R``), a LoRA trainer's version (``train --lora-rank``, rank up to
+R) whose adapters sit on the weights the server holds is served by reading its ``adapter/`` alone: the adapters'
+``scaling · B A`` is added to the base weights the server kept of each adapted module (:class:`_Held`), in place with
+nothing in flight; the base is loaded first when it is another checkpoint (:func:`trainer.lora.reload_plan`).
 ``stream=true`` answers with server-sent events (a chunk per token, sent when the request has been
 sampled); ``stop`` strings are ignored.
 """
@@ -29,6 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -55,6 +60,42 @@ class Policy:
     tok: Tokenizer
     version: int
     uri: str
+    patch: Callable[[], None] | None = field(default=None, repr=False)  # run with nothing in flight, before it serves
+
+
+@dataclass
+class _Held:
+    """The weights of checkpoint ``uri``, loaded once into ``model``, and what adapters did to them: ``saved`` keeps
+    each adapted weight's own values, so every version's adapters go on the base, not on the previous version's."""
+    uri: str
+    model: Any
+    tok: Tokenizer
+    saved: dict[str, Any] = field(default_factory=dict)
+
+    def problem(self, deltas: dict[str, Any]) -> str | None:
+        """Why ``deltas`` cannot go on this model (a weight it lacks, another shape), or None. Reads shapes only."""
+        params = dict(self.model.named_parameters())
+        for name, delta in deltas.items():
+            if name not in params:
+                return f"the model has no {name}"
+            if tuple(params[name].shape) != tuple(delta.shape):
+                return f"{name} is {tuple(params[name].shape)}, its adapters {tuple(delta.shape)}"
+        return None
+
+    def apply(self, deltas: dict[str, Any]) -> None:
+        """The model's weights become the base's plus ``deltas``: the weights adapted before and not now go back to
+        the base's. In place: call it with nothing in flight."""
+        import torch
+
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, base in self.saved.items():
+                if name not in deltas:
+                    params[name].copy_(base)
+            for name, delta in deltas.items():
+                w = params[name]
+                base = self.saved.setdefault(name, w.detach().clone())
+                w.copy_((base.float() + delta).to(w.dtype))
 
 
 class BadRequest(RolloutbusError):
@@ -65,8 +106,10 @@ class PolicyServer:
     """Holds the current policy, batches generation, swaps weights between batches."""
 
     def __init__(self, policy: Policy | None, model_name: str = "policy", max_batch: int = 16, default_max_tokens: int = 64,
-                 token: str | None = None) -> None:
+                 token: str | None = None, lora_rank: int = 0) -> None:
         self.policy = policy
+        self.lora_rank = lora_rank  # versions with adapters up to this rank on the weights held: the adapters alone
+        self._held = _Held(policy.uri, policy.model, policy.tok) if policy is not None and Path(policy.uri).is_dir() else None
         self.token = token  # with one, every route but /healthz needs ``Authorization: Bearer <token>``
         self.model_name = model_name
         self.max_batch = max_batch
@@ -85,16 +128,44 @@ class PolicyServer:
             self._next = policy
 
     def load_version(self, uri: str, version: int) -> None:
-        """Load a checkpoint directory and stage it (called from the follower thread)."""
+        """Load a checkpoint directory and stage it (called from the follower thread): its adapters alone when it is a
+        LoRA version on the weights held (``lora_rank``), else its full weights."""
+        from trainer.lora import read_adapter, reload_plan
         from trainer.model import load_policy
 
+        plan, adapter, base = reload_plan(uri, self._held.uri if self._held else None, self.lora_rank)
+        if adapter is not None:
+            held = self._held
+            if plan == "base" or held is None:
+                model, tok = load_policy(base)
+                held = _Held(str(base), model, tok)
+            try:
+                deltas, _config = read_adapter(adapter)
+                problem = held.problem(deltas)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                problem = f"cannot read them: {exc}"
+            if problem is None:
+                self._held = held
+                self.offer(Policy(held.model, held.tok, version, uri, patch=lambda: held.apply(deltas)))
+                log.info("loaded version %d's adapters (%d weights) from %s onto %s; serving it from the next batch",
+                         version, len(deltas), adapter, held.uri)
+                return
+            log.warning("version %d's adapters do not fit the weights of %s (%s): loading its merged weights", version,
+                        held.uri, problem)
         model, tok = load_policy(uri)
+        self._held = _Held(uri, model, tok)
         self.offer(Policy(model, tok, version, uri))
         log.info("loaded version %d from %s; serving it from the next batch", version, uri)
 
     def _swap(self) -> None:
         nxt, self._next = self._next, None
         if nxt is not None and (self.policy is None or nxt.version > self.policy.version):
+            if nxt.patch is not None:
+                try:
+                    nxt.patch()
+                except Exception:  # checked when staged (shapes, names); the weights held are unknown now: keep serving
+                    log.exception("version %d's adapters failed to apply; the next version loads its merged weights", nxt.version)
+                    self._held = None
             self.policy = nxt
 
     # ------------------------------------------------------------------ batching

@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["torch", "vllm"],
                    help="torch: the project's server; vllm: vLLM's, installed once by `make vllm`")
     p.add_argument("--vllm-args", help="more vLLM server arguments, shell words")
-    p.add_argument("--lora-rank", type=int, metavar="R", help="--engine vllm: a LoRA trainer's versions (train --lora-rank) "
-                   "served by loading their adapters alone, up to rank R, the base weights kept (0: merged weights reloaded)")
+    p.add_argument("--lora-rank", type=int, metavar="R", help="a LoRA trainer's versions (train --lora-rank) served by "
+                   "loading their adapters alone, up to rank R, the base weights kept (0: merged weights reloaded)")
     tls.add_arguments(p)
     from foundation.flags import describe_flags
 
@@ -63,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
     ssl_context = tls.from_args(args)  # before torch and the model: a bad certificate is one line, at once
     if s.serve_engine == "vllm":
         return run_vllm(s, ssl_context)
-    if s.serve_lora_rank:
-        from foundation.errors import ConfigError
-
-        raise ConfigError("--lora-rank (ROLLOUTBUS_SERVE_LORA_RANK) loads adapters into vLLM: use it with --engine vllm "
-                          "(this server loads each version's merged weights, LoRA or not)")
-
     import torch
     from aiohttp import web
 
@@ -80,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(s.torch_threads)
     server = PolicyServer(initial_policy(s.serve_model), model_name=s.resource_name, max_batch=s.serve_max_batch,
                           default_max_tokens=s.serve_max_tokens,
-                          token=s.serve_token.get_secret_value() if s.serve_token else None)
+                          token=s.serve_token.get_secret_value() if s.serve_token else None, lora_rank=s.serve_lora_rank)
     follower = None
     if s.serve_follow:
         follower = ResourceFollower(s.kafka_conf(), Topics(s.topic_prefix).resources, s.resource_name,

@@ -160,9 +160,10 @@ class ServeSettings(CommonSettings):
     serve_engine: Literal["torch", "vllm"] = Field(default="torch", description="torch (the project's server) | vllm (vLLM's "
                                                    "OpenAI server, in the virtualenv `make vllm` makes).")
     serve_vllm_args: str = Field(default="", description="More vLLM server arguments (shell words), e.g. '--max-num-seqs 32'.")
-    serve_lora_rank: int = Field(default=0, ge=0, le=512, description="--engine vllm: serve the versions of a LoRA trainer "
-                                 "(train --lora-rank) by loading their adapters alone, up to this rank, the base weights "
-                                 "kept (vLLM's runtime LoRA); 0: every version's merged weights reloaded.")
+    serve_lora_rank: int = Field(default=0, ge=0, le=512, description="Serve the versions of a LoRA trainer (train "
+                                 "--lora-rank) by loading their adapters alone, up to this rank, the base weights kept "
+                                 "(vLLM's runtime LoRA; the torch server adds them to the base weights it holds); 0: every "
+                                 "version's merged weights reloaded.")
 
     check_model = field_validator("serve_model")(_model_ref)
 

@@ -42,6 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from foundation.errors import RolloutbusError
+from trainer.lora import reload_plan
 from trainer.serve_http import VERSION_HEADER, openai_app
 
 log = logging.getLogger(__name__)
@@ -95,45 +96,6 @@ def checkpoint_problem(served: Mapping[str, tuple[int, ...]], uri: str) -> str |
         return shape_problem(served, checkpoint_shapes(uri))
     except (OSError, ValueError, KeyError, struct.error) as exc:
         return f"cannot read the checkpoint: {exc}"
-
-
-def adapter_of(uri: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """A LoRA checkpoint's ``adapter/`` directory and its config (:mod:`trainer.lora`); None when it has none."""
-    d = Path(uri) / "adapter"
-    try:
-        config = json.loads((d / "adapter_config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return (d, config) if isinstance(config, dict) and (d / "adapter_model.safetensors").is_file() else None
-
-
-def _same_dir(a: str | Path, b: str | Path) -> bool:
-    return Path(a).resolve() == Path(b).resolve()
-
-
-def reload_plan(uri: str | Path, loaded: str | Path | None, max_rank: int) -> tuple[str, Path | None, str | None]:
-    """How to serve checkpoint ``uri`` when the engine holds the full weights of directory ``loaded`` (None: not known,
-    after a load that failed): ``("adapter",
-    adapter dir, None)``, the adapters alone, when they sit on ``loaded``; ``("base", adapter dir, base dir)``, the
-    adapters' base first (one full reload), when it is another directory still on disk; else ``("full", None, None)``,
-    the checkpoint's merged weights (no LoRA: ``max_rank`` 0, no adapters, a rank above it, or adapters on their own
-    checkpoint, which holds the base itself). Reads the adapter's config only."""
-    found = adapter_of(uri) if max_rank > 0 else None
-    if found is None:
-        return ("full", None, None)
-    adapter, config = found
-    base = config.get("base_model_name_or_path")
-    try:
-        rank = int(config.get("r", 0))
-    except (TypeError, ValueError):
-        return ("full", None, None)
-    if not isinstance(base, str) or not base or not 0 < rank <= max_rank or _same_dir(base, uri):
-        return ("full", None, None)
-    if loaded is not None and _same_dir(base, loaded):
-        return ("adapter", adapter, None)
-    if Path(base).is_dir():
-        return ("base", adapter, base)
-    return ("full", None, None)
 
 
 def lora_engine_args(max_rank: int) -> list[str]:
@@ -516,6 +478,6 @@ class VllmGate:
         return asyncio.run_coroutine_threadsafe(self.reload(uri, version), self.loop).result(timeout)
 
 
-__all__ = ["EXTENSION", "EngineFailed", "VERSION_HEADER", "VllmEngine", "VllmGate", "adapter_of", "checkpoint_problem",
+__all__ = ["EXTENSION", "EngineFailed", "VERSION_HEADER", "VllmEngine", "VllmGate", "checkpoint_problem",
            "checkpoint_shapes", "engine_command", "engine_env", "extension_path", "lora_engine_args", "loopback_port",
-           "manifest_version", "name_adapter", "reload_plan", "safetensors_shapes", "shape_problem", "stamp_sse_line"]
+           "manifest_version", "name_adapter", "safetensors_shapes", "shape_problem", "stamp_sse_line"]

@@ -147,11 +147,11 @@ def _verl_model(algo: Any) -> Any:
 
 def serve_command(port: int, engine: str = "torch", model: str | None = None, lora_rank: int = 0) -> list[str]:
     """The policy server's ``rolloutbus`` command: the demo's, with ``--engine vllm`` for vLLM's engine (``make
-    vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0); vLLM serves a LoRA
-    trainer's versions (``lora_rank``) by their adapters alone (the torch server loads their merged weights). Pure."""
+    vllm``); ``model`` for SFT's collection (GRPO's server waits for the trainer's version 0); a LoRA trainer's
+    versions (``lora_rank``) are served by their adapters alone. Pure."""
     return ["serve", "--port", str(port), "--threads", "1", "--max-batch", "32", *engine_args(engine),
             *(["--model", model] if model else []),
-            *(["--lora-rank", str(lora_rank)] if engine == "vllm" and lora_rank > 0 else [])]
+            *(["--lora-rank", str(lora_rank)] if lora_rank > 0 else [])]
 
 
 def lora_rank_of(train_args: list[str], default: int) -> int:
@@ -168,7 +168,7 @@ def lora_rank_of(train_args: list[str], default: int) -> int:
 
 
 def served_lora_rank(rank: int) -> int:
-    """The ``--lora-rank`` for vLLM's server when the trainer's adapters have rank ``rank``: 0 (merged weights, full
+    """The policy server's ``--lora-rank`` when the trainer's adapters have rank ``rank``: 0 (merged weights, full
     reloads) above what the server loads at run time. Pure."""
     from trainer.settings import ServeSettings
 

@@ -114,3 +114,17 @@ def test_two_ranks_train_lora_adapters_and_publish_them_merged(
     merged = dict(PeftModel.from_pretrained(load_policy(base)[0], str(adapter)).merge_and_unload().named_parameters())
     assert merged.keys() == last.keys()
     assert all(torch.allclose(merged[n], last[n], atol=1e-5) for n in last)
+    # the torch server with --lora-rank follows the versions as rb.resources lists them: version 0's weights once, then
+    # each version's adapters alone on that model, which then holds the version's weights
+    from trainer.serve import PolicyServer
+
+    server = PolicyServer(None, lora_rank=4)
+    server.load_version(versions[0].uri, 0)
+    server._swap()
+    held = server.policy.model
+    for v in versions[1:]:
+        server.load_version(v.uri, v.version)
+        server._swap()
+        assert (server.policy.version, server.policy.model is held) == (v.version, True)
+    served = dict(held.named_parameters())
+    assert all(torch.allclose(served[n], last[n], atol=1e-5) for n in last)

@@ -93,17 +93,19 @@ def test_verl_s_lora_and_gradient_checkpointing_keys_become_the_trainer_s_flags(
             agl.VERL(bad)
 
 
-def test_fit_s_vllm_server_serves_a_lora_trainer_s_versions_by_their_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rank the trainer runs with (its last --lora-rank, else ROLLOUTBUS_LORA_RANK) goes to vLLM's server; the torch
-    server and full fine-tuning get no flag; and the flags are ones `rolloutbus train` and `serve` take."""
+def test_fit_s_server_serves_a_lora_trainer_s_versions_by_their_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank the trainer runs with (its last --lora-rank, else ROLLOUTBUS_LORA_RANK) goes to the policy server,
+    vLLM's or torch's; full fine-tuning gets no flag; and the flags are ones `rolloutbus train` and `serve` take."""
     from rolloutbus.cli import build_parser
     from rolloutbus.trainer_api.fit import lora_rank_of, serve_command, served_lora_rank
 
     args = agl.VERL({"actor_rollout_ref.model.lora_rank": 16}).train_args
     assert lora_rank_of(args, 0) == 16 and lora_rank_of(["--lr", "1e-5"], 4) == 4 and lora_rank_of([], 0) == 0
     assert serve_command(8000, "vllm", None, 16)[-2:] == ["--lora-rank", "16"]
-    assert "--lora-rank" not in serve_command(8000, "torch", None, 16) + serve_command(8000, "vllm", None, 0)
+    assert serve_command(8000, "torch", None, 16)[-2:] == ["--lora-rank", "16"]
+    assert "--lora-rank" not in serve_command(8000, "torch", None, 0) + serve_command(8000, "vllm", None, 0)
     assert build_parser().parse_args(serve_command(8000, "vllm", None, 16)).lora_rank == 16
+    assert build_parser().parse_args(serve_command(8000, "torch", None, 16)).lora_rank == 16
     assert (served_lora_rank(512), served_lora_rank(1024)) == (512, 0)  # above what the server loads: merged weights
     with pytest.raises(ConfigError, match="train_args: argument --lora-rank: invalid int value: 'abc'"):
         lora_rank_of(["--lora-rank", "abc"], 0)

@@ -186,7 +186,7 @@ def _adapter(ckpt: Path, base: Path | str, rank: int = 8) -> Path:
 
 
 def test_a_lora_version_loads_its_adapters_alone_when_they_sit_on_the_weights_held(tmp_path: Path) -> None:
-    from trainer.vllm_serve import adapter_of, reload_plan
+    from trainer.lora import adapter_of, reload_plan
 
     base, other = tmp_path / "step-0", tmp_path / "model"
     base.mkdir(), other.mkdir()
@@ -331,14 +331,13 @@ def test_the_gate_switches_lora_versions_by_their_adapters_and_falls_back_to_the
                       ("/v1/load_lora_adapter", "policy-v8")], plain, "policy-v8")
 
 
-def test_lora_serving_is_vllms_and_the_torch_server_says_so() -> None:
+def test_both_servers_take_lora_rank() -> None:
+    """`rolloutbus serve --lora-rank R`, either engine (the torch server's adapters: tests/unit/trainer/test_serve.py)."""
     import argparse
 
-    from foundation.errors import ConfigError
     from trainer import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)
     assert serve_cli.settings_from_args(p.parse_args(["--engine", "vllm", "--lora-rank", "16"])).serve_lora_rank == 16
-    with pytest.raises(ConfigError, match="--lora-rank.*--engine vllm"):
-        serve_cli.run(p.parse_args(["--lora-rank", "8", "--model", "tiny"]))
+    assert serve_cli.settings_from_args(p.parse_args(["--lora-rank", "8"])).serve_lora_rank == 8
