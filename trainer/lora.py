@@ -4,7 +4,7 @@ so AdamW holds state for the adapters only. What is published stays one HF direc
 adapters merged: ``W + (alpha / r) · B A``), so every policy server loads a LoRA version as it loads any other;
 beside them, in ``adapter/``, the adapters alone in peft's format with the directory of the weights they sit on
 (``base_model_name_or_path``), which the policy servers load at run time without reloading the base
-(``rolloutbus serve [--engine vllm] --lora-rank R``, :func:`trainer.vllm_serve.reload_plan`: vLLM's runtime LoRA, the
+(``rolloutbus serve [--engine vllm] --lora-rank R``, :func:`reload_plan`: vLLM's runtime LoRA, the
 torch server's :func:`read_adapter` deltas added to the base weights it keeps).
 Resuming from such a checkpoint starts new adapters on the merged weights (the optimizer starts afresh): their base
 is that checkpoint."""
@@ -53,25 +53,22 @@ def is_lora(model: Any) -> bool:
 
 
 _PREFIX = "base_model.model."
-_ADAPTER = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.(?P<adapter>[^.]+)\.weight$")
+# an adapter factor's name: ``<module>.lora_A.<adapter>.weight`` in a peft model's state, ``<module>.lora_A.weight`` as saved
+_ADAPTER = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.(?P<adapter>[^.]+))?\.weight$")
+
+
+def _unprefixed(key: str) -> str:
+    return key[len(_PREFIX):] if key.startswith(_PREFIX) else key
 
 
 def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A peft model's state dict (``base_model.model.<name>``, ``<module>.base_layer.weight``, ``lora_A`` /
     ``lora_B``) as the base model's own: each adapted weight ``W + scaling · B A``, the names as the base model
     names them. Pure."""
-    out: dict[str, torch.Tensor] = {}
-    adapters: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in state.items():
-        name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
-        m = _ADAPTER.match(name)
-        if m:
-            adapters.setdefault(m["module"], {})[m["which"]] = value
-            continue
-        out[name.replace(".base_layer.", ".")] = value
-    for module, ab in adapters.items():
-        key = f"{module}.weight"
-        out[key] = (out[key].float() + scaling * (ab["B"].float() @ ab["A"].float())).to(out[key].dtype)
+    out = {_unprefixed(key).replace(".base_layer.", "."): value for key, value in state.items()
+           if not _ADAPTER.match(_unprefixed(key))}
+    for key, delta in adapter_deltas(state, scaling).items():
+        out[key] = (out[key].float() + delta).to(out[key].dtype)
     return out
 
 
@@ -80,7 +77,7 @@ def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     the adapter's own name dropped), which peft's ``from_pretrained`` and vLLM load. Pure."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        m = _ADAPTER.match(key[len(_PREFIX):] if key.startswith(_PREFIX) else key)
+        m = _ADAPTER.match(_unprefixed(key))
         if m:
             out[f"{_PREFIX}{m['module']}.lora_{m['which']}.weight"] = value
     return out
@@ -88,7 +85,7 @@ def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def adapted_modules(state: dict[str, torch.Tensor]) -> list[str]:
     """The module names (``q_proj``, ``down_proj``...) that carry adapters in a peft model's state dict, sorted. Pure."""
-    found = (_ADAPTER.match(key[len(_PREFIX):] if key.startswith(_PREFIX) else key) for key in state)
+    found = (_ADAPTER.match(_unprefixed(key)) for key in state)
     return sorted({m["module"].rsplit(".", 1)[-1] for m in found if m})
 
 
@@ -115,13 +112,12 @@ def write_adapter(directory: Path, state: dict[str, torch.Tensor], lora: LoraSet
 
 
 def adapter_deltas(tensors: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """Adapters as saved in ``adapter/`` (``base_model.model.<module>.lora_A.weight`` / ``lora_B``) → for each adapted
-    weight of the base model (``<module>.weight``) what they add to it: ``scaling · B A``, in float32. A module with one
-    factor only is refused (ValueError). Pure."""
+    """Adapters (as saved in ``adapter/``, ``base_model.model.<module>.lora_A.weight`` / ``lora_B``, or in a peft model's
+    state) → for each adapted weight of the base model (``<module>.weight``) what they add to it: ``scaling · B A``, in
+    float32; other tensors ignored. A module with one factor only is refused (ValueError). Pure."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
-        m = re.match(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight$", name)
+        m = _ADAPTER.match(_unprefixed(key))
         if m:
             pairs.setdefault(m["module"], {})[m["which"]] = value
     out: dict[str, torch.Tensor] = {}

@@ -31,9 +31,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -134,11 +134,8 @@ class PolicyServer:
         from trainer.model import load_policy
 
         plan, adapter, base = reload_plan(uri, self._held.uri if self._held else None, self.lora_rank)
-        if adapter is not None:
-            held = self._held
-            if plan == "base" or held is None:
-                model, tok = load_policy(base)
-                held = _Held(str(base), model, tok)
+        if adapter is not None:  # "adapter": on the weights held; "base": on another checkpoint, loaded first
+            held = self._held if plan == "adapter" and self._held is not None else _Held(str(base), *load_policy(base))
             try:
                 deltas, _config = read_adapter(adapter)
                 problem = held.problem(deltas)
