@@ -49,7 +49,14 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
-                      pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"))  # one broker for every run (each demo run recreates its topics); stopped at the end
+                      pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"),
+                      **credit_of(args))  # one broker for every run (each demo run recreates its topics); stopped at the end
+
+
+def credit_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The stream worker's credit settings a row asked for (--credit, --gamma, --reward-rules); the demo's own where not."""
+    given = {k: getattr(args, k, None) for k in ("credit", "gamma", "reward_rules")}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def mean_of(scores: list[float], idx: list[int] | None = None) -> float:
@@ -72,7 +79,8 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
-            "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog}
+            "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
+            "credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:
@@ -139,8 +147,12 @@ def teaching_groups(r: dict[str, Any]) -> float:
 def label(system: str, r: dict[str, Any]) -> str:
     """The row's name, with its task selection when it is not every question in turn."""
     sel, pace, backlog = r.get("task_selection", "all"), r.get("pace", "generation"), r.get("backlog", "oldest")
+    rules = r.get("reward_rules")
+    credit = (f", credit {r['credit']}" + (f" (γ {r['gamma']:g})" if r["credit"] == "discounted" else "")
+              + (f", rules {Path(rules).name}" if rules else "") if r.get("credit") else "")
     return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
-            + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}"))
+            + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
+            + credit)
 
 
 def table(results: dict[str, list[dict[str, Any]]], minutes: float) -> str:
@@ -216,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")
+    from streams.credit import CREDIT
+
+    p.add_argument("--credit", choices=CREDIT.names(), help="the rolloutbus rows' credit mode (the demo's --credit; "
+                   "default the demo's: discounted)")
+    p.add_argument("--gamma", type=float, help="the discount of --credit discounted (the demo's --gamma)")
+    p.add_argument("--reward-rules", type=Path, help="the stream worker's reward rules file (the demo's --reward-rules; "
+                   "default the rules' documented defaults), e.g. deploy/rewards/sql.toml")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

@@ -101,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default 0)")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
+    p.add_argument("--lora-rank", type=Bounded(int, ge=0, le=1024), default=None, metavar="R",
+                   help="train LoRA adapters of rank R on the base frozen (the trainer's --lora-rank; every layer, so the "
+                        "task's --train-layers is dropped), served by their adapters alone (rank up to 512; default 0: no LoRA)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)
     describe_flags(p, "streams.settings:StreamSettings", ["gamma", "advantage_estimator"])
     describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss", "backlog"])

@@ -78,6 +78,7 @@ class DemoConfig:
     advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
     policy_loss: str = default_of(TrainerSettings, "policy_loss")  # the trainer's --policy-loss
     nproc_per_node: int = default_of(TrainerSettings, "nproc_per_node")  # the trainer's FSDP2 ranks (torchrun)
+    lora_rank: int = default_of(TrainerSettings, "lora_rank")  # the trainer's LoRA adapters (0: the demo's full/top-layer training)
     task_selection: str = feeder_default("task_selection")  # the feeder's choices: producers.settings.FeederSettings
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
@@ -89,6 +90,18 @@ class DemoConfig:
         from rolloutbus.runs.live import engine_args
 
         return engine_args(self.engine)
+
+    def lora_train_args(self) -> list[str]:
+        """The trainer's flags for --lora-rank: adapters on every layer, so no --train-layers (the task's is undone). Pure."""
+        return ["--lora-rank", str(self.lora_rank), "--train-layers", "0"] if self.lora_rank else []
+
+    def lora_serve_args(self) -> list[str]:
+        """The live policy server's: a LoRA trainer's versions loaded by their adapters alone (merged weights above the
+        rank a server loads at run time). The evaluation's servers load each version's merged weights. Pure."""
+        from rolloutbus.runs.live import served_lora_rank
+
+        rank = served_lora_rank(self.lora_rank)
+        return ["--lora-rank", str(rank)] if rank else []
 
     def _learning_settings(self, args: argparse.Namespace) -> None:
         """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
@@ -149,7 +162,7 @@ class DemoConfig:
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
                      "validate_every", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
-                     "policy_loss", "nproc_per_node", "serve_lag"):
+                     "policy_loss", "nproc_per_node", "lora_rank", "serve_lag"):
             value = getattr(args, name, None)
             if value is not None:
                 setattr(cfg, name, value)

@@ -265,7 +265,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
                               "--credit", cfg.credit, "--gamma", str(cfg.gamma), "--advantage-estimator", cfg.advantage_estimator,
                               *(["--reward-rules", str(cfg.reward_rules)] if cfg.reward_rules else []),
                               "--sink-interval", "0.5", *task.process_args])
-        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args(),
+        sup.start("serve", ["serve", "--port", str(serve_port), "--threads", "1", "--max-batch", "32", *cfg.serve_args(), *cfg.lora_serve_args(),
                             *(["--follow-lag", str(cfg.serve_lag)] if cfg.serve_lag else []),
                             *(cfg.production.serve_args(str(base)) if cfg.production else [])])
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
@@ -274,7 +274,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
                       "--policy-loss", cfg.policy_loss, "--backlog", cfg.backlog,
                       *(["--nproc-per-node", str(cfg.nproc_per_node)] if cfg.nproc_per_node > 1 else []),
                       *(["--keep-checkpoints", str(3 + cfg.serve_lag)] if cfg.serve_lag else []),  # the served one kept
-                      *task.train_args, *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
+                      *task.train_args, *cfg.lora_train_args(), *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]
         if cfg.production is None or not cfg.production.sft_first:  # --sft-first: started after the SFT (production.SFTFirst)
             sup.start("train", train_argv)
         follower.start()

@@ -21,6 +21,15 @@ def engine_args(engine: str) -> list[str]:
     return ["--engine", engine] if engine != "torch" else []
 
 
+def served_lora_rank(rank: int) -> int:
+    """The policy server's ``--lora-rank`` when the trainer's adapters have rank ``rank``: 0 (merged weights, full
+    reloads) above what the server loads at run time. Pure."""
+    from trainer.settings import ServeSettings
+
+    most = next(m.le for m in ServeSettings.model_fields["serve_lora_rank"].metadata if hasattr(m, "le"))
+    return rank if rank <= most else 0
+
+
 def engine_start_s(engine: str) -> float:
     """How long a policy server may take to answer: vLLM starts its engine first (~45 s alone on 2 cores). Pure."""
     return 600.0 if engine == "vllm" else 180.0

@@ -28,7 +28,7 @@ from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
 from rolloutbus.localproc import free_port
 from rolloutbus.runs.evaluation import evaluate, final_validator, version_uri
-from rolloutbus.runs.live import Live, TaskFeeder, engine_args, engine_start_s, follow, wait_http
+from rolloutbus.runs.live import Live, TaskFeeder, engine_args, engine_start_s, follow, served_lora_rank, wait_http
 from rolloutbus.runs.scope import RunScope, check_given, given_addresses, prepare, run_scope, where_lines
 from rolloutbus.runs.stack import local_stack, process_env
 from rolloutbus.trainer_api.agent import Adapted
@@ -165,15 +165,6 @@ def lora_rank_of(train_args: list[str], default: int) -> int:
         return int(p.parse_known_args(train_args)[0].lora_rank)
     except (argparse.ArgumentError, ValueError) as exc:
         raise ConfigError(f"train_args: {exc}") from None
-
-
-def served_lora_rank(rank: int) -> int:
-    """The policy server's ``--lora-rank`` when the trainer's adapters have rank ``rank``: 0 (merged weights, full
-    reloads) above what the server loads at run time. Pure."""
-    from trainer.settings import ServeSettings
-
-    most = next(m.le for m in ServeSettings.model_fields["serve_lora_rank"].metadata if hasattr(m, "le"))
-    return rank if rank <= most else 0
 
 
 serve_start_s = engine_start_s  # how long the policy server may take to answer (the demo's)

@@ -72,3 +72,27 @@ def test_the_trainers_backlog_policy_reaches_the_demo_from_its_flag_or_its_varia
     monkeypatch.setenv("ROLLOUTBUS_BACKLOG", "latest")
     with pytest.raises(SettingError, match="--backlog.*ROLLOUTBUS_BACKLOG"):
         _cfg()
+
+
+def test_lora_rank_reaches_the_trainer_on_every_layer_and_the_live_server(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """demo --lora-rank R: the trainer trains rank-R adapters on every layer (the SQL task's --train-layers undone,
+    which the trainer refuses beside a rank), the live policy server loads them alone; without it, neither changes."""
+    from rolloutbus.demo import config
+    from rolloutbus.demo.driver import sql_task
+    from trainer.cli import add_arguments as train_arguments, settings_from_args
+
+    monkeypatch.setattr(config, "_vllm_installed", lambda: False)
+    monkeypatch.setattr("trainer.model_import.import_model", lambda name, root: root / name)
+    plain, lora = _cfg("--task", "sql"), _cfg("--task", "sql", "--lora-rank", "8")
+    assert (plain.lora_rank, plain.lora_train_args(), plain.lora_serve_args()) == (0, [], [])
+    assert lora.lora_rank == 8 and lora.lora_serve_args() == ["--lora-rank", "8"]
+    assert _cfg("--lora-rank", "1024").lora_serve_args() == []  # above what a server loads: merged weights
+    from foundation.config import CommonSettings
+
+    task = sql_task(lora, CommonSettings(), lambda line: None)
+    p = argparse.ArgumentParser()
+    train_arguments(p)
+    s = settings_from_args(p.parse_args(["--model", "tiny", *task.train_args, *lora.lora_train_args()]))
+    assert (s.lora_rank, s.train_layers) == (8, 0)
+    s = settings_from_args(p.parse_args(["--model", "tiny", *task.train_args, *plain.lora_train_args()]))
+    assert (s.lora_rank, s.train_layers) == (0, plain.train_layers) and plain.train_layers > 0
