@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args, get_origin
 from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -305,6 +305,10 @@ def choices_of(cls: type[BaseSettings], field: str) -> tuple[str, ...]:
     return tuple(get_args(cls.model_fields[field].annotation))
 
 
+def _is_literal(cls: type[BaseSettings], field: str) -> bool:
+    return get_origin(cls.model_fields[field].annotation) is Literal
+
+
 def shown_default(cls: type[BaseSettings], field: str) -> str | None:
     """A field's default as a flag's help shows it (None: none to show: no default, a computed one, a switch). Pure."""
     info = cls.model_fields[field]
@@ -330,6 +334,8 @@ def describe_now(parser: Any, cls: type[BaseSettings], dests: Any = None) -> Non
         if field is None or field not in cls.model_fields or not action.help or "(env " in action.help or action.help == "==SUPPRESS==":
             continue
         default = shown_default(cls, field) if action.nargs != 0 else None
+        if action.choices is None and action.metavar is None and action.nargs != 0 and _is_literal(cls, field):
+            action.metavar = "{" + ",".join(map(str, choices_of(cls, field))) + "}"  # the model's values, as choices= shows them
         env = ENV_PREFIX + field.upper()
         action.help = f"{action.help} (env {env}" + (f", default {default})" if default is not None else ")")
 

@@ -20,6 +20,12 @@ from foundation.registry import Registry
 log = logging.getLogger(__name__)
 
 TRAIN_ALGORITHMS: Registry[Callable[[Any], int]] = Registry("training algorithm")
+DEFAULT_ALGORITHM = "grpo"  # what --algorithm / ROLLOUTBUS_TRAIN_ALGORITHM default to
+
+
+def chosen_algorithm(flag: str | None) -> str:
+    """The algorithm a ``rolloutbus train`` runs: the flag, else ``ROLLOUTBUS_TRAIN_ALGORITHM``, else the default."""
+    return flag or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM") or DEFAULT_ALGORITHM
 
 
 @TRAIN_ALGORITHMS.register("grpo")

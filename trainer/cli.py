@@ -63,12 +63,12 @@ _FLAGS: dict[str, str] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from trainer.algorithms import TRAIN_ALGORITHMS
+    from trainer.algorithms import DEFAULT_ALGORITHM, TRAIN_ALGORITHMS
 
     # no choices=: a plugin's algorithm (ROLLOUTBUS_PLUGINS) registers once run() loads it; an unknown name is one line
     p.add_argument("--algorithm", metavar="NAME",
                    help="; ".join(f"{n}: {TRAIN_ALGORITHMS.help(n)}" for n in TRAIN_ALGORITHMS) +
-                   " (trainer/algorithms.py: one decorator adds one; env ROLLOUTBUS_TRAIN_ALGORITHM, default grpo)")
+                   f" (trainer/algorithms.py: one decorator adds one; env ROLLOUTBUS_TRAIN_ALGORITHM, default {DEFAULT_ALGORITHM})")
     p.add_argument("--model", help="local HF causal-LM dir, or 'tiny' to build the project's tiny model")
     p.add_argument("--checkpoint-dir", help="checkpoints (env ROLLOUTBUS_CHECKPOINT_DIR, default <data dir>/checkpoints/<name>)")
     p.add_argument("--resource-name", help="name of the published resource on rb.resources")
@@ -80,11 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-version", type=int, help="drop batches served by a version below this one, whatever their lag: the "
                    "policy that served them was replaced")
     p.add_argument("--stale-weight", type=float, help="loss weight at exactly the max lag")
-    p.add_argument("--backlog", choices=["oldest", "newest", "sample"], help="which groups a step takes when more wait than "
+    p.add_argument("--backlog", help="which groups a step takes when more wait than "
                    "it trains on: oldest (in order), newest (the newest versions' groups, older ones skipped), sample (uniform)")
     p.add_argument("--backlog-window", type=int, help="with --backlog newest or sample: groups read ahead of a step to choose from")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
-    p.add_argument("--loss-agg", choices=["grpo", "dapo", "dr_grpo"], help="loss aggregation")
+    p.add_argument("--loss-agg", help="loss aggregation")
     p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip, decoupled (AReaL's, for stale batches), verl:<name> (verl's), or a registered one (ROLLOUTBUS_PLUGINS imports modules that register more)")
     p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight")
     p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters merged (0: full fine-tuning)")
@@ -119,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "metrics, the configuration, each version's validation score; ClickHouse keeps them all regardless)")
     p.add_argument("--tracker-dir", help="where the trackers write (default <data dir>/trackers)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto: where the model, the reference model and the batches live (auto: a GPU when one is visible)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16-mixed"],
+    p.add_argument("--precision",
                    help="bf16-mixed: forward passes in bfloat16 under autocast, weights and optimiser state float32 (auto: bf16-mixed on a GPU, fp32 on the CPU)")
     p.add_argument("--metrics-port", type=int,
                    help="port of /metrics, /healthz and /readyz (0: off)")
@@ -143,13 +143,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from foundation.registry import load_plugins
-    from trainer.algorithms import TRAIN_ALGORITHMS
+    from trainer.algorithms import TRAIN_ALGORITHMS, chosen_algorithm
 
     load_plugins()  # the user's registered algorithms and policy losses, before the settings name one
-    train = TRAIN_ALGORITHMS.get(getattr(args, "algorithm", None) or os.environ.get("ROLLOUTBUS_TRAIN_ALGORITHM", "grpo"))
+    train = TRAIN_ALGORITHMS.get(chosen_algorithm(getattr(args, "algorithm", None)))
     return train(settings_from_args(args))
 
 

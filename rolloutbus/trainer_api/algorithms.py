@@ -13,9 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundation.config import default_of
 from foundation.errors import ConfigError
 from foundation.registry import Registry
 from producers.settings import check_feeder, feeder_default
+from streams.settings import StreamSettings
+from trainer.settings import ApoSettings, SFTSettings, TrainerSettings
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
@@ -39,7 +42,9 @@ class GRPO:
     field). ``pace="trainer"`` keeps generation a few teaching groups ahead of the trainer
     rather than of itself (:class:`rolloutbus.runs.live.TaskFeeder`)."""
 
-    group_size: int = 4
+    # the stream worker's and the trainer's defaults where fit shares them (default_of: declared once, there); the
+    # others are fit's own for the pretrained models it trains (rolloutbus train's are the tiny demo model's)
+    group_size: int = default_of(StreamSettings, "group_size")
     groups_per_step: int = 2
     lr: float = 1e-4
     kl_beta: float = 0.02
@@ -49,13 +54,13 @@ class GRPO:
     val_temperature: float | None = 0.0
     train_layers: int | None = None
     skip_zero_variance: bool = True
-    group_timeout_s: float = 300.0
+    group_timeout_s: float = default_of(StreamSettings, "group_timeout_s")
     rollout_timeout_s: float = 900.0
     seed: int = 0
-    credit: str = "identical"
-    gamma: float = 1.0
-    advantage_estimator: str = "grpo"
-    policy_loss: str = "ppo-clip"
+    credit: str = default_of(StreamSettings, "credit")
+    gamma: float = default_of(StreamSettings, "gamma")
+    advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
+    policy_loss: str = default_of(TrainerSettings, "policy_loss")
     task_selection: str = feeder_default("task_selection")  # producers.settings.FeederSettings: all | pass-rate
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
@@ -102,12 +107,12 @@ class SFT:
     top_k: int | None = 1
     min_reward: float | None = 1.0
     where: str | None = None
-    key: str = "task"
-    epochs: int = 1
-    lr: float = 3e-4
-    batch_size: int = 16
+    key: str = default_of(SFTSettings, "sft_key")
+    epochs: int = default_of(SFTSettings, "sft_epochs")
+    lr: float = default_of(SFTSettings, "sft_lr")
+    batch_size: int = default_of(SFTSettings, "sft_batch_size")
     temperature: float = 0.7
-    group_timeout_s: float = 300.0
+    group_timeout_s: float = default_of(StreamSettings, "group_timeout_s")
     rollout_timeout_s: float = 900.0
     seed: int = 0
     train_args: list[str] = field(default_factory=list)  # more ``rolloutbus train`` flags, as given
@@ -152,19 +157,19 @@ class APO:
     published as the next version only when it scores more than ``min_gain`` above the initial prompt."""
 
     client: Any = None
-    beam_width: int = 2
-    branch_factor: int = 2
-    beam_rounds: int = 2
+    beam_width: int = default_of(ApoSettings, "apo_beam_width")
+    branch_factor: int = default_of(ApoSettings, "apo_branch")
+    beam_rounds: int = default_of(ApoSettings, "apo_rounds")
     val_batch_size: int | None = None
     gradient_batch_size: int = 8
     val_temperature: float | None = 0.0
     optimizer_url: str | None = None
     optimizer_model: str | None = None
-    optimizer_temperature: float = 0.8
+    optimizer_temperature: float = default_of(ApoSettings, "apo_llm_temperature")
     candidates: list[str] = field(default_factory=list)
-    min_gain: float = 0.0
+    min_gain: float = default_of(ApoSettings, "apo_min_gain")
     resource: str | None = None
-    score_timeout_s: float = 1800.0
+    score_timeout_s: float = default_of(ApoSettings, "apo_score_timeout_s")
     rollout_timeout_s: float = 900.0
     apo_args: list[str] = field(default_factory=list)  # more ``rolloutbus optimize-prompt`` flags, as given
 

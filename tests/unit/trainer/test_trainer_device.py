@@ -141,6 +141,10 @@ def test_the_precision_flag_reaches_the_settings_and_refuses_others(no_io: None)
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    with pytest.raises(SystemExit):
-        p.parse_args(["--precision", "fp16"])
+    from foundation.errors import SettingError
+
+    # the values are the settings model's (one Literal): shown as the flag's choices, refused by the settings in one line
+    with pytest.raises(SettingError, match="--precision.*ROLLOUTBUS_TRAIN_PRECISION.*'auto', 'fp32' or 'bf16-mixed'"):
+        trainer_settings(p.parse_args(["--precision", "fp16"]))
+    assert "{auto,fp32,bf16-mixed}" in p.format_help()
     assert trainer_settings(p.parse_args(["--precision", "bf16-mixed"])).train_precision == "bf16-mixed"
