@@ -21,12 +21,36 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from foundation.registry import Registry
 from streams.grouping import advantages
 
-ESTIMATORS = ("none", "loo", "prompt")  # what the feedback stage's --feedback-baseline takes
+# What the feedback stage's --feedback-baseline takes: each entry names the running window a rollout's reward is
+# compared with, from its feedback topic partition, its agent and its prompt key — ``(table entry, window key)``, the
+# window kept in the stage's table under that entry — or None: no baseline, the advantage is the reward. A new
+# baseline is one function here (or in a plugin module, ROLLOUTBUS_PLUGINS) under @FEEDBACK_BASELINES.register("name").
+Window = Callable[[int, str, str], "tuple[str, str] | None"]
+FEEDBACK_BASELINES: Registry[Window] = Registry("feedback baseline")
+
+
+@FEEDBACK_BASELINES.register("none")
+def no_baseline(partition: int, agent: str, prompt: str) -> tuple[str, str] | None:
+    """the advantage is the feedback's reward"""
+    return None
+
+
+@FEEDBACK_BASELINES.register("loo")
+def agent_window(partition: int, agent: str, prompt: str) -> tuple[str, str] | None:
+    """the reward minus the agent's running leave-one-out mean (its last feedback rewards in the partition)"""
+    return f"\x1fbaseline\x1f{partition}", agent  # not a rollout id (ids are printable)
+
+
+@FEEDBACK_BASELINES.register("prompt")
+def prompt_window(partition: int, agent: str, prompt: str) -> tuple[str, str] | None:
+    """the reward minus the running mean of the earlier feedback on the same prompt (its prompt key)"""
+    return f"\x1fprompt\x1f{partition}\x1f{prompt}", prompt  # an entry per key, as small as one rollout's
 
 
 def prompt_key(steps: Sequence[Mapping[str, object]]) -> str:
@@ -99,4 +123,4 @@ def leave_one_out(rewards: Sequence[float]) -> list[float]:
     return [r - (total - r) / (n - 1) for r in rewards]
 
 
-__all__ = ["ESTIMATORS", "LeaveOneOutBaseline", "leave_one_out", "prompt_key", "prompt_key_advantages"]
+__all__ = ["FEEDBACK_BASELINES", "LeaveOneOutBaseline", "leave_one_out", "prompt_key", "prompt_key_advantages"]

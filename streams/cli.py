@@ -41,7 +41,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// or rocksdb://"}),
     ("--feedback-window", {"type": float, "dest": "feedback_window_s",
                            "help": "seconds after a rollout finished that its late feedback is applied"}),
-    ("--feedback-baseline", {"choices": ["none", "loo", "prompt"], "dest": "feedback_baseline",
+    ("--feedback-baseline", {"dest": "feedback_baseline",
                              "help": "advantage of a task-less rollout trained on its feedback: loo (default: the agent's running "
                                      "leave-one-out mean), prompt (the same prompt's earlier feedback) or none"}),
 ]
@@ -50,6 +50,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from foundation.errors import ConfigError
     from foundation.registry import load_plugins
+    from streams.baselines import FEEDBACK_BASELINES
     from streams.credit import CREDIT
     from streams.grouping import ESTIMATORS
 
@@ -57,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         load_plugins()  # the choices read the registries, the user's entries included
     except ConfigError:
         pass  # said in one line when the command runs
-    registered = {"credit": CREDIT.names(), "advantage_estimator": ESTIMATORS.choices()}
+    registered = {"credit": CREDIT.names(), "advantage_estimator": ESTIMATORS.choices(),
+                  "feedback_baseline": FEEDBACK_BASELINES.names()}
     for flag, kw in _FLAGS:
         extra = {"choices": registered[kw["dest"]]} if kw["dest"] in registered else {}
         parser.add_argument(flag, default=None, **kw, **extra)

@@ -30,7 +30,7 @@ from prometheus_client import Counter
 from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
 from schemas.models import DeadLetter, Feedback
-from streams.baselines import ESTIMATORS, LeaveOneOutBaseline, prompt_key
+from streams.baselines import FEEDBACK_BASELINES, LeaveOneOutBaseline, prompt_key
 from streams.checkpoint import Checkpoint
 from streams.feedback import AGAIN, APPLY, StoredRollout, agent_of, apply, verdict
 from streams.groups_stage import _refused_for_good
@@ -91,8 +91,7 @@ class FeedbackStage:
     def __init__(self, app: Any, *, sink: Any, health: StreamHealth, batches_topic: Any, dlq_topic: Any, table: Any,
                  flush: Callable[[], None], submit: Callable[[], int], window_s: float, baseline: str = "loo",
                  baseline_window: int = 64, pipelined: bool = True, batch: int = FEEDBACK_BATCH) -> None:
-        if baseline not in ESTIMATORS:
-            raise ValueError(f"feedback baseline must be one of {', '.join(ESTIMATORS)}, got {baseline!r}")
+        self.window_of = FEEDBACK_BASELINES.get(baseline)  # an unknown name: one line listing the known ones
         self.app, self.sink, self.health = app, sink, health
         self.batches_topic, self.dlq_topic, self.table = batches_topic, dlq_topic, table
         self.window_s, self.baseline, self.baseline_window = window_s, baseline, baseline_window
@@ -185,8 +184,7 @@ class FeedbackStage:
             steps = [s for s in known.steps.get(rollout.rollout_id, []) if s["attempt_id"] == rollout.row["attempt_id"]]
         else:
             steps = await self._steps(rollout)
-        key = prompt_key(steps) if self.baseline == "prompt" else agent_of(steps)
-        advantage = self._advantage(msg.partition, key, fb.value) if what == APPLY and steps else 0.0
+        advantage = self._advantage(msg.partition, agent_of(steps), prompt_key(steps), fb.value) if what == APPLY and steps else 0.0
         done = apply(fb, rollout, steps, advantage)
         source = (msg.topic, msg.partition, msg.offset)
         self.sink.add("rollouts", done.rollout_row, source)
@@ -200,15 +198,17 @@ class FeedbackStage:
         raw = self.table.data.get(rollout_id.encode())
         return json.loads(raw) if raw else {}
 
-    def _advantage(self, partition: int, agent: str, reward: float) -> float:
-        """``agent``: the baseline's key — the agent (loo) or the prompt key (prompt)."""
-        if self.baseline == "none":
+    def _advantage(self, partition: int, agent: str, prompt: str, reward: float) -> float:
+        """The reward against the running window the baseline names from the rollout's partition, agent and prompt
+        key (streams.baselines.FEEDBACK_BASELINES)."""
+        window = self.window_of(partition, agent, prompt)
+        if window is None:
             return reward
-        # not rollout ids (ids are printable); a prompt key's window is an entry of its own, as small as one rollout's
-        key = (f"\x1fbaseline\x1f{partition}" if self.baseline == "loo" else f"\x1fprompt\x1f{partition}\x1f{agent}").encode()
+        entry, name = window
+        key = entry.encode()
         raw = self.table.data.get(key)
         loo = LeaveOneOutBaseline.from_state(json.loads(raw) if raw else {}, self.baseline_window)
-        adv = loo.advantage(agent, reward)
+        adv = loo.advantage(name, reward)
         self._put(key, partition, json.dumps(loo.state()).encode())
         return adv
 

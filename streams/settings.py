@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -41,9 +40,10 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
                                  "false: each insert is waited for (less CPU where the worker shares its cores with the store).")
     feedback_window_s: float = Field(default=3600.0, gt=0, description="Late feedback is applied when given at most this "
                                      "long after its rollout finished; later, it is dead-lettered (feedback.after_window).")
-    feedback_baseline: Literal["none", "loo", "prompt"] = Field(default="loo", description="Advantage of a task-less rollout trained on "
-                                                      "its feedback: loo (reward minus the agent's running leave-one-out mean), prompt (minus the "
-                                                      "running mean of the earlier feedback on the same prompt) or none.")
+    feedback_baseline: str = Field(default="loo", description="Advantage of a task-less rollout trained on its feedback: a "
+                                   "registered baseline (streams.baselines.FEEDBACK_BASELINES): loo (reward minus the agent's running "
+                                   "leave-one-out mean), prompt (minus the running mean of the earlier feedback on the same prompt), "
+                                   "none, or one a plugin registers.")
     state_store: str = Field(default="memory://", description="faust table store: memory:// or rocksdb:// (needs rocksdict).")
     shutdown_timeout_s: float = Field(
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
@@ -53,6 +53,7 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
 
     check_credit = field_validator("credit")(registered_in("streams.credit:CREDIT"))
     check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))
+    check_baseline = field_validator("feedback_baseline")(registered_in("streams.baselines:FEEDBACK_BASELINES"))
 
     @field_validator("reward_rules")
     @classmethod

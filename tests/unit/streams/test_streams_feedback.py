@@ -87,14 +87,14 @@ def test_the_stage_keeps_a_running_baseline_per_partition_and_agent_in_its_table
     sink = SimpleNamespace(written=0, submitted=0, pending=0, buffered=0)
     stage = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
                           flush=lambda: None, submit=lambda: 0, window_s=60, baseline="loo", baseline_window=2)
-    got = [stage._advantage(p, agent, r) for p, agent, r in
+    got = [stage._advantage(p, agent, "any prompt", r) for p, agent, r in
            [(0, "solver", 1.0), (0, "solver", 0.0), (1, "solver", 1.0), (0, "judge", 0.5), (0, "solver", 1.0), (0, "solver", 0.0)]]
     # partition 0, solver: no baseline; 0 − 1; 1 − mean(1, 0); 0 − mean(0, 1) (window 2). Partition 1 and the judge start afresh.
     assert got == [0.0, -1.0, 0.0, 0.0, 0.5, -0.5]
     assert len(stage._dirty) == 2  # one table entry per partition, sent with the next commit point
     none = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
                          flush=lambda: None, submit=lambda: 0, window_s=60, baseline="none")
-    assert none._advantage(0, "solver", 0.25) == 0.25
+    assert none._advantage(0, "solver", "any prompt", 0.25) == 0.25
 
 
 def test_the_prompt_baseline_compares_a_rollout_with_the_earlier_feedback_on_its_prompt() -> None:
@@ -112,12 +112,14 @@ def test_the_prompt_baseline_compares_a_rollout_with_the_earlier_feedback_on_its
     a, b = prompt_key([{"prompt_token_ids": [1, 2, 3]}]), prompt_key([{"prompt_token_ids": [1, 2, 4]}])
     assert a != b and a == prompt_key([{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [9]}])  # the first turn's
     assert prompt_key([]) == ""
-    got = [stage._advantage(p, key, r) for p, key, r in
+    got = [stage._advantage(p, "solver", key, r) for p, key, r in
            [(0, a, 1.0), (0, a, 0.0), (0, b, 1.0), (0, a, 1.0), (1, a, 0.0), (0, a, 0.0), (0, b, 0.0)]]
     # a on partition 0: no baseline; 0 − 1; then 1 − mean(1, 0); 0 − mean(0, 1) (window 2). b and partition 1 start afresh.
     assert got == [0.0, -1.0, 0.0, 0.5, 0.0, -0.5, -1.0]
     assert len(stage._dirty) == 3  # one table entry per prompt key and partition
-    with pytest.raises(ValueError, match="none, loo, prompt"):
+    from foundation.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="feedback baseline 'group' is not one of: none, loo, prompt"):
         FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
                       flush=lambda: None, submit=lambda: 0, window_s=60, baseline="group")
 
@@ -165,3 +167,32 @@ def test_records_wait_for_their_batch_and_their_acks_for_their_decision() -> Non
         assert decided == [[0, 1], [2, 3, 4]], "nothing waits"
 
     asyncio.run(run())
+
+
+def test_a_registered_feedback_baseline_is_a_choice_of_the_worker_and_keys_its_own_window() -> None:
+    """A baseline is one function under @FEEDBACK_BASELINES.register: the settings take its name, and the stage keeps
+    the window the function names (here one per partition and agent, across prompts)."""
+    from types import SimpleNamespace
+
+    from foundation.config import load_settings
+    from streams.baselines import FEEDBACK_BASELINES
+    from streams.feedback_stage import FeedbackStage
+    from streams.settings import StreamSettings
+
+    @FEEDBACK_BASELINES.register("per-agent-across-partitions")
+    def everywhere(partition: int, agent: str, prompt: str) -> tuple[str, str]:
+        """one window per agent, whatever the partition"""
+        return "\x1fall", agent
+
+    try:
+        assert load_settings(StreamSettings, {"feedback_baseline": "per-agent-across-partitions"}).feedback_baseline == \
+            "per-agent-across-partitions"
+        table = SimpleNamespace(data={})
+        sink = SimpleNamespace(written=0, submitted=0, pending=0, buffered=0)
+        stage = FeedbackStage(None, sink=sink, health=None, batches_topic=None, dlq_topic=None, table=table,  # type: ignore[arg-type]
+                              flush=lambda: None, submit=lambda: 0, window_s=60, baseline="per-agent-across-partitions")
+        stage.table.data.update({})
+        got = [stage._advantage(p, "solver", "x", r) for p, r in [(0, 1.0), (1, 0.0)]]
+        assert got == [0.0, -1.0]  # partition 1 sees partition 0's reward: one window
+    finally:
+        FEEDBACK_BASELINES.unregister("per-agent-across-partitions")
