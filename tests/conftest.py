@@ -73,7 +73,7 @@ CI_MAY_SKIP = (
 _SKIPPED: list[tuple[str, str]] = []
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")
@@ -101,6 +101,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _SKIPPED.append((report.nodeid, _skip_reason(report)))
     _DURATIONS.append((report.nodeid, report.duration))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A whole module skipped at import (``pytest.skip(..., allow_module_level=True)``, ``importorskip``) is a skip
+    too; under xdist the controller gets the workers' skipped collections through this same hook."""
+    if report.skipped:
+        _SKIPPED.append((report.nodeid, _skip_reason(report)))
 
 
 def unexpected_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -162,3 +162,117 @@ def test_the_check_sees_the_public_api_import_the_demo(tmp_path: Path) -> None:
 def test_every_package_is_on_a_floor() -> None:
     tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert tops <= set(PROJECT), tops - set(PROJECT)
+
+
+# No cycle among the modules' import-time imports (the module level; under TYPE_CHECKING and inside functions are
+# not run at import): a module's imports must run to the end before it does. A submodule's own packages are running
+# already when it is imported, so the ``from . import sibling`` of a package's parts is no cycle; ``from pkg import
+# name`` that reads a name of a package the module is inside of is.
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_time_targets(path: Path, root: Path, known: set[str]) -> list[str]:
+    """The modules ``path``'s module-level imports run (a ``from X import name`` of a submodule is that submodule;
+    of anything else, X itself)."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                out.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+                out.extend(subs)
+                if len(subs) < len(node.names):
+                    out.append(module)
+            elif isinstance(node, ast.If):
+                test = node.test
+                if getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING":
+                    continue
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    visit(block)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return out
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The project's modules that import one another at import time, each circle as a sorted list (Tarjan's
+    strongly connected components of more than one module)."""
+    files = {_module_name(p, root): p for pkg in PROJECT if (root / pkg).is_dir() for p in modules(pkg, root)}
+    known = set(files)
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        deps: set[str] = set()
+        for target in import_time_targets(path, root, known):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if not target or target == mod:
+                continue
+            deps.add(target)
+            parent = target.rpartition(".")[0]
+            while parent:  # the target's packages run first, but not those the module is inside of (running already)
+                if parent in known and not mod.startswith(parent + "."):
+                    deps.add(parent)
+                parent = parent.rpartition(".")[0]
+        graph[mod] = deps
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_modules_import_one_another_at_import_time() -> None:
+    assert import_cycles() == []
+
+
+def test_the_check_sees_a_cycle_and_not_a_packages_own_parts(tmp_path: Path) -> None:
+    """The guard fails when it should: two modules importing each other at module level (one through a name its
+    package re-exports); a package importing its parts, an import inside a function or under TYPE_CHECKING is none."""
+    (tmp_path / "streams" / "sub").mkdir(parents=True)
+    (tmp_path / "streams" / "__init__.py").write_text("from streams.a import f\n")
+    (tmp_path / "streams" / "a.py").write_text("from streams import sub\n\ndef f():\n    from streams.b import g\n")
+    (tmp_path / "streams" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from streams.a import f\n")
+    (tmp_path / "streams" / "sub" / "__init__.py").write_text("from .c import h\n")
+    (tmp_path / "streams" / "sub" / "c.py").write_text("import os\nfrom streams.b import g\n")
+    assert import_cycles(tmp_path) == []
+    (tmp_path / "streams" / "sub" / "c.py").write_text("from streams import f\n")  # reads its package's package's name
+    assert import_cycles(tmp_path) == [["streams", "streams.a", "streams.sub", "streams.sub.c"]]
