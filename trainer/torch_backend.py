@@ -350,7 +350,8 @@ def _picked(logits: torch.Tensor, input_ids: torch.Tensor, rows: torch.Tensor, c
 
 
 def group_stats(groups: Sequence[GroupBatch]) -> dict[str, float]:
-    """Reward and advantage statistics of a train batch (what analysts plot next to the loss)."""
+    """Reward, success and advantage statistics of a train batch (what analysts plot next to the loss; the trackers'
+    ``train/*``)."""
     rewards = [r for g in groups for r in g.rewards]
     advs = [t.advantage for g in groups for t in g.transitions]
 
@@ -362,6 +363,7 @@ def group_stats(groups: Sequence[GroupBatch]) -> dict[str, float]:
         "reward_mean": _mean(rewards),
         "reward_max": max(rewards) if rewards else 0.0,
         "reward_min": min(rewards) if rewards else 0.0,
+        "success_rate": _mean([1.0 if r > 0 else 0.0 for r in rewards]),  # final reward > 0, as rollouts/success counts it
         "advantage_mean": am,
         "advantage_std": math.sqrt(_mean([(a - am) ** 2 for a in advs])) if advs else 0.0,
         "advantage_max": max(advs) if advs else 0.0,

@@ -126,15 +126,43 @@ class MLflow:
         self.client.set_terminated(self.run_id)
 
 
+def wandb_mode(env: Mapping[str, str], reachable: Any) -> tuple[str, str]:
+    """W&B's mode and why: ``WANDB_MODE`` as given; else offline without ``WANDB_API_KEY``, or when its server
+    (``WANDB_BASE_URL``, default https://api.wandb.ai) cannot be reached — ``reachable(url)`` asks; else online.
+    Pure but for ``reachable``."""
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"], "WANDB_MODE"
+    if not env.get("WANDB_API_KEY"):
+        return "offline", "no WANDB_API_KEY"
+    url = env.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    if not reachable(url):
+        return "offline", f"{url} cannot be reached"
+    return "online", "WANDB_API_KEY"
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to ``url``'s host and port opens within ``timeout`` seconds."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
 @TRACKERS.register("wandb")
 class WandB:
-    """A Weights & Biases run named by the run, files under <tracker dir>/wandb; offline without WANDB_API_KEY"""
+    """A Weights & Biases run named by the run, files under <tracker dir>/wandb; offline without WANDB_API_KEY or
+    without a network to its server"""
 
     def __init__(self, root: Path, run: str, config: Mapping[str, str]) -> None:
         wandb = _needs("wandb", "wandb")
         self.dir = Path(root) / "wandb"  # wandb.init(dir=root) writes under <root>/wandb
         Path(root).mkdir(parents=True, exist_ok=True)
-        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        mode, why = wandb_mode(os.environ, _reachable)
         settings = wandb.Settings(silent=True, console="off", save_code=False, disable_git=True, x_disable_stats=True)
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rolloutbus"), name=run, dir=str(root),
@@ -142,7 +170,7 @@ class WandB:
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         if mode == "offline":
-            log.warning("W&B runs offline (no WANDB_API_KEY): %s; `wandb sync %s` uploads it", self.run.dir,
+            log.warning("W&B runs offline (%s): %s; `wandb sync %s` uploads it", why, self.run.dir,
                         Path(self.run.dir).parent)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

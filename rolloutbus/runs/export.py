@@ -5,9 +5,11 @@ added afterwards. What a live ``rolloutbus train --report-to`` writes, under the
 
 * every optimiser step's metrics (``train_steps.metrics``: loss, KL, clip fraction, tokens/s, reward, staleness);
 * each version's validation score (``validation/mean_reward``: the mean final reward of its ``val``/``test``
-  rollouts), and, beyond what the trainer sees, the training rollouts' mean reward and success rate by the version
-  that made them (``rollouts/reward_mean``, ``rollouts/success``, ``rollouts/count``), each at the step that
-  published the version (version 0 at step 0).
+  rollouts but the held-out evaluation's), and, beyond what the trainer sees, the training rollouts' mean reward and
+  success rate by the version that made them (``rollouts/reward_mean``, ``rollouts/success``, ``rollouts/count``)
+  and the held-out evaluation of ``fit``'s ``test_dataset`` and the demo (their ``heldout-*`` tasks:
+  ``heldout/mean_reward``, ``heldout/success``, ``heldout/count``, version 0's and the version kept), each at the
+  step that published the version (version 0 at step 0).
 
 The row → series functions are pure; :func:`export` is the shell (a ClickHouse client in, trackers out).
 """
@@ -20,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 STEPS_SQL = ("SELECT run_id, step, resource_version, metrics FROM train_steps FINAL {where} ORDER BY run_id, step")
+# kind: 0 training rollouts, 1 validation, 2 the held-out evaluation (rolloutbus.runs.evaluation's heldout-* tasks)
 VERSIONS_SQL = (
-    "SELECT resource_version AS version, mode IN ('val', 'test') AS scoring, avg(final_reward) AS reward, "
-    "avg(final_reward > 0) AS success, count() AS n FROM rollouts FINAL "
-    "WHERE resource_version IS NOT NULL AND final_reward IS NOT NULL GROUP BY version, scoring ORDER BY version"
+    "SELECT resource_version AS version, multiIf(mode NOT IN ('val', 'test'), 0, startsWith(task_id, 'heldout-'), 2, 1) "
+    "AS kind, avg(final_reward) AS reward, avg(final_reward > 0) AS success, count() AS n FROM rollouts FINAL "
+    "WHERE resource_version IS NOT NULL AND final_reward IS NOT NULL GROUP BY version, kind ORDER BY version, kind"
 )
 
 
@@ -46,12 +49,14 @@ def version_steps(rows: Iterable[Sequence[Any]]) -> dict[int, int]:
 
 
 def version_series(rows: Iterable[Sequence[Any]], steps: Mapping[int, int]) -> list[tuple[int, dict[str, float]]]:
-    """``VERSIONS_SQL`` rows (version, scoring, reward, success, n) → (step, metrics) per version, at the step that
+    """``VERSIONS_SQL`` rows (version, kind, reward, success, n) → (step, metrics) per version, at the step that
     published it (0 for a version no step made: the first). Pure."""
     by_version: dict[int, dict[str, float]] = defaultdict(dict)
-    for version, scoring, reward, success, n in rows:
+    for version, kind, reward, success, n in rows:
         metrics = by_version[int(version)]
-        if scoring:
+        if int(kind) == 2:
+            metrics.update({"heldout/mean_reward": float(reward), "heldout/success": float(success), "heldout/count": float(n)})
+        elif int(kind) == 1:
             metrics["validation/mean_reward"] = float(reward)
             metrics["validation/version"] = float(version)
         else:

@@ -20,8 +20,8 @@ def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return READERS["tensorboard"](run_dir.parent.parent, run_dir.name)[0]
 
 
-def _rollout(rid: str, mode: str, version: int, reward: float) -> dict[str, Any]:
-    return {"rollout_id": rid, "attempt_id": f"{rid}-a", "task_id": f"t-{rid}", "mode": mode, "resource_version": version,
+def _rollout(rid: str, mode: str, version: int, reward: float, task: str = "") -> dict[str, Any]:
+    return {"rollout_id": rid, "attempt_id": f"{rid}-a", "task_id": task or f"t-{rid}", "mode": mode, "resource_version": version,
             "status": "succeeded", "final_reward": reward}
 
 
@@ -34,7 +34,10 @@ def test_export_replays_steps_and_versions_to_each_tracker(tracker: str, ch: Any
     ch.insert("train_steps", steps * 2,  # a row written twice (a redelivery) counts once: FINAL
               column_names=["run_id", "step", "time_ns", "resource_version", "group_ids", "metrics"])
     rows = [_rollout("r1", "train", 0, 0.0), _rollout("r2", "train", 0, 1.0), _rollout("r3", "train", 1, 1.0),
-            _rollout("v1", "val", 0, 0.0), _rollout("v2", "val", 2, 1.0), _rollout("v3", "test", 2, 0.5)]
+            _rollout("v1", "val", 0, 0.0), _rollout("v2", "val", 2, 1.0), _rollout("v3", "test", 2, 0.5),
+            # the held-out evaluation (fit's test_dataset, the demo's): version 0 and the version kept, a series apart
+            _rollout("h1", "test", 0, 0.0, "heldout-0000"), _rollout("h2", "test", 0, 1.0, "heldout-0001"),
+            _rollout("h3", "test", 2, 1.0, "heldout-0000"), _rollout("h4", "test", 2, 1.0, "heldout-0001")]
     cols = list(rows[0])
     ch.insert("rollouts", [[r[c] for c in cols] for r in rows], column_names=cols)
 
@@ -47,6 +50,7 @@ def test_export_replays_steps_and_versions_to_each_tracker(tracker: str, ch: Any
     assert scalars["rollouts/reward_mean"] == [(0, 0.5), (1, 1.0)]
     assert scalars["rollouts/success"] == [(0, 0.5), (1, 1.0)] and scalars["rollouts/count"] == [(0, 2.0), (1, 1.0)]
     assert scalars["validation/mean_reward"] == [(0, 0.0), (2, 0.75)]
+    assert scalars["heldout/mean_reward"] == [(0, 0.5), (2, 1.0)] and scalars["heldout/count"] == [(0, 2.0), (2, 2.0)]
 
 
 def test_export_of_one_run_id_and_of_nothing(ch: Any, tmp_path: Path) -> None:

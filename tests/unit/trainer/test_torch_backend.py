@@ -187,3 +187,16 @@ def test_a_model_mixing_layer_types_runs_its_reference_whole(tiny: tuple) -> Non
     assert shared_lower_layers(model, copy.deepcopy(base)) == 1
     model.config.layer_types = ["sliding_attention", "full_attention"]
     assert shared_lower_layers(model, copy.deepcopy(base)) == 0
+
+
+def test_a_steps_metrics_carry_the_batchs_reward_and_success(tiny: tuple) -> None:
+    """Each step reports its batch's mean final reward and success rate (final reward > 0, as the export's
+    rollouts/success counts it): the trackers' train/reward_mean and train/success_rate."""
+    from trainer.torch_backend import group_stats
+
+    _base, _tok, groups = tiny
+    rewards = [r for g in groups for r in g.rewards]
+    stats = group_stats(groups)
+    assert stats["success_rate"] == pytest.approx(sum(r > 0 for r in rewards) / len(rewards))
+    assert stats["reward_mean"] == pytest.approx(sum(rewards) / len(rewards)) and 0.0 <= stats["success_rate"] <= 1.0
+    assert group_stats([])["success_rate"] == 0.0

@@ -50,3 +50,29 @@ def test_no_tracker_named_is_none_and_an_unknown_one_is_one_line(tmp_path: Path)
 
 def test_only_finite_numbers_are_plotted() -> None:
     assert finite({"a": 1, "b": 2.5, "c": math.inf, "d": "x", "e": True, "f": math.nan}) == {"a": 1.0, "b": 2.5}
+
+
+def test_wandb_goes_offline_without_a_key_or_without_a_network_to_its_server(tmp_path: Path, monkeypatch: Any,
+                                                                              caplog: Any) -> None:
+    """The mode is WANDB_MODE as given; else offline without WANDB_API_KEY or when its server cannot be reached (this
+    machine reaches no W&B: a key alone must not hang or fail the run), and the warning says which."""
+    from rolloutbus.localproc import free_port
+    from trainer.trackers import wandb_mode
+
+    never, always = (lambda url: False), (lambda url: True)
+    assert wandb_mode({}, always) == ("offline", "no WANDB_API_KEY")
+    assert wandb_mode({"WANDB_API_KEY": "k"}, always) == ("online", "WANDB_API_KEY")
+    assert wandb_mode({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "http://w.example:8080"}, never) == (
+        "offline", "http://w.example:8080 cannot be reached")
+    assert wandb_mode({"WANDB_MODE": "disabled", "WANDB_API_KEY": "k"}, never) == ("disabled", "WANDB_MODE")
+    installed("wandb", "pip install -e '.[trackers]'")
+    for var in ("WANDB_MODE", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    trackers = Trackers.open("wandb", tmp_path, "policy-offline", {"lr": "1"})
+    trackers.log(1, {"loss": 0.5})
+    trackers.close()
+    got, _params = READERS["wandb"](tmp_path, "policy-offline")
+    assert got["train/loss"] == [(1, 0.5)]
+    assert "W&B runs offline (http://127.0.0.1:" in caplog.text and "cannot be reached" in caplog.text
