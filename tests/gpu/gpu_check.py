@@ -25,6 +25,10 @@ copied), each part written to ``--out`` (gpu-check.json, gpu-check.md) as soon a
     ``ppo-clip`` on the device, loss and gradient, where verl imports. verl does not import on the GPU machine:
     ``verl.protocol`` imports Ray at its top, and Ray's wheel (ray-2.60.0, cp312 manylinux2014_x86_64)
     is 79 MB, over the 64 MiB carry limit by itself; the section records why and what else it would need.
+(d) FSDP2: the trainer's step on one rank as ``rolloutbus train --nproc-per-node`` shards it
+    (``trainer.distributed.shard``, NCCL on a GPU, gloo on the CPU), at the larger size, in bf16-mixed on a GPU: full
+    fine-tuning and LoRA (rank 8, all-linear), each with and without activation checkpointing (step time,
+    tokens/s, peak memory, trainable parameters; a non-finite loss fails the run).
 
 The GPU run (one command; estimated 4 to 6 minutes on an H100, never run yet; ``make gpu-wheels`` here first,
 then ``gpu-wheels`` named in the device tool's ``carry``, with ``timeout_s`` 540)::
@@ -385,6 +389,20 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def timed_steps(backend: Any, groups: Sequence[GroupBatch], steps: int, dev: torch.device) -> tuple[list[float], dict[str, Any]]:
+    """One warm-up step (kernels chosen, optimiser state allocated), then ``steps`` timed ones: their seconds, sorted,
+    and the last step's metrics."""
+    backend.step(groups)
+    times, last = [], {}
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        last = backend.step(groups)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return sorted(times), last
+
+
 def time_steps(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], device: str, dtype: str, steps: int,
                micro_batch_tokens: int = TRAINER_MICRO_BATCH_TOKENS, seed: int = 0) -> dict[str, Any]:
     """Part (b) for one model and dtype: one warm-up step, then ``steps`` timed ones (model built on the device)."""
@@ -395,15 +413,7 @@ def time_steps(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], 
     memory_reset(dev)  # the peak from here: the weights, then what training adds to them
     backend = TorchGRPOBackend(model, lr=TRAINER_LR, max_grad_norm=TRAINER_MAX_GRAD_NORM, micro_batch_tokens=micro_batch_tokens,
                                pad_id=int(model.config.pad_token_id), autocast=AUTOCAST.get(dtype))
-    backend.step(groups)  # warm-up: kernels chosen, optimiser state allocated
-    times, last = [], {}
-    for _ in range(steps):
-        sync(dev)
-        t0 = time.perf_counter()
-        last = backend.step(groups)
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    times.sort()
+    times, last = timed_steps(backend, groups, steps, dev)
     median = times[len(times) // 2]
     row = {"model": name, "parameters": parameter_count(model), "dtype": dtype, "device": str(dev),
            "micro_batch_tokens": micro_batch_tokens, "rows": int(last.get("samples", 0)), "tokens_per_step": int(last.get("tokens", 0)),
@@ -415,6 +425,63 @@ def time_steps(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], 
     del backend, model
     free(dev)
     return row
+
+
+FSDP_PLAN = ((0, False), (0, True), (LORA_RANK, False), (LORA_RANK, True))  # (LoRA rank, activation checkpointing)
+
+
+def fsdp_section(name: str, config: dict[str, Any], groups: Sequence[GroupBatch], device: str, steps: int,
+                 micro_batch_tokens: int, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Part (d): the trainer's step under FSDP2 on one rank (``trainer.distributed.shard``, the backend given its
+    ranks, as ``rolloutbus train --nproc-per-node`` runs it), full fine-tuning and LoRA (all-linear), each with and
+    without activation checkpointing: step time, tokens/s, peak memory, trainable parameters."""
+    import os
+
+    import torch.distributed as dist
+
+    from trainer import distributed
+    from trainer.lora import LoraSettings, apply_lora
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    made = not dist.is_initialized()
+    if made:
+        from rolloutbus.localproc import free_port
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=0, world_size=1)
+    rows = []
+    try:
+        for rank, checkpointing in FSDP_PLAN:
+            free(dev)
+            model = build_model(config, 0, device)
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if rank:
+                model = apply_lora(model, LoraSettings(rank, 16.0, ("all-linear",)))
+            distributed.shard(model)
+            memory_reset(dev)
+            backend = TorchGRPOBackend(model, lr=TRAINER_LR, max_grad_norm=TRAINER_MAX_GRAD_NORM,
+                                       micro_batch_tokens=micro_batch_tokens, pad_id=int(config["pad_token_id"]),
+                                       autocast=torch.bfloat16 if dev.type == "cuda" else None, ranks=distributed.Ranks(0, 1))
+            times, last = timed_steps(backend, groups, steps, dev)
+            median = times[len(times) // 2]
+            row = {"model": name, "lora_rank": rank, "activation_checkpointing": checkpointing,
+                   "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                   "micro_batch_tokens": micro_batch_tokens, "step_s_median": median,
+                   "tokens_per_s": last.get("tokens", 0.0) / median if median > 0 else 0.0,
+                   "loss_finite": math.isfinite(last.get("loss", math.nan)), **memory_peak(dev)}
+            rows.append(row)
+            log(f"  {name:13s} lora {rank:2d} checkpointing {'on ' if checkpointing else 'off'} {median:.3f} s/step "
+                f"{row['tokens_per_s']:.0f} tok/s peak {row.get('peak_allocated_gib', row.get('process_peak_rss_gib', 0)):.2f} GiB")
+            del backend, model
+            free(dev)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    return rows
 
 
 def profile_steps(device: str, plan: Sequence[tuple[str, dict[str, Any], str, int]], groups: Sequence[GroupBatch],
@@ -544,6 +611,18 @@ def markdown(res: dict[str, Any]) -> str:
     verl = res.get("verl", {})
     lines += ["", "## (c) verl", "", (f"ran: {verl.get('data_proto')}; {verl.get('actor_update')}" if verl.get("ran")
                                       else f"not run: {verl.get('why')}. {verl.get('what_did_not_fit', '')}"), ""]
+    if res.get("fsdp"):
+        lines += ["## (d) FSDP2 on one rank (the trainer's sharding), full and LoRA", "",
+                  "| model | LoRA rank | activation checkpointing | trainable | s/step (median) | tokens/s | peak memory GiB |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for f in res["fsdp"]:
+            if "skipped" in f:
+                lines.append(f"| {f['model']} | | | | skipped: {f['skipped']} | | |")
+                continue
+            mem = f.get("peak_allocated_gib", f.get("process_peak_rss_gib", 0.0))
+            lines.append(f"| {f['model']} | {f['lora_rank'] or 'none'} | {'on' if f['activation_checkpointing'] else 'off'} | "
+                         f"{f['trainable'] / 1e6:.2f}M | {f['step_s_median']:.3f} | {f['tokens_per_s']:.0f} | {mem:.2f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -639,8 +718,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("(c) verl", flush=True)
     res["verl"] = verl_section(groups, device)
     res["elapsed_s"] = time.monotonic() - start
+    write(args.out, res)
+
+    print("(d) FSDP2 on one rank: full and LoRA, activation checkpointing off and on", flush=True)
+    big, big_cfg = sizes[-1]
+    try:
+        res["fsdp"] = fsdp_section(big, big_cfg, batch, device, steps, GPU_MICRO_BATCH_TOKENS if not args.tiny else CPU_MICRO_BATCH_TOKENS,
+                                   log=lambda s: print(s, flush=True))
+    except torch.OutOfMemoryError as exc:
+        free(torch.device(device))
+        res["fsdp"] = [{"model": big, "skipped": f"out of memory: {str(exc).splitlines()[0][:160]}"}]
+    res["elapsed_s"] = time.monotonic() - start
     res["passed"] = all(r["passed"] for r in res["correctness"]) and res["verl"].get("passed", True) and all(
-        t.get("loss_finite", True) for t in res["timing"])
+        t.get("loss_finite", True) for t in [*res["timing"], *res["fsdp"]])
     write(args.out, res)
     print(markdown(res))
     print("PASSED" if res["passed"] else "FAILED", flush=True)

@@ -68,8 +68,15 @@ def test_cpu_mode_runs_the_whole_check_as_the_gpu_run_does(tmp_path: Path) -> No
         assert verl["ran"] is False and "ray" in verl["what_did_not_fit"]
     else:
         assert verl["passed"], verl
+    # (d) the trainer's FSDP2 step on one rank (gloo here, NCCL on a GPU): full and LoRA, checkpointing off and on
+    fsdp = res["fsdp"]
+    assert [(f["lora_rank"], f["activation_checkpointing"]) for f in fsdp] == list(gc.FSDP_PLAN)
+    assert all(f["model"] == "tiny-wide" and f["loss_finite"] and f["step_s_median"] > 0 for f in fsdp), fsdp
+    full, lora = fsdp[0]["trainable"], fsdp[2]["trainable"]
+    assert 0 < lora < full / 5 and fsdp[1]["trainable"] == full and fsdp[3]["trainable"] == lora
     md = (tmp_path / "gpu-check.md").read_text()
     assert "| on_policy_kl | cpu bfloat16 |" in md and "| tiny-wide |" in md and "PASSED" in proc.stdout
+    assert "## (d) FSDP2 on one rank" in md and "| tiny-wide | 8 | on |" in md
 
 
 def test_the_gate_fails_a_step_that_is_not_the_same_step() -> None:
