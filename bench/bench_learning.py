@@ -80,7 +80,9 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
             "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
-            "credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
+            # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
+            **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
+               if credit_of(args) else {})}
 
 
 def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list[float]]) -> dict[str, Any]:

@@ -20,8 +20,10 @@ intermediate_cap      0.5    not a rule: the rule signals of one attempt (explic
                              ±cap, keeping the final reward (0..1 in the demos) dominant; 0: no cap
 ==================  =======  ================================================================
 
-Per task, the rules are configuration: ``deploy/rewards/calc.toml`` and ``deploy/rewards/sql.toml`` are the
-demos' (``rolloutbus process --reward-rules FILE``, ``rolloutbus demo --reward-rules FILE``).
+Per task, the rules are configuration: ``deploy/rewards/calc.toml`` and ``deploy/rewards/sql.toml`` are rules for
+the demo's two tasks, ``deploy/rewards/final-only.toml`` every rule off (``rolloutbus process --reward-rules FILE``,
+``rolloutbus demo --reward-rules FILE``). Measured on the SQL agent, its rules cost learning against the final
+reward alone (docs/training.md, *Credit assignment, measured*).
 
 A signal lands on the latest LLM turn at or before it (by ``sequence_id``); signals before the
 first turn have nothing to credit and are returned as unassigned.

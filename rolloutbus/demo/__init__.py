@@ -70,7 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"--production: the longest delay, seconds; delays are log-uniform in between ({pd('delay_max_s')})")
     p.add_argument("--feedback-window", dest="window_s", metavar="S", type=Bounded(float, gt=0), default=None,
                    help=f"--production: the stream worker's window for late feedback, seconds ({pd('window_s')})")
-    p.add_argument("--feedback-baseline", dest="baseline", choices=["loo", "prompt", "none"], default=None,
+    from streams.baselines import FEEDBACK_BASELINES
+
+    p.add_argument("--feedback-baseline", dest="baseline", choices=FEEDBACK_BASELINES.names(), default=None,
                    help="--production: the worker's baseline: loo (default: the agent's running leave-one-out mean), prompt "
                    "(the same request's earlier feedback) or none")
     p.add_argument("--sft-first", dest="sft_first", action="store_true", default=None,
@@ -81,8 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from trainer.policy_losses import POLICY_LOSSES
 
     p.add_argument("--credit", choices=CREDIT.names(), default=None,
-                   help="how a rollout's rewards become each step's return (default discounted, with --gamma 1: each turn "
-                        "credited with the rewards from it on)")
+                   help="how a rollout's rewards become each step's return: identical (every turn its rollout's total), "
+                        "discounted (the rewards from the turn on, by --gamma) or per-turn; the stream worker's default, which "
+                        "the SQL task's measurement kept (docs/training.md)")
     p.add_argument("--gamma", type=Bounded(float, ge=0, le=1), default=None, help="discount of --credit discounted")
     p.add_argument("--reward-rules", type=Path, default=None, metavar="FILE",
                    help="TOML/JSON weights of the intermediate reward rules (default: the documented defaults; all 0: "
@@ -105,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train LoRA adapters of rank R on the base frozen (the trainer's --lora-rank; every layer, so the "
                         "task's --train-layers is dropped), served by their adapters alone (rank up to 512; default 0: no LoRA)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)
-    describe_flags(p, "streams.settings:StreamSettings", ["gamma", "advantage_estimator"])
+    describe_flags(p, "streams.settings:StreamSettings", ["credit", "gamma", "advantage_estimator"])
     describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss", "backlog"])
     p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
                    help="which problems get groups: all, in turn, or pass-rate: a problem whose last --selection-k "

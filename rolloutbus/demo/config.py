@@ -45,10 +45,10 @@ class DemoConfig:
     max_steps: int = 0  # 0: train for ``minutes``; else stop after this many optimiser steps (or the minutes, first)
     group_size: int = 8
     runners: int = 16
-    groups_per_step: int = 8
+    groups_per_step: int = default_of(TrainerSettings, "groups_per_step")
     held_out: int = 150
     demonstrations: int = 2000
-    lr: float = 5e-4
+    lr: float = default_of(TrainerSettings, "lr")  # the tiny model's; the SQL task's 1e-4 is in PROFILES
     kl_beta: float = 0.05
     sft_epochs: int = 3
     seed: int = 0
@@ -72,7 +72,7 @@ class DemoConfig:
     train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
     engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
     production: Any = None  # --production: a ProductionConfig (task-less traffic, late feedback)
-    credit: str = "discounted"  # the stream worker's --credit (a registered credit mode), with --gamma
+    credit: str = default_of(StreamSettings, "credit")  # the stream worker's --credit (a registered credit mode), with --gamma
     gamma: float = default_of(StreamSettings, "gamma")
     reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
     advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")

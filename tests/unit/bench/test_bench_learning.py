@@ -44,6 +44,11 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert "3 of 8 groups generated taught (38%, task selection all)" in shown
     assert f"batches 1.25 versions old on average, 6 waiting groups skipped (backlog newest)" in shown
     assert bl.label(system, row).endswith(", backlog newest")
+    # the SQL credit table's rows: the credit settings asked for are recorded and named
+    asked = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "credit": "discounted", "gamma": 1.0,
+                                                    "reward_rules": Path("deploy/rewards/sql.toml")}), system, 0, tmp_path, first)
+    assert (seen["cfg"].credit, seen["cfg"].gamma, seen["cfg"].reward_rules) == ("discounted", 1.0, Path("deploy/rewards/sql.toml"))
+    assert bl.label(system, asked).endswith(", backlog newest, credit discounted (γ 1), rules sql.toml")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:
