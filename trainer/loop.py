@@ -267,6 +267,7 @@ class Trainer:
         self.counters = Counters()
         self._backlog_rng = random.Random(settings.train_seed)
         self.pending: list[tuple[GroupBatch, float]] = []
+        self._dead_letters: list[tuple[str, bytes]] = []  # (key, DeadLetter) waiting for the next checkpoint (_dead_letter)
         self._producer: Any = None
         self._consumer: Any = None
         self._delivery_errors: list[tuple[str, Any]] = []  # (action, KafkaError)
@@ -449,8 +450,18 @@ class Trainer:
     def _dead_letter(self, msg: Any, reason: str, detail: str) -> None:
         rec = DeadLetter(source_topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
                          value=msg.value(), reason=reason, detail=detail[:2000], stage="trainer", time_ns=time.time_ns())
-        self._publish(self.topics.dlq, msg.topic(), encode(rec))
+        # sent, and flushed, with the next checkpoint (before it records an offset past the record) or at the end: a
+        # crash before it loses the record with the offsets, which the resumed trainer reads again (one dead letter);
+        # produced at once, a kill -9 between the checkpoint and the producer's flush lost it for good
+        self._dead_letters.append((msg.topic(), encode(rec)))
         self.counters.dead_lettered += 1
+
+    def _send_dead_letters(self) -> None:
+        if self._dead_letters:
+            for key, value in self._dead_letters:
+                self._publish(self.topics.dlq, key, value)
+            self._flush()
+            self._dead_letters.clear()
 
     def handle(self, msg: Any) -> None:
         """One message of rb.batches: decode, dedupe, staleness; keeps the offset either way."""
@@ -517,6 +528,7 @@ class Trainer:
                             run_id=self.state.run_id, offsets={t: dict(p) for t, p in self.state.offsets.items()},
                             seen_group_ids=list(self.state.seen), group_ids=[g.group_id for g in groups],
                             metrics=metrics, config=self._config(), created_ns=time.time_ns())
+        self._send_dead_letters()  # before the checkpoint holds the offsets past them
         path = self._save(manifest)
         self.state.step, self.state.version = step, version
         crash_point("after_checkpoint", step)
@@ -600,8 +612,7 @@ class Trainer:
                     self.train_step()
                     self.health.step_done(self.state.version)
                     done += 1
-            if self.counters.dead_lettered:
-                self._flush()
+            self._send_dead_letters()
             if self.validator is not None:
                 self._track_scores(self.validator.poll(force=True))
                 log.info("%s", self.validator.summary())
