@@ -368,8 +368,21 @@ def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: 
                         groups_per_step=2)
     say(f"collect    {algo.collect_minutes:g} minutes of rollouts, {algo.samples_per_task} per task, on {model}")
     t0 = time.monotonic()
+
+    def collected() -> int:
+        with live.lock:
+            return sum(len(v) for v in live.rewards_by_version.values())
+
     try:
-        while time.monotonic() - t0 < algo.collect_minutes * 60:
+        extended = False
+        # the minutes, and past them until a first group is back (a slow start, a loaded machine), at most the
+        # rollout timeout: a fine-tuning on nothing collected is no run
+        while (time.monotonic() - t0 < algo.collect_minutes * 60
+               or (not collected() and time.monotonic() - t0 < max(algo.collect_minutes * 60, algo.rollout_timeout_s))):
+            if not extended and time.monotonic() - t0 >= algo.collect_minutes * 60:
+                say(f"collect    no group back after {algo.collect_minutes:g} minutes: collecting until the first one "
+                    f"(at most {algo.rollout_timeout_s:g} s in all)")
+                extended = True
             sup.check()
             feeder.top_up()
             time.sleep(0.5)
