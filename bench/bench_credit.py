@@ -6,10 +6,9 @@ kept, greedy, on the same problems: the gain in points and its paired standard e
 
 - ``final-only``: ``--credit identical`` with every reward rule at 0 (only the final reward reaches the
   advantages: what the trainer trained on before intermediate rewards reached the loss);
-- ``identical+air``: ``--credit identical`` with the rules' documented defaults (a failed calculator call -0.1,
-  an exception -0.2): every step of a rollout gets its total;
-- ``discounted+air``: ``--credit discounted --gamma 1`` with the default rules (the demo's default): each step
-  gets the rewards from it on;
+- ``identical+air``: ``--credit identical`` with ``deploy/rewards/air.toml`` (the rules' defaults until
+  2026-12-05: a failed calculator call -0.1, an exception -0.2): every step of a rollout gets its total;
+- ``discounted+air``: ``--credit discounted --gamma 1`` with the same rules: each step gets the rewards from it on;
 - ``per-turn+air``: ``--credit per-turn``: each step only its own reward (the last also the final one);
 - ``stale<N>-ppo-clip`` / ``stale<N>-decoupled`` (N 0, 2, 4): the policy server trails the newest version by N
   (``demo --serve-lag N``), so every batch arrives at least N versions old, trained with the PPO clip against the
@@ -52,8 +51,7 @@ SETTINGS: dict[str, list[str]] = {
 # ppo-clip at the same lag; a ppo-clip row with ppo-clip at lag 0 (what staleness alone costs)
 BASELINE = {name: ("final-only" if not name.startswith("stale") else name.replace("decoupled", "ppo-clip")
                    if name.endswith("decoupled") else "stale0-ppo-clip") for name in SETTINGS}
-NO_RULES = ("tool_failed = 0\ntool_succeeded = 0\nexception = 0\nvalidator_pass = 0\nvalidator_fail = 0\n"
-            "explicit_scale = 0\n")
+RULES = ROOT / "deploy" / "rewards"
 FIRST = re.compile(r"version +0 \(supervised warm-up only\): +([\d.]+)%")
 STALENESS = re.compile(r"staleness +the batches trained on were ([\d.]+) versions old")
 FINAL = re.compile(r"version +(\d+) \(after GRPO\): +([\d.]+)% +\(([+-][\d.]+) points, paired standard error ([\d.]+)\)")
@@ -70,12 +68,11 @@ def parse(stdout: str) -> dict[str, float]:
 
 
 def run_one(setting: str, seed: int, steps: int, minutes: float, held_out: int, work: Path) -> dict[str, Any]:
-    rules = work / "no-rules.toml"
-    rules.write_text(NO_RULES)
+    rules = RULES / ("final-only.toml" if setting == "final-only" else "air.toml")
     out = work / f"{setting}-{seed}"
     argv = [sys.executable, "-m", "rolloutbus.cli", "demo", "--max-steps", str(steps), "--minutes", str(minutes),
             "--held-out", str(held_out), "--seed", str(seed), "--no-dashboard", "--out", str(out), *SETTINGS[setting],
-            *(["--reward-rules", str(rules)] if setting == "final-only" else [])]
+            *([] if setting.startswith("stale") else ["--reward-rules", str(rules)])]
     env = dict(os.environ, ROLLOUTBUS_DATA_DIR=str(work / "data"), PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=minutes * 60 + 900)

@@ -233,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     from streams.credit import CREDIT
 
     p.add_argument("--credit", choices=CREDIT.names(), help="the rolloutbus rows' credit mode (the demo's --credit; "
-                   "default the demo's: discounted)")
+                   "default the demo's: identical)")
     p.add_argument("--gamma", type=float, help="the discount of --credit discounted (the demo's --gamma)")
     p.add_argument("--reward-rules", type=Path, help="the stream worker's reward rules file (the demo's --reward-rules; "
-                   "default the rules' documented defaults), e.g. deploy/rewards/sql.toml")
+                   "default every automatic rule off), e.g. deploy/rewards/sql.toml")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

@@ -1,29 +1,36 @@
 """Automatic intermediate rewards from what the spans say happened. Pure.
 
-Rules (each a number added to the turn that caused the signal; 0 turns a rule off):
+Rules (each a number added to the turn that caused the signal; 0 turns a rule off). Every automatic rule is off
+by default: measured on both demo tasks, none beat the final reward alone (docs/training.md, *Credit assignment,
+measured*); ``deploy/rewards/air.toml`` holds the values they defaulted to before (``air.toml`` column):
 
-==================  =======  ================================================================
-rule                default  fires on
-==================  =======  ================================================================
-tool_failed          -0.1    a span with ``tool.ok == false``
-tool_succeeded        0.0    a span with ``tool.ok == true``
-tool_recovered        0.0    a successful call of a tool whose previous call in the attempt failed
-                             (the SQL agent's rewrite that fixes a failing query), on top of
-                             ``tool_succeeded``
-exception            -0.2    ``kind == "exception"``, an ``exception`` event, or an ERROR status
-                             on a span that is neither a tool call nor a validator
-validator_pass        0.1    a validator span (``kind == "validator"``, or a ``validator.verdict``
-validator_fail       -0.1    attribute) whose verdict is pass / fail (attribute, else its status)
-explicit_scale        1.0    ``Span.reward`` (emit_reward mid-run): value × scale
-intermediate_cap      0.5    not a rule: the rule signals of one attempt (explicit rewards
-                             excluded) are scaled down together so that their sum lies within
-                             ±cap, keeping the final reward (0..1 in the demos) dominant; 0: no cap
-==================  =======  ================================================================
+==================  =======  ========  =======================================================
+rule                default  air.toml  fires on
+==================  =======  ========  =======================================================
+tool_failed           0.0     -0.1     a span with ``tool.ok == false``
+tool_succeeded        0.0      0.0     a span with ``tool.ok == true``
+tool_recovered        0.0      0.0     a successful call of a tool whose previous call in the
+                                       attempt failed (the SQL agent's rewrite that fixes a
+                                       failing query), on top of ``tool_succeeded``
+exception             0.0     -0.2     ``kind == "exception"``, an ``exception`` event, or an
+                                       ERROR status on a span that is neither a tool call nor a
+                                       validator
+validator_pass        0.0      0.1     a validator span (``kind == "validator"``, or a
+validator_fail        0.0     -0.1     ``validator.verdict`` attribute) whose verdict is pass /
+                                       fail (attribute, else its status)
+explicit_scale        1.0      1.0     ``Span.reward`` (emit_reward mid-run): value × scale; the
+                                       agent's own intermediate rewards count by default
+intermediate_cap      0.5      0.5     not a rule: the rule signals of one attempt (explicit
+                                       rewards excluded) are scaled down together so that their
+                                       sum lies within ±cap, keeping the final reward (0..1 in
+                                       the demos) dominant; 0: no cap
+==================  =======  ========  =======================================================
 
-Per task, the rules are configuration: ``deploy/rewards/calc.toml`` and ``deploy/rewards/sql.toml`` are rules for
-the demo's two tasks, ``deploy/rewards/final-only.toml`` every rule off (``rolloutbus process --reward-rules FILE``,
-``rolloutbus demo --reward-rules FILE``). Measured on the SQL agent, its rules cost learning against the final
-reward alone (docs/training.md, *Credit assignment, measured*).
+Per task, the rules are configuration (``rolloutbus process --reward-rules FILE``, ``rolloutbus demo --reward-rules
+FILE``): ``deploy/rewards/air.toml`` the former defaults, ``deploy/rewards/calc.toml`` and ``deploy/rewards/sql.toml``
+rules for the demo's two tasks, ``deploy/rewards/final-only.toml`` every rule off, the agent's explicit intermediate
+rewards included. Measured on the SQL agent, its rules cost learning against the final reward alone; on the
+calculator the former defaults changed nothing (docs/training.md, *Credit assignment, measured*).
 
 A signal lands on the latest LLM turn at or before it (by ``sequence_id``); signals before the
 first turn have nothing to credit and are returned as unassigned.
@@ -64,12 +71,12 @@ _FAIL = {"fail", "failed", "false", "error", "0", "no", "reject", "rejected"}
 class RewardRules:
     """Weights of the automatic reward rules (see the module docstring)."""
 
-    tool_failed: float = -0.1
+    tool_failed: float = 0.0
     tool_succeeded: float = 0.0
     tool_recovered: float = 0.0
-    exception: float = -0.2
-    validator_pass: float = 0.1
-    validator_fail: float = -0.1
+    exception: float = 0.0
+    validator_pass: float = 0.0
+    validator_fail: float = 0.0
     explicit_scale: float = 1.0
     intermediate_cap: float = 0.5
 

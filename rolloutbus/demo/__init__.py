@@ -88,8 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the SQL task's measurement kept (docs/training.md)")
     p.add_argument("--gamma", type=Bounded(float, ge=0, le=1), default=None, help="discount of --credit discounted")
     p.add_argument("--reward-rules", type=Path, default=None, metavar="FILE",
-                   help="TOML/JSON weights of the intermediate reward rules (default: the documented defaults; all 0: "
-                        "the final reward alone)")
+                   help="TOML/JSON weights of the intermediate reward rules (default: every automatic rule off, "
+                        "the agent's own mid-run rewards kept; deploy/rewards/air.toml: the former defaults)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
     from foundation.config import choices_of

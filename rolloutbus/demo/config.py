@@ -74,7 +74,7 @@ class DemoConfig:
     production: Any = None  # --production: a ProductionConfig (task-less traffic, late feedback)
     credit: str = default_of(StreamSettings, "credit")  # the stream worker's --credit (a registered credit mode), with --gamma
     gamma: float = default_of(StreamSettings, "gamma")
-    reward_rules: Path | None = None  # the stream worker's --reward-rules (None: the rules' documented defaults)
+    reward_rules: Path | None = None  # the stream worker's --reward-rules (None: every automatic rule off)
     advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
     policy_loss: str = default_of(TrainerSettings, "policy_loss")  # the trainer's --policy-loss
     nproc_per_node: int = default_of(TrainerSettings, "nproc_per_node")  # the trainer's FSDP2 ranks (torchrun)

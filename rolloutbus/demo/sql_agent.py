@@ -5,7 +5,8 @@ The loop (Spider-style): write a query, run it on the question's SQLite database
 time), on an error show the error and let the model rewrite it (at most ``max_rewrites`` times,
 ``ROLLOUTBUS_AGENT_REWRITES``, default ``MAX_REWRITES``; 0 is the single-turn form), answer with the
 rows. Final reward: execution match with the gold query. Intermediate signals go through the stream
-processor's reward rules: a query that fails is a failed tool call, an empty result a failed validator.
+processor's reward rules when it is given them (``deploy/rewards/sql.toml``): a query that fails is a failed
+tool call, an empty result a failed validator.
 Validation and evaluation rollouts (mode ``val`` or ``test``) sample greedily, whatever the temperature.
 
 The prompt is a resource: if the runner hands it a ``prompt_template`` resource named ``prompt``

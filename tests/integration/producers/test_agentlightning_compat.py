@@ -72,11 +72,10 @@ def test_agent_lightning_agent_through_gateway_matches_its_own_adapter(
     events.append(RolloutEvent(rollout_id=rid_a, attempt_id=att_a, event="FINISHED", time_ns=now + 1, task_id="agl-task",
                                status="succeeded", final_reward=None, span_count=al["spans"]))
     produce(kafka_conf, topics.spans, [(e.rollout_id, codec.encode(e)) for e in events])
-    # Agent Lightning has no intermediate rewards from runtime signals: turn ours off (by default an
-    # exception span costs -0.2 and a mid-run emit_reward adds to the return; see README's differences).
+    # Agent Lightning trains on the final reward alone: our automatic rules are off by default, and a
+    # mid-run emit_reward, which adds to the return by default, is turned off too (see README's differences).
     rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps({"tool_failed": 0, "exception": 0, "validator_pass": 0, "validator_fail": 0,
-                                 "explicit_scale": 0}))
+    rules.write_text(json.dumps({"explicit_scale": 0}))
     proc = start_worker(test_env, "--group-size", "2", "--credit", "identical", "--reward-rules", str(rules),
                         "--rollout-timeout", "4")
     got = batches(kafka_conf, topics.batches, 1, proc, timeout=90)

@@ -1,4 +1,6 @@
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -8,11 +10,24 @@ from streams.rewards import RewardRules, assign, intermediate_rewards, signals
 from streams.transitions import extract_transitions
 from tests.unit.streams.spans import llm, reward, span, tool
 
+RULES_DIR = Path(__file__).resolve().parents[3] / "deploy" / "rewards"
+AIR = RewardRules.load(RULES_DIR / "air.toml")  # the automatic rules at their former defaults
 
-def _rewards(spans, rules=RewardRules(), final=None):
+
+def _rewards(spans, rules=AIR, final=None):
     traj = assemble(spans)
     steps = extract_transitions(traj, "t")
     return intermediate_rewards(traj, steps, rules, final)
+
+
+def test_by_default_only_the_agents_own_rewards_are_intermediate() -> None:
+    """Every automatic rule is off by default (measured: none beat the final reward alone); an explicit
+    emit_reward before the last one still counts, and air.toml restores the former defaults."""
+    spans = [llm(1), tool(2, ok=False), span(3, kind="exception"), reward(4, 0.25), llm(5),
+             span(6, kind="validator", attributes={"validator.verdict": "pass"})]
+    assert _rewards(spans, RewardRules(), final=1.0) == pytest.approx([0.25, 0.0])
+    assert _rewards(spans, AIR, final=1.0) == pytest.approx([-0.1 - 0.2 + 0.25, 0.1])
+    assert _rewards(spans, RewardRules.load(RULES_DIR / "final-only.toml"), final=1.0) == [0.0, 0.0]
 
 
 def test_tool_failure_lands_on_the_llm_turn_that_called_it():
@@ -44,7 +59,7 @@ def test_final_reward_span_is_not_counted_twice():
 def test_signals_before_the_first_turn_are_unassigned():
     traj = assemble([tool(1, ok=False), llm(2)])
     steps = extract_transitions(traj, "t")
-    rewards, unassigned = assign(steps, signals(traj, RewardRules()))
+    rewards, unassigned = assign(steps, signals(traj, AIR))
     assert rewards == [0.0] and [s.rule for s in unassigned] == ["tool_failed"]
 
 
@@ -63,9 +78,9 @@ def test_the_cap_keeps_the_final_reward_dominant() -> None:
     explicit emit_reward is not scaled (the agent chose its size)."""
     spans = [llm(1), tool(2, ok=False), tool(3, ok=False), llm(4), tool(5, ok=False), tool(6, ok=False), tool(7, ok=False),
              tool(8, ok=False), reward(9, 0.25)]
-    got = _rewards(spans, RewardRules(), final=1.0)
+    got = _rewards(spans, AIR, final=1.0)
     assert got == pytest.approx([-0.5 * 2 / 6, -0.5 * 4 / 6 + 0.25])
-    assert _rewards(spans, RewardRules(intermediate_cap=0.0), final=1.0) == pytest.approx([-0.2, -0.4 + 0.25])
+    assert _rewards(spans, replace(AIR, intermediate_cap=0.0), final=1.0) == pytest.approx([-0.2, -0.4 + 0.25])
 
 
 def test_a_tool_call_that_recovers_from_a_failed_one_is_its_own_signal() -> None:
@@ -76,10 +91,7 @@ def test_a_tool_call_that_recovers_from_a_failed_one_is_its_own_signal() -> None
 
 
 def test_the_demos_rule_files_load() -> None:
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3] / "deploy" / "rewards"
-    calc, sql = RewardRules.load(root / "calc.toml"), RewardRules.load(root / "sql.toml")
+    calc, sql = RewardRules.load(RULES_DIR / "calc.toml"), RewardRules.load(RULES_DIR / "sql.toml")
     assert calc.tool_failed < 0 and sql.tool_recovered > 0 and sql.intermediate_cap <= 0.5
 
 

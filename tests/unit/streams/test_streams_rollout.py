@@ -5,13 +5,15 @@ import struct
 import pytest
 
 from schemas.codec import PACKED_FIELDS, pack_array
+from streams.rewards import RewardRules
 from streams.rollout import RolloutResult, Settings, finish_attempt
 from tests.unit.streams.spans import finished, llm, reward, tool
 
 
 def test_finish_attempt_end_to_end_discounted():
     spans = [llm(1), tool(2, ok=False), llm(3), reward(4, 1.0), llm(2, span_id="r1-a1-2")]  # last one: duplicate id
-    res = finish_attempt(spans, finished(reward_=1.0, span_count=5), Settings(credit="discounted", gamma=0.5))
+    rules = RewardRules(tool_failed=-0.1)  # automatic rules are off by default
+    res = finish_attempt(spans, finished(reward_=1.0, span_count=5), Settings(credit="discounted", gamma=0.5, rules=rules))
     assert res.duplicates == 1 and res.missing_sequence_ids == [5]
     assert [s.reward for s in res.steps] == pytest.approx([-0.1, 0.0])
     assert [s.return_ for s in res.steps] == pytest.approx([-0.1 + 0.5 * 1.0, 1.0])
