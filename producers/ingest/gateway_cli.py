@@ -87,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
                       ended=clickhouse_ended(clickhouse) if clickhouse is not None else None)
     gw.agl_store.queue = queue
     gw.agl1_api.queue = queue  # Agent Lightning 1.x's controllers poll the same queue (its own rollouts only)
-    gw.agl1_api.clickhouse = clickhouse  # its ended rollouts (GET /api/rollouts/{id})
     gw.agl1_api.control = ControlLog(s.kafka_conf(), control_topic(s.topics.prefix))  # its store's read-your-writes records
     gw.agl1_api.llm_token = s.llm_proxy_token.get_secret_value() if s.llm_proxy_token else None
     gw.agl_store.clickhouse = clickhouse  # the reads (query_rollouts, get_rollout_by_id, ...) answer from ClickHouse

@@ -18,7 +18,7 @@ from typing import Any
 
 from foundation.config import Topics
 from foundation.errors import DecodeError, KafkaUnavailable, ServiceError, ValidationError
-from producers.ingest.agl.claims import Claim, ClaimBook, Slot, claim_mark, read_mark
+from producers.ingest.agl.claims import Claim, ClaimBook, claim_mark, read_mark
 from producers.ingest.agl.v0_3_queue_records import attempted_rollout, new_rollout_id, rollout_reply, task_from_request
 from producers.ingest.resources import Resources
 from producers.transport import SpanTransport
@@ -258,12 +258,6 @@ class TaskQueue:
                 self._end(claim, status)
 
     # ------------------------------------------------------------------ Agent Lightning 1.x's controllers
-
-    def agl1_rollouts(self) -> tuple[list[Slot], list[Claim]]:
-        """The rollouts created through 1.x's API that this replica has: (offered, live claims). Joins the group."""
-        self.start()
-        with self._lock:
-            return self.book.offered_slots(agl1=True), [c for c in self.book.claims() if c.slot.agl1]
 
     def claim_agl1(self, rollout_id: str, attempt_id: str) -> Claim | None:
         """A 1.x controller moves an offered rollout to running: its claim, with the attempt id it gives its

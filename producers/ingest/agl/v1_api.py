@@ -11,15 +11,14 @@ the routes are in :mod:`producers.ingest.agl.v1_api_http`:
   a digest of the input, so the rollouts its trainer makes of one sample are one GRPO group, under the
   policy version of their creation. One attempt each, attempt ``"0"``: its controllers give every agent
   that attempt id (``DEFAULT_ATTEMPT_ID``) and its states are final, so a rollout is never retried.
-* ``GET /api/rollouts?state_in=queuing&state_in=running`` (its controllers' poll) → the rollouts a gateway
-  replica offers (``queuing``) and has claimed (``running``), as its ``Rollout`` (:func:`listing`).
+* ``GET /api/rollouts?state_in=queuing&state_in=running`` (its controllers' poll) → the rollouts in those
+  states, from the control records (:mod:`producers.ingest.agl.control`; :func:`check_list_query`).
 * ``PATCH /api/rollouts/{rollout_id}`` (its ``RolloutPatch``, ``{"status": {"state": ...}}``): ``running`` is
   the claim (the queue's STARTED); a terminal state (``succeeded``, ``failed``) the FINISHED event
   (:func:`finished_from_patch`). Its patch carries no reward (its trainer takes the last ``reward``
   event): the attempt's last reward span is the reward; the stream worker waits its finish grace for
   events still on their way.
-* ``GET /api/rollouts/{rollout_id}`` → its ``RolloutDetail``: from the replica's queue, or for an ended one
-  from its rows in ClickHouse's ``rollouts`` (:func:`ended_rollout`).
+* ``GET /api/rollouts/{rollout_id}`` → its ``RolloutDetail``, from the control records.
 * ``GET /api/models`` → the newest version of each model resource on ``rb.resources`` (latest first) as
   its ``Model`` records ``{"model", "endpoint", "version"}`` (:func:`models_reply`).
 * its server's LLM route, which its controllers hand every agent as ``AGL_OPENAI_BASE_URL`` → ``rolloutbus
@@ -178,19 +177,6 @@ def finished_from_patch(rollout_id: str, status: Mapping[str, Any], *, now_ns: i
                         metadata=metadata)
 
 
-def patched_rollout(rollout_id: str, status: Mapping[str, Any], *, now: float) -> dict[str, Any]:
-    """The ``Rollout`` a patch answers with. The bus keeps no rollout table: the patched status, with its
-    time; input, config and creation time are not known here (its controllers read only the status)."""
-    return {
-        "rollout_id": rollout_id, "input": None, "is_train": True,
-        "config": {"timeout_seconds": 3600, "local": None, "k8s": None},
-        "metadata": {"batch_idx": None, "sample_idx_in_batch": None},
-        "status": {"state": status.get("state") or "running", "k8s_job_name": status.get("k8s_job_name"),
-                   "last_attempt_id": status.get("last_attempt_id"), "error_message": status.get("error_message"),
-                   "version": 2, "created_at": now, "updated_at": now},
-    }
-
-
 def models_reply(current: Mapping[str, ResourceVersion]) -> list[dict[str, Any]]:
     """The newest version of each model resource → its ``Model`` records, latest first. The endpoint is
     the version's ``config.endpoint`` (the URL its agents' calls go to), else its ``uri``."""
@@ -225,19 +211,6 @@ def task_from_create(rollout: Mapping[str, Any], *, resource_version: int | None
                 resource_version=resource_version, metadata=metadata)
 
 
-def rollout_of_task(task: Task, rollout_id: str, *, state: str = "queuing", attempt_id: str | None = None,
-                    updated_at: float | None = None) -> dict[str, Any]:
-    """Its ``Rollout`` (as JSON) of a task :func:`task_from_create` made: ``queuing`` while offered, ``running``
-    (its ``last_attempt_id``, version 2) once claimed."""
-    kept = json.loads(task.metadata[AGL1_ROLLOUT])
-    created = kept["created_at"]
-    return {"rollout_id": rollout_id, "input": json.loads(task.input), "is_train": kept["is_train"], "config": kept["config"],
-            "metadata": kept["metadata"],
-            "status": {"state": state, "k8s_job_name": None, "last_attempt_id": attempt_id, "error_message": None,
-                       "version": 1 if state == "queuing" else 2, "created_at": created,
-                       "updated_at": created if updated_at is None else updated_at}}
-
-
 def check_list_query(states: Sequence[str], limit: str | None) -> tuple[tuple[str, ...], int]:
     """``GET /api/rollouts``'s ``state_in`` (repeated, at least one) and ``limit`` (its default 500), checked."""
     if not states:
@@ -250,49 +223,6 @@ def check_list_query(states: Sequence[str], limit: str | None) -> tuple[tuple[st
     except ValueError:
         raise MappingError(f"limit {limit!r} is not an integer") from None
     return tuple(dict.fromkeys(states)), n
-
-
-def listing(offered: Sequence[tuple[str, Task]], running: Sequence[tuple[str, Task, str, float]], states: Sequence[str],
-            limit: int) -> list[dict[str, Any]]:
-    """``GET /api/rollouts``: the rollouts in ``states`` of a replica's queue, claimed ones ``running`` ((rollout
-    id, task, attempt id, claimed at)) first — a controller finishes only those it is shown, so a long queue
-    must not hide them — then offered ones ``queuing``, in the order they are handed out; at most ``limit``
-    (a negative one as Python slices, as its server does)."""
-    out = []
-    if "running" in states:
-        out += [rollout_of_task(task, rid, state="running", attempt_id=aid, updated_at=at) for rid, task, aid, at in running]
-    if "queuing" in states:
-        out += [rollout_of_task(task, rid) for rid, task in offered]
-    return out[:limit]
-
-
-ENDED_COLUMNS = ("rollout_id", "attempt_id", "mode", "status", "error", "started_ns", "finished_ns", "metadata")
-
-
-def _attr_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def ended_rollout(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``GET /api/rollouts/{id}`` of a rollout that ended: its ``RolloutDetail`` (``rollout``, ``attempts``) of its
-    rows in ClickHouse's ``rollouts`` (:data:`ENDED_COLUMNS`, one per ended attempt). Its input and config are
-    not stored there (null, its defaults); its metadata is what its creation gave the STARTED."""
-    rows = sorted(rows, key=lambda r: r["finished_ns"])
-    last = rows[-1]
-    prefix = "agentlightning.metadata."
-    metadata = {k[len(prefix):]: _attr_value(v) for k, v in (last["metadata"] or {}).items() if k.startswith(prefix)}
-    rollout = {"rollout_id": last["rollout_id"], "input": None, "is_train": last["mode"] == "train",
-               "config": {"timeout_seconds": 3600, "local": None, "k8s": None},
-               "metadata": {"batch_idx": None, "sample_idx_in_batch": None, **metadata},
-               "status": {"state": "succeeded" if last["status"] in ("succeeded", "finished") else "failed",
-                          "k8s_job_name": (last["metadata"] or {}).get("agentlightning.k8s_job_name"),
-                          "last_attempt_id": last["attempt_id"], "error_message": last["error"], "version": 3,
-                          "created_at": min(r["started_ns"] or r["finished_ns"] for r in rows) / 1e9,
-                          "updated_at": last["finished_ns"] / 1e9}}
-    return {"rollout": rollout, "attempts": list(dict.fromkeys(r["attempt_id"] for r in rows))}
 
 
 def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rollout_id: str, attempt_id: str,
@@ -310,6 +240,5 @@ def llm_upstream(current: Mapping[str, ResourceVersion] | None, policy: str, rol
 
 
 __all__ = ["PREFIX", "DEFAULT_ATTEMPT_ID", "STATES", "TERMINAL", "MAX_DEPTH", "check_depth", "check_rollout_creates",
-           "new_rollout", "task_id_of", "check_rollout_patch", "finished_from_patch",
-           "patched_rollout", "models_reply", "policy_version", "LIST_LIMIT", "LLM_PATHS", "task_from_create", "rollout_of_task",
-           "check_list_query", "listing", "llm_upstream", "ENDED_COLUMNS", "ended_rollout"]
+           "new_rollout", "task_id_of", "check_rollout_patch", "finished_from_patch", "models_reply", "policy_version",
+           "LIST_LIMIT", "LLM_PATHS", "task_from_create", "check_list_query", "llm_upstream"]

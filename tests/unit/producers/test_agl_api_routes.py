@@ -9,10 +9,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from producers.ingest.agl.claims import Claim, ClaimBook, Slot
+from producers.ingest.agl.claims import Claim, ClaimBook
 from producers.ingest.agl.v1_api_http import AgentLightning1Routes
 from schemas.codec import decode
 from schemas.models import ResourceVersion, RolloutEvent, Task
@@ -38,9 +39,6 @@ class BookQueue:
         for _rid, task in tasks:
             self.book.add(0, self.offsets, task, now=time.time())
             self.offsets += 1
-
-    def agl1_rollouts(self) -> tuple[list[Slot], list[Claim]]:
-        return self.book.offered_slots(agl1=True), [c for c in self.book.claims() if c.slot.agl1]
 
     def claim_agl1(self, rollout_id: str, attempt_id: str) -> Claim | None:
         return self.book.take(None, now=time.time(), rollout_id=rollout_id, attempt_id=attempt_id, agl1=True)
@@ -82,8 +80,11 @@ def finished(transport: MemoryTransport) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def test_its_controller_loop_lists_claims_and_ends_the_rollouts_it_created() -> None:
-    transport, queue = MemoryTransport(), BookQueue()
+@pytest.mark.parametrize("with_queue", [True, False], ids=["queue", "no-queue"])
+def test_its_controller_loop_lists_claims_and_ends_the_rollouts_it_created(with_queue: bool) -> None:
+    """Its controllers' loop on one replica: the control records in this process (LocalControl, the default);
+    with the queue each rollout is a task on rb.tasks too, claimed on running and its claim ended with it."""
+    transport, queue = MemoryTransport(), BookQueue() if with_queue else None
     routes = AgentLightning1Routes(transport, lambda: policy("http://proxy:8788/v1"), token=TOKEN, queue=queue)  # type: ignore[arg-type]
 
     async def go(c: TestClient) -> dict[str, Any]:
@@ -121,58 +122,18 @@ def test_its_controller_loop_lists_claims_and_ends_the_rollouts_it_created() -> 
     assert {k: seen["listed"][k] for k in ("input", "config", "is_train")} == {k: created[0][k] for k in ("input", "config", "is_train")}
     status, running = seen["running"]
     assert status == 200 and running["status"]["state"] == "running" and running["status"]["last_attempt_id"] == "0"
-    assert seen["again"][0] == 409 and "cannot transition to running" in seen["again"][1]["detail"]
+    assert seen["again"] == (409, {"detail": "Rollout ro-1: cannot transition running -> running"})
     assert seen["poll1"] == [("ro-1", "running"), ("ro-2", "queuing")]
     assert seen["done"][0] == 200 and seen["done"][1]["status"]["state"] == "succeeded"
     assert seen["spawn_failed"][0] == 200 and seen["spawn_failed"][1]["status"]["error_message"] == "local subprocess spawn failed: boom"
     assert seen["poll2"] == [], "ended rollouts are no longer its controllers'"
     assert finished(transport) == [("ro-1", "0", "succeeded"), ("ro-2", "0", "failed")]
-    assert seen["terminal"][0] == 501 and "ClickHouse" in seen["terminal"][1]["detail"]
+    assert seen["terminal"][0] == 200 and [(r["rollout_id"], r["status"]["state"]) for r in seen["terminal"][1]] == [
+        ("ro-1", "succeeded")], "ended rollouts are listed as its server lists them"
+    if queue is not None:
+        assert not queue.book.claims() and not queue.book.offered_slots(agl1=True), "claimed, then ended; ro-2 settled"
     assert seen["no_state"][0] == 422 and "state_in is required" in seen["no_state"][1]["detail"]
     assert seen["anonymous"] == 401
-
-
-class EndedRows:
-    """ClickHouse's rollouts table, as the gateway's read-only reader answers."""
-
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows = rows
-
-    def query(self, sql: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [r for r in self.rows if r[0] == parameters["rid"]]
-
-
-def test_a_rollout_reads_back_queuing_running_or_ended() -> None:
-    queue = BookQueue()
-    routes = AgentLightning1Routes(MemoryTransport(), lambda: policy("http://proxy:8788/v1"), queue=queue)  # type: ignore[arg-type]
-
-    async def go(c: TestClient) -> list[tuple[int, Any]]:
-        await c.post("/api/rollouts", json=CREATE)
-        await c.patch("/api/rollouts/ro-2", json={"status": {"state": "running", "last_attempt_id": "0"}})
-        out = [await answer(await c.get(f"/api/rollouts/{rid}")) for rid in ("ro-1", "ro-2", "ro-old", "ro-none")]
-        out.append(await answer(await c.get("/api/rollouts/terminal")))
-        routes.clickhouse = EndedRows([("ro-old", "0", "train", "succeeded", None, 10**9, 2 * 10**9, {})])  # type: ignore[assignment]
-        out += [await answer(await c.get(f"/api/rollouts/{rid}")) for rid in ("ro-old", "ro-none")]
-        return out
-
-    queuing, running, no_reader, _, terminal, ended, missing = serve(routes, go)
-    assert queuing[0] == 200 and queuing[1]["rollout"]["status"]["state"] == "queuing" and queuing[1]["attempts"] == []
-    assert queuing[1]["rollout"]["input"] == CREATE[0]["input"]
-    assert running[0] == 200 and running[1]["rollout"]["status"]["state"] == "running" and running[1]["attempts"] == ["0"]
-    assert no_reader[0] == 501 and "ClickHouse" in no_reader[1]["detail"]
-    assert terminal[0] == 501 and "GET /api/rollouts/terminal" in terminal[1]["detail"], "not read as a rollout id"
-    assert ended[0] == 200 and ended[1]["rollout"]["status"]["state"] == "succeeded" and ended[1]["attempts"] == ["0"]
-    assert missing == (404, {"detail": "Rollout not found: ro-none"}), "its server's answer"
-
-
-def test_without_the_queue_its_queue_calls_say_so() -> None:
-    routes = AgentLightning1Routes(MemoryTransport(), lambda: {}, queue=None)  # type: ignore[arg-type]
-
-    async def go(c: TestClient) -> list[tuple[int, Any]]:
-        return [await answer(await c.post("/api/rollouts", json=CREATE)), await answer(await c.get("/api/rollouts", params=POLL))]
-
-    for status, body in serve(routes, go):
-        assert status == 501 and "rb.tasks" in body["detail"]
 
 
 def test_its_agents_llm_route_is_forwarded_to_the_proxy_route_of_their_attempt() -> None:
@@ -188,8 +149,11 @@ def test_its_agents_llm_route_is_forwarded_to_the_proxy_route_of_their_attempt()
         async with TestServer(proxy_app) as proxy:
             endpoint = str(proxy.make_url("/v1"))
             routes.resources = lambda: policy(endpoint)
+            assert (await c.post("/api/rollouts", json=CREATE[:1], headers=AUTH)).status == 201  # its route knows ro-1
+            unknown = await answer(await c.post("/proxy/rollout/ro-9/attempt/0/mode/train/openai/v1/chat/completions",
+                                                json={}, headers=AUTH))
             route = "/proxy/rollout/ro-1/attempt/0/mode/train/openai/v1"
-            out = [await answer(await c.post(f"{route}/chat/completions", data=b'{"messages": []}', headers=AUTH))]
+            out = [unknown, await answer(await c.post(f"{route}/chat/completions", data=b'{"messages": []}', headers=AUTH))]
             out.append(await answer(await c.post("/proxy/rollout/ro-1/attempt/0/mode/eval/openai/v1/chat/completions",
                                                  json={}, headers=AUTH)))
             out.append(await answer(await c.post(f"{route}/embeddings", json={}, headers=AUTH)))
@@ -200,7 +164,8 @@ def test_its_agents_llm_route_is_forwarded_to_the_proxy_route_of_their_attempt()
         return out
 
     routes = AgentLightning1Routes(MemoryTransport(), lambda: {}, token=TOKEN, llm_token="ptok")  # type: ignore[arg-type]
-    ok, mode, path, anonymous, gone, unpublished = serve(routes, go)
+    unknown, ok, mode, path, anonymous, gone, unpublished = serve(routes, go)
+    assert unknown == (404, {"detail": "Rollout not found: ro-9"}), "as its server's proxy answers"
     assert ok == (200, {"choices": [{"message": {"content": "answer 4"}}]})
     assert calls == [("/rollout/ro-1/attempt/0/v1/chat/completions", "Bearer ptok", b'{"messages": []}')], \
         "the proxy's route for the attempt, its own token, the body as sent"

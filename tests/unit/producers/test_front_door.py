@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -73,7 +74,7 @@ LIMITS = [
 @pytest.mark.parametrize("path,status,shape,reason", LIMITS, ids=[p for p, *_ in LIMITS])
 def test_a_body_over_the_limit_is_refused_in_its_routes_shape(path: str, status: int, shape: str, reason: str) -> None:
     gw = Gateway(MemoryTransport(), token="tok", max_body_bytes=1000)  # type: ignore[arg-type]
-    gw.agl1_api.queue = gw.agl_store.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    gw.agl1_api.queue = gw.agl_store.queue = SimpleNamespace()  # type: ignore[assignment]  # refused before the queue is asked
     [(got, text, _headers)] = call(gw, [("POST", path, b"x" * 1001, AUTH)])
     assert got == status, text
     assert (json.loads(text) == {"detail": reason}) if shape == "detail" else (text == reason), text
@@ -97,7 +98,7 @@ CHUNKED = [
 def test_a_chunked_body_over_the_limit_is_refused_as_before(path: str, status: int, shape: str, reason: str,
                                                             counted: bool) -> None:
     gw = Gateway(MemoryTransport(), token="tok", max_body_bytes=1000)  # type: ignore[arg-type]
-    gw.agl1_api.queue = gw.agl_store.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    gw.agl1_api.queue = gw.agl_store.queue = SimpleNamespace()  # type: ignore[assignment]  # refused before the queue is asked
     [(got, text, headers)] = call(gw, [("POST", path, b"x" * 2000, AUTH)], chunked=True)
     assert got == status, text
     if shape == "detail":
@@ -117,7 +118,7 @@ TOO_DEEP = "body is nested too deeply: JSON arrays and objects may nest a few hu
                                   "/v1/agl/rollouts/ro-1/attempts/at-1", "/v1/agl/workers/w-1"])
 def test_json_nested_too_deeply_is_400_on_every_0_3_route_and_counted(path: str) -> None:
     gw = Gateway(MemoryTransport(), token="tok")  # type: ignore[arg-type]
-    gw.agl_store.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    gw.agl_store.queue = SimpleNamespace()  # type: ignore[assignment]  # refused before the queue is asked
     [(status, text, _headers)] = call(gw, [("POST", path, DEEP, AUTH)])
     assert (status, json.loads(text)) == (400, {"detail": TOO_DEEP}), text
     assert answered(gw) == {"400": 1}
@@ -126,7 +127,7 @@ def test_json_nested_too_deeply_is_400_on_every_0_3_route_and_counted(path: str)
 @pytest.mark.parametrize("method,path", [("POST", "/api/rollouts"), ("PATCH", "/api/rollouts/ro-1")])
 def test_json_nested_too_deeply_is_400_in_1_x_words(method: str, path: str) -> None:
     gw = Gateway(MemoryTransport(), token="tok")  # type: ignore[arg-type]
-    gw.agl1_api.queue = object()  # type: ignore[assignment]  # refused before the queue is asked
+    gw.agl1_api.queue = SimpleNamespace()  # type: ignore[assignment]  # refused before the queue is asked
     [(status, text, _headers)] = call(gw, [(method, path, DEEP, AUTH)])
     assert (status, json.loads(text)) == (400, {"detail": "body is JSON nested too deep"}), text
     assert answered(gw) == {}
