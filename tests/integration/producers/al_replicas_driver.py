@@ -67,6 +67,18 @@ async def main(url_a: str, url_b: str, out: str) -> None:
         added = await a.add_resources({"main": LLM(endpoint="http://llm.example:8000/v1", model="tiny")})
         found = await a.query_resources(resources_id=added.resources_id)
         got["resources"] = [added.resources_id, [u.resources_id for u in found]]
+        # A set added on one replica reads by id on the other at once, a second one too; the history pages.
+        by_id = await b.get_resources_by_id(added.resources_id)
+        got["resources_by_id_on_b"] = [by_id.resources_id, sorted(by_id.resources)] if by_id else None
+        second = await b.add_resources({"main": LLM(endpoint="http://llm.example:8000/v1", model="tiny-2")})
+        again = await a.get_resources_by_id(second.resources_id)
+        got["second_on_a"] = [again.resources_id == second.resources_id, again.resources["main"].model] if again else None
+        ours = [added.resources_id, second.resources_id]
+        pages = [await (a if n else b).query_resources(sort_by="resources_id", sort_order="asc",
+                                                       limit=1, offset=n) for n in range(2)]
+        everything = await b.query_resources(sort_by="resources_id", sort_order="asc")
+        got["resources_pages"] = [[[u.resources_id for u in page], page.limit, page.offset, page.total] for page in pages]
+        got["resources_all"] = [[u.resources_id for u in everything], everything.total, ours]
         stats = await b.statistics()
         got["statistics"] = [stats["total_rollouts"], stats["total_attempts"], stats["total_workers"]]
     finally:

@@ -235,4 +235,10 @@ def test_its_own_client_writes_on_one_replica_and_reads_on_the_other(replicas: l
     assert got["update_reply"] == got["update_on_b"] == {"note": "kept"}
     assert got["worker_on_b"] == {"cpu": 0.25}
     assert got["resources"][1] == [got["resources"][0]]
+    assert got["resources_by_id_on_b"] == [got["resources"][0], ["main"]], "added on a, read by id on b at once"
+    assert got["second_on_a"] == [True, "tiny-2"], "added on b, read by id on a at once"
+    ids, total, ours = got["resources_all"]
+    assert set(ours) <= set(ids) and total == len(ids) == len(set(ids)) and ids == sorted(ids), "the history, sorted"
+    assert got["resources_pages"] == [[ids[:1], 1, 0, total], [ids[1:2], 1, 1, total]], \
+        "a page of one at each offset, on either replica, with its server's limit, offset and total"
     assert got["statistics"] == [2, 2, 2], "w-2 (its attempt) and w-9 (its heartbeat), as its store counts them"
