@@ -31,12 +31,14 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 
 from foundation.errors import ClickHouseError, KafkaUnavailable
+from schemas.models import GroupBatch
 from streams.checkpoint import SinkWrites
 from streams.faust_guards import REPLAY_TOPICS, STRICT_TOPICS
 from streams.faust_guards import install as install_faust_guards
@@ -101,7 +103,9 @@ class Worker:
     """Holds the faust app, its topics and tables, the sink, and the stages: the span stage (a faust task),
     the group stage and the store agents (faust agents, admitted by the frontier)."""
 
-    def __init__(self, cfg: Config, sink: ClickHouseSink, health: StreamHealth | None = None) -> None:
+    def __init__(self, cfg: Config, sink: ClickHouseSink, health: StreamHealth | None = None,
+                 on_group: Callable[[GroupBatch], None] | None = None) -> None:
+        """``on_group``: called with each group batch the group stage emits (``--report-to``'s report)."""
         self.cfg = cfg
         self.sink = sink
         self.health = health or StreamHealth()  # what /readyz reports (streams/health.py)
@@ -148,7 +152,7 @@ class Worker:
             self.app, policy=cfg.groups, completed_retention_s=cfg.completed_retention_s, sink=sink, health=self.health,
             done_topic=self.done_topic, batches_topic=self.batches_topic, dlq_topic=self.dlq_topic,
             group_state=self.group_state, group_members=self.group_members,
-            flush=self.writes.flush, submit=self.writes.submit, pipelined=cfg.sink_pipelined,
+            flush=self.writes.flush, submit=self.writes.submit, pipelined=cfg.sink_pipelined, on_emit=on_group,
         )
         self.feedback_applied = self.app.Table("feedback-applied", **tbl)
         self.feedback = FeedbackStage(

@@ -41,6 +41,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// or rocksdb://"}),
     ("--feedback-window", {"type": float, "dest": "feedback_window_s",
                            "help": "seconds after a rollout finished that its late feedback is applied"}),
+    ("--report-to", {"dest": "report_to", "metavar": "NAMES",
+                     "help": "experiment trackers to report the emitted groups to, comma-separated: tensorboard, mlflow, wandb"}),
+    ("--tracker-dir", {"dest": "tracker_dir", "help": "where the trackers write (default <data dir>/trackers)"}),
+    ("--report-interval", {"type": float, "dest": "report_interval_s", "help": "seconds between two reports to the trackers"}),
     ("--feedback-baseline", {"dest": "feedback_baseline",
                              "help": "advantage of a task-less rollout trained on its feedback: loo (default: the agent's running "
                                      "leave-one-out mean), prompt (the same prompt's earlier feedback) or none"}),
@@ -169,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         feedback_window_s=s.feedback_window_s, feedback_baseline=s.feedback_baseline,
         store=s.state_store, tick_s=min(0.5, s.sink_interval_s), credentials=s.kafka_security.faust(), kafka_conf=conf, datadir=str(s.data_dir / "faust" / s.application_id),
     )
-    worker = Worker(cfg, sink, health)
+    report = _start_report(s)
+    worker = Worker(cfg, sink, health, on_group=report.add if report is not None else None)
     # faust creates its tables' changelogs as it starts, which can be after its consumer (or another
     # worker's) fetched metadata; a group leader that does not know a changelog leaves it out of the
     # assignment for up to aiokafka's metadata max age (5 min), and that table is not recovered after
@@ -183,8 +188,74 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     level = "debug" if getattr(args, "verbose", False) else "warning"
-    faust_worker(worker, level).execute_from_commandline()
+    try:
+        faust_worker(worker, level).execute_from_commandline()
+    finally:
+        if report is not None:
+            report.close()
     return 0
+
+
+class _Reporting:
+    """``--report-to``: a thread that hands the trackers the groups emitted (streams.report) every report interval,
+    and the last window when the worker stops."""
+
+    def __init__(self, trackers: Any, interval_s: float) -> None:
+        import threading
+        import time
+
+        from streams.report import StreamReport
+
+        self.trackers, self.interval_s = trackers, interval_s
+        self.report = StreamReport(time.monotonic(), _spans_taken())
+        self.add = self.report.add
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rolloutbus-report", daemon=True)
+        self._thread.start()
+
+    def _log(self) -> None:
+        import time
+
+        taken = self.report.take(time.monotonic(), _spans_taken())
+        if taken is not None:
+            try:
+                self.trackers.log(*taken)
+            except Exception as exc:  # noqa: BLE001 — a tracker's failure must not stop the stream
+                log.warning("report to the trackers failed: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._log()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._log()
+        self.trackers.close()
+
+
+def _spans_taken() -> float:
+    """The spans the worker took in so far (its rolloutbus_streams_spans_total, late or not)."""
+    from prometheus_client import REGISTRY
+
+    return sum(REGISTRY.get_sample_value("rolloutbus_streams_spans_total", {"late": late}) or 0.0 for late in ("false", "true"))
+
+
+def _start_report(s: Any) -> _Reporting | None:
+    """The trackers ``--report-to`` names, under the run name ``<app id>-<start time>``, with the worker's learning
+    settings as the run's configuration; None without ``--report-to``."""
+    if not s.report_to:
+        return None
+    import time
+
+    from foundation.trackers import Trackers
+
+    config = {k: str(getattr(s, k)) for k in ("group_size", "group_min_rollouts", "group_timeout_s", "credit", "gamma",
+                                              "advantage_estimator", "scale_by_std", "reward_rules", "feedback_baseline")}
+    run = f"{s.application_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    trackers = Trackers.open(s.report_to, s.resolved_tracker_dir(), run, {**config, "topic_prefix": s.topic_prefix})
+    print(f"rolloutbus process: reporting to {s.report_to} as {run} every {s.report_interval_s:g} s", flush=True)
+    return _Reporting(trackers, s.report_interval_s)
 
 
 def main(argv: list[str] | None = None) -> int:

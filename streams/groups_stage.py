@@ -77,7 +77,8 @@ class GroupStage:
 
     def __init__(self, app: Any, *, policy: GroupPolicy, completed_retention_s: float, sink: Any, health: StreamHealth,
                  done_topic: Any, batches_topic: Any, dlq_topic: Any, group_state: Any, group_members: Any,
-                 flush: Callable[[], None], submit: Callable[[], int], pipelined: bool = True) -> None:
+                 flush: Callable[[], None], submit: Callable[[], int], pipelined: bool = True,
+                 on_emit: Callable[[GroupBatch], None] | None = None) -> None:
         self.app = app
         self.policy = policy
         self.completed_retention_s = completed_retention_s
@@ -96,6 +97,7 @@ class GroupStage:
         # table entries changed since the last commit point: (table id, key) → (table, partition, fresh)
         self._dirty: dict[tuple[int, bytes], tuple[Any, int, bool]] = {}
         self.stats = {"dlq": 0, "groups": 0}
+        self.on_emit = on_emit  # each emitted batch, after it is queued (the trackers' report)
         # The commit point awaits its own batch without holding the event loop (the span stage reads on).
         self.checkpoint = Checkpoint(self, sink, flush, submit if pipelined else None, wait=True)
 
@@ -306,6 +308,8 @@ class GroupStage:
         self._open_groups.discard(gid)
         GROUPS_OUT.labels(str(batch.complete).lower()).inc()
         self.stats["groups"] += 1
+        if self.on_emit is not None:
+            self.on_emit(batch)
 
     async def expire_groups(self) -> None:
         """Emit groups that reached their timeout; forget emitted markers past their retention; warn (at most once

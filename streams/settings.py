@@ -49,11 +49,22 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
     )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
+    report_to: str = Field(default="", description="Experiment trackers the worker reports its emitted groups to, "
+                           "comma-separated: tensorboard, mlflow, wandb (foundation.trackers.TRACKERS; empty: none).")
+    tracker_dir: Path | None = Field(default=None, description="Where the trackers write; default <data_dir>/trackers.")
+    report_interval_s: float = Field(default=30.0, gt=0, description="Seconds between two reports to the trackers.")
 
 
     check_credit = field_validator("credit")(registered_in("streams.credit:CREDIT"))
     check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))
     check_baseline = field_validator("feedback_baseline")(registered_in("streams.baselines:FEEDBACK_BASELINES"))
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers(cls, v: str) -> str:
+        from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
+
+        return check_names(v)
 
     @field_validator("reward_rules")
     @classmethod
@@ -82,3 +93,6 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
     @property
     def application_id(self) -> str:
         return self.app_id or f"{self.topic_prefix}streams"
+
+    def resolved_tracker_dir(self) -> Path:
+        return self.tracker_dir or self.data_dir / "trackers"

@@ -1,6 +1,6 @@
 """What an experiment tracker holds, read back from its files as its own tools read them: each metric's series as
 ``{name: [(step, value), ...]}`` and the run's configuration, for TensorBoard event files, an MLflow file store and a
-W&B offline run (``--report-to``, trainer/trackers.py)."""
+W&B offline run (``--report-to``, foundation/trackers.py)."""
 
 from __future__ import annotations
 

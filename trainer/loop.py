@@ -274,7 +274,7 @@ class Trainer:
         self._last_data = time.monotonic()
         self._version_steps: dict[int, int] = {}  # version → checkpoint step, as published by this process
         self.validator = self._validator()
-        from trainer.trackers import Trackers
+        from foundation.trackers import Trackers
 
         # The trackers (--report-to): the run's name is its resource and run id.
         self.trackers = Trackers.open(settings.report_to if self.main_rank else "",

@@ -17,7 +17,7 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def _tracker_names(v: str) -> str:
-    from trainer.trackers import check_names  # light: the registry, not the trackers' libraries
+    from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
 
     return check_names(v)
 
@@ -81,7 +81,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     train_temperature: float = Field(default=1.0, gt=0, description="Sampling temperature the behaviour log-probs used.")
     keep_checkpoints: int = Field(default=3, ge=1)
     report_to: str = Field(default="", description="Experiment trackers the run reports to, comma-separated: tensorboard, mlflow, wandb "
-                           "(trainer.trackers.TRACKERS; empty: none).")
+                           "(foundation.trackers.TRACKERS; empty: none).")
     tracker_dir: Path | None = Field(default=None, description="Where the trackers write; default <data_dir>/trackers.")
     max_steps: int = Field(default=0, ge=0, description="Stop after this many total steps (0: run forever).")
     idle_exit_s: float = Field(default=0.0, ge=0, description="Exit after this long without new batches (0: never).")

@@ -1,5 +1,5 @@
 """``rolloutbus export``: a finished run's metrics replayed from ClickHouse (the source of truth) to the experiment
-trackers (``--report-to``, :data:`trainer.trackers.TRACKERS`), for a run that was not reported live or a tracker
+trackers (``--report-to``, :data:`foundation.trackers.TRACKERS`), for a run that was not reported live or a tracker
 added afterwards. What a live ``rolloutbus train --report-to`` writes, under the same run name
 (``<resource>-<run id>``) and at the same steps:
 
@@ -69,7 +69,7 @@ def export(client: Any, report_to: str, root: Path, resource: str, run_id: str |
            database: str = "") -> dict[str, int]:
     """Replay the runs in ``client``'s database (or the one ``run_id`` names) to the trackers ``report_to`` names,
     under ``root``; returns the steps written per run name."""
-    from trainer.trackers import Trackers
+    from foundation.trackers import Trackers
 
     where, params = ("WHERE run_id = {run:String}", {"run": run_id}) if run_id else ("", {})
     step_rows = client.query(STEPS_SQL.format(where=where), parameters=params).result_rows

@@ -16,7 +16,7 @@ _FLAGS = {"report_to": "report_to", "resource_name": "resource_name", "tracker_d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--report-to", metavar="NAMES", help="comma-separated trackers (trainer.trackers.TRACKERS: tensorboard, mlflow, wandb)")
+    parser.add_argument("--report-to", metavar="NAMES", help="comma-separated trackers (foundation.trackers.TRACKERS: tensorboard, mlflow, wandb)")
     parser.add_argument("--run", metavar="RUN", help="a fit run's own database (`rolloutbus runs` lists them)")
     parser.add_argument("--run-id", help="one training run of the database (train_steps.run_id; default: every one)")
     parser.add_argument("--resource-name", help="the resource the run trained, the first half of the tracker's run name <resource>-<run id>")

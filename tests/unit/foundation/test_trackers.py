@@ -13,7 +13,7 @@ import pytest
 from foundation.errors import ConfigError
 from tests.installs import installed
 from tests.tracker_files import READERS
-from trainer.trackers import TRACKERS, Trackers, finite
+from foundation.trackers import TRACKERS, Trackers, finite
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "mlflow", "wandb"])
@@ -57,7 +57,7 @@ def test_wandb_goes_offline_without_a_key_or_without_a_network_to_its_server(tmp
     """The mode is WANDB_MODE as given; else offline without WANDB_API_KEY or when its server cannot be reached (this
     machine reaches no W&B: a key alone must not hang or fail the run), and the warning says which."""
     from rolloutbus.localproc import free_port
-    from trainer.trackers import wandb_mode
+    from foundation.trackers import wandb_mode
 
     never, always = (lambda url: False), (lambda url: True)
     assert wandb_mode({}, always) == ("offline", "no WANDB_API_KEY")

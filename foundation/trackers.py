@@ -1,7 +1,8 @@
-"""The experiment trackers a training run reports to (``rolloutbus train --report-to tensorboard,mlflow,wandb``): the run's
-configuration once, every optimiser step's metrics (loss, KL, clip fraction, tokens/s, reward, staleness, ...) and
-each version's validation score, named by the run so runs can be compared. ClickHouse stays the source of truth
-(every step is in ``train_steps``); a tracker is a view for the tools a team already uses.
+"""The experiment trackers a run reports to (``rolloutbus train|process|export --report-to tensorboard,mlflow,wandb``):
+the run's configuration once, then its metrics by step — the trainer's every optimiser step (loss, KL, clip fraction,
+tokens/s, reward, staleness, ...) and each version's validation score; the stream worker's groups as they are emitted
+(:mod:`streams.report`) — named by the run so runs can be compared. ClickHouse stays the source of truth (every step
+is in ``train_steps``, every group in ``groups``); a tracker is a view for the tools a team already uses.
 
 Each tracker is a class registered in :data:`TRACKERS` (``@TRACKERS.register("name")``; ``--report-to`` takes the
 registry's names): built with the directory the run's files go under, the run's name and its configuration, it
