@@ -41,7 +41,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--state-store", {"dest": "state_store", "help": "faust table store: memory:// or rocksdb://"}),
     ("--feedback-window", {"type": float, "dest": "feedback_window_s",
                            "help": "seconds after a rollout finished that its late feedback is applied"}),
-    ("--report-to", {"dest": "report_to", "metavar": "NAMES",
+    ("--report-to", {"dest": "streams_report_to", "metavar": "NAMES",
                      "help": "experiment trackers to report the emitted groups to, comma-separated: tensorboard, mlflow, wandb"}),
     ("--tracker-dir", {"dest": "tracker_dir", "help": "where the trackers write (default <data dir>/trackers)"}),
     ("--report-interval", {"type": float, "dest": "report_interval_s", "help": "seconds between two reports to the trackers"}),
@@ -244,7 +244,7 @@ def _spans_taken() -> float:
 def _start_report(s: Any) -> _Reporting | None:
     """The trackers ``--report-to`` names, under the run name ``<app id>-<start time>``, with the worker's learning
     settings as the run's configuration; None without ``--report-to``."""
-    if not s.report_to:
+    if not s.streams_report_to:
         return None
     import time
 
@@ -253,8 +253,8 @@ def _start_report(s: Any) -> _Reporting | None:
     config = {k: str(getattr(s, k)) for k in ("group_size", "group_min_rollouts", "group_timeout_s", "credit", "gamma",
                                               "advantage_estimator", "scale_by_std", "reward_rules", "feedback_baseline")}
     run = f"{s.application_id}-{time.strftime('%Y%m%d-%H%M%S')}"
-    trackers = Trackers.open(s.report_to, s.resolved_tracker_dir(), run, {**config, "topic_prefix": s.topic_prefix})
-    print(f"rolloutbus process: reporting to {s.report_to} as {run} every {s.report_interval_s:g} s", flush=True)
+    trackers = Trackers.open(s.streams_report_to, s.resolved_tracker_dir(), run, {**config, "topic_prefix": s.topic_prefix})
+    print(f"rolloutbus process: reporting to {s.streams_report_to} as {run} every {s.report_interval_s:g} s", flush=True)
     return _Reporting(trackers, s.report_interval_s)
 
 

@@ -49,8 +49,10 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
         default=60.0, gt=0, description="On SIGTERM: flush and commit within half of this, exit within all of it."
     )
     app_id: str | None = Field(default=None, description="Consumer group / app id. Default: <topic_prefix>streams.")
-    report_to: str = Field(default="", description="Experiment trackers the worker reports its emitted groups to, "
-                           "comma-separated: tensorboard, mlflow, wandb (foundation.trackers.TRACKERS; empty: none).")
+    # streams_: ROLLOUTBUS_REPORT_TO is the trainer's; one variable for both would report the worker wherever the
+    # trainer reports (the local stack passes its environment to both).
+    streams_report_to: str = Field(default="", description="Experiment trackers the worker reports its emitted groups to, "
+                                   "comma-separated: tensorboard, mlflow, wandb (foundation.trackers.TRACKERS; empty: none).")
     tracker_dir: Path | None = Field(default=None, description="Where the trackers write; default <data_dir>/trackers.")
     report_interval_s: float = Field(default=30.0, gt=0, description="Seconds between two reports to the trackers.")
 
@@ -59,7 +61,7 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
     check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))
     check_baseline = field_validator("feedback_baseline")(registered_in("streams.baselines:FEEDBACK_BASELINES"))
 
-    @field_validator("report_to")
+    @field_validator("streams_report_to")
     @classmethod
     def _trackers(cls, v: str) -> str:
         from foundation.trackers import check_names  # light: the registry, not the trackers' libraries

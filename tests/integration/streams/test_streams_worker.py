@@ -9,10 +9,13 @@ import pytest
 
 from schemas.models import GroupBatch
 from streams.grouping import GroupPolicy, build_batch
+from streams.rewards import RewardRules
 from streams.rollout import Settings, finish_attempt
-from tests.integration.streams.helpers import batches, encoded, produce, query, rollout, start_worker, stop_worker
+from tests.integration.streams.helpers import ROOT, batches, encoded, produce, query, rollout, start_worker, stop_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+AIR = ROOT / "deploy" / "rewards" / "air.toml"
 
 
 def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_env):
@@ -22,7 +25,8 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
     items.insert(3, ("garbage", b"\xc3\x01not-avro-at-all"))
     items.insert(5, ("garbage", b"hello"))
     produce(kafka_conf, topics.spans, items)
-    proc = start_worker(test_env, "--group-size", "2", "--credit", "discounted", "--gamma", "0.5")
+    # The former default rules (a failed tool call -0.1): the core below computes with the same file.
+    proc = start_worker(test_env, "--group-size", "2", "--credit", "discounted", "--gamma", "0.5", "--reward-rules", str(AIR))
     got = batches(kafka_conf, topics.batches, 2, proc)
     rc, out = stop_worker(proc)
     assert rc == 0, out[-3000:]
@@ -42,7 +46,7 @@ def test_groups_rewards_and_advantages_match_the_core(kafka_conf, topics, test_e
         # the topic's own setting: this test broker's default is 16 MB too, a production broker's is 1 MB
         assert (setting.value, setting.source) == (str(16 * 1024 * 1024), ConfigSource.DYNAMIC_TOPIC_CONFIG.value), name
 
-    core = Settings(credit="discounted", gamma=0.5)
+    core = Settings(credit="discounted", gamma=0.5, rules=RewardRules.load(AIR))
     results = {rid: finish_attempt(spans, ev, core) for rid, (spans, ev) in inputs.items()}
     for b in got:
         expected: GroupBatch = build_batch([r for r in results.values() if r.task_id == b.task_id], GroupPolicy(group_size=2), 0, True)
