@@ -51,6 +51,10 @@ class Trainer(Protocol):
     say: Callable[[str], None]
 
 AGENT_SPEC = "rolloutbus.trainer_api.shipped:agent"
+# The stream worker's finish grace here: an agent that calls the model through LLM.get_base_url's proxy URL cannot count
+# the proxy's spans, so each of its attempts waits this long after FINISHED for them (rolloutbus/trainer_api/resources.py).
+# On one host the proxy's span follows within a second; the worker's default (10 s) is for producers further away.
+FINISH_GRACE_S = 2.0
 
 
 @dataclass
@@ -271,6 +275,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
             group_size = algo.samples_per_task if sft else algo.group_size
             sup.start("process", ["process", "--group-size", str(group_size), "--group-min-rollouts", "2",
                                   *([] if sft else algo.process_args()), "--sink-interval", "0.5",
+                                  "--finish-grace", str(FINISH_GRACE_S),
                                   "--group-timeout", str(algo.group_timeout_s), *match])
             # SFT: the model as given answers the collection (GRPO's server waits for the trainer's version 0)
             rank = 0 if sft else served_lora_rank(lora_rank_of(train_args, load_settings(TrainerSettings).lora_rank))
@@ -293,6 +298,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
                 _loop(trainer, algo, settings, sup, live, train, val, t_start)
             if test:
                 result.held_out = _held_out(trainer, agent, algo, settings, sup, result, model, served, test)
+                time.sleep(FINISH_GRACE_S + 1.0)  # its last attempts' grace and the sink's flush, before the stack stops
             result.run, result.database = scope.run or "", settings.clickhouse_database
             if trainer.keep_store and stack.store is not None:
                 stack.keep_store = True
@@ -351,7 +357,7 @@ def _loop(trainer: Trainer, algo: Any, settings: CommonSettings, sup: Any, live:
         raise RolloutbusError("no resource version was published: the trainer never started (see its log)")
     validation, winner = _validation(settings, sup, versions, val, say) if val else ({}, None)
     sup.stop("runners", grace=30)
-    time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
+    time.sleep(FINISH_GRACE_S + 1.0)  # the last attempts' finish grace, then the sink's flush (every 0.5 s)
     with live.lock:
         result = FitResult(list(live.steps), versions, {k: list(v) for k, v in live.rewards_by_version.items()},
                            sum(len(v) for v in live.rewards_by_version.values()), time.monotonic() - t_start, warnings,
@@ -389,7 +395,7 @@ def _sft(trainer: Trainer, algo: SFT, settings: CommonSettings, sup: Any, live: 
     finally:
         feeder.close()
     sup.stop("runners", grace=30)
-    time.sleep(2.0)  # the stream worker's sink flushes every 0.5 s
+    time.sleep(FINISH_GRACE_S + 1.0)  # the last attempts' finish grace, then the sink's flush (every 0.5 s)
     with live.lock:
         rewards = [r for v in live.rewards_by_version.values() for r in v]
     say(f"collected  {len(rewards)} rollouts in groups, mean reward {sum(rewards) / max(1, len(rewards)):.3f}; "

@@ -27,8 +27,8 @@ from foundation.config import CommonSettings, load_settings
 from foundation.errors import ConfigError, RolloutbusError
 from rolloutbus.trainer_api.agent import Adapted
 from rolloutbus.trainer_api.algorithms import APO
-from rolloutbus.trainer_api.fit import (AGENT_SPEC, FitResult, HeldOut, Trainer, _model, fit_stack, match_args, process_env_of,
-                                        serve_command, serve_start_s)
+from rolloutbus.trainer_api.fit import (AGENT_SPEC, FINISH_GRACE_S, FitResult, HeldOut, Trainer, _model, fit_stack, match_args,
+                                        process_env_of, serve_command, serve_start_s)
 from rolloutbus.trainer_api.resources import PromptTemplate
 
 
@@ -243,7 +243,7 @@ def run_apo(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
         _publish(settings, [(settings.topics.resources, name, encode(ResourceVersion(
             name=name, version=0, kind="prompt_template", created_ns=time.time_ns(), config=initial.config())))])
         say(f"published  {name} version 0: the initial template")
-        sup.start("process", ["process", "--sink-interval", "0.5", *match_args(trainer)])
+        sup.start("process", ["process", "--sink-interval", "0.5", "--finish-grace", str(FINISH_GRACE_S), *match_args(trainer)])
         sup.start("serve", serve_command(serve_port, trainer.engine, model))
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)

@@ -3,7 +3,10 @@
 
 ``LLM.get_base_url(rollout_id, attempt_id)`` is the OpenAI base URL an agent points its client at: under
 ``Trainer.fit`` the LLM proxy's per-attempt URL (every call recorded with its token ids), under
-``Trainer.dev`` the endpoint itself (the calls are recorded by the tracer, text only).
+``Trainer.dev`` the endpoint itself (the calls are recorded by the tracer, text only). Asked for the proxy's URL, it
+marks the attempt's FINISHED event as not knowing its span count (``rolloutbus.spans_unknown``): those calls carry no
+sequence id of the agent's, and the stream worker waits its finish grace (``--finish-grace``) for the proxy's spans
+rather than complete the attempt without them.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.context import RolloutContext
+from producers.context import RolloutContext, current_rollout
+from schemas.models import SPANS_UNKNOWN
 
 
 @dataclass
@@ -32,6 +36,14 @@ class LLM:
         if not rollout_id or not attempt_id:
             raise ValueError("the LLM proxy's URL names the rollout and the attempt: get_base_url(rollout.rollout_id, "
                              "rollout.attempt.attempt_id)")
+        # The calls through this URL carry no sequence id of the agent's (no header): the proxy's spans are numbered by
+        # the stream worker, and the attempt's FINISHED cannot count them. Said in its metadata, the worker waits its
+        # finish grace for them instead of completing the attempt the moment FINISHED arrives — before the proxy's span,
+        # sent by another process, has: the attempt would lose its LLM calls (no steps) and its group would split by
+        # version (a rollout without steps has none).
+        ctx = current_rollout()
+        if ctx is not None and ctx.rollout_id == rollout_id and ctx.attempt_id == attempt_id:
+            ctx.metadata[SPANS_UNKNOWN] = "1"
         return f"{base.removesuffix('/v1')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
 
 

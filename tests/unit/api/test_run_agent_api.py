@@ -56,6 +56,28 @@ def test_a_class_an_instance_and_a_function_agent_run_with_the_bus_resources_as_
     assert SEEN[2] == f"http://proxy:8080/rollout/{results[2].rollout_id}/attempt/{results[2].attempt_id}/v1"
 
 
+def test_an_agent_that_takes_the_proxys_attempt_url_says_its_finished_event_cannot_count_its_spans() -> None:
+    """The calls through ``get_base_url(rollout_id, attempt_id)`` carry no sequence id of the agent's: their spans come
+    from the proxy, numbered by the stream worker, so the FINISHED event says its count is unknown (the worker then
+    waits its finish grace for them); an agent that never asked for that URL keeps an exact count."""
+    from schemas.models import SPANS_UNKNOWN
+
+    module = types.ModuleType("agents_url")
+    module.reads, module.Reads = reads, Reads  # type: ignore[attr-defined]
+    sys.modules["agents_url"] = module
+    try:
+        runners = {"url": load_agent("agents_url:reads"), "no-url": load_agent("agents_url:Reads")}
+    finally:
+        del sys.modules["agents_url"]
+    finished = {}
+    for name, runner in runners.items():
+        rec = Recorder()
+        runner.run({"q": "2+2"}, bus(), task_id="t1", transport=rec, mode="train")
+        (event,) = [r for _k, n, r in rec.records if n == "rolloutbus.RolloutEvent" and r.event == "FINISHED"]
+        finished[name] = event.metadata.get(SPANS_UNKNOWN)
+    assert finished == {"url": "1", "no-url": None}
+
+
 def test_a_model_version_without_an_endpoint_stays_the_record() -> None:
     from rolloutbus.trainer_api.resources import from_version
 
