@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from foundation.health import health_settings
 from foundation.registry import registered_in
+from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
 
 METRICS_PORT = 9101  # the trainer's is 9100: both run on one host in the local stack
 
@@ -61,12 +62,7 @@ class StreamSettings(health_settings("streams", METRICS_PORT, 120.0, "records wa
     check_estimator = field_validator("advantage_estimator")(registered_in("streams.grouping:ESTIMATORS"))
     check_baseline = field_validator("feedback_baseline")(registered_in("streams.baselines:FEEDBACK_BASELINES"))
 
-    @field_validator("streams_report_to")
-    @classmethod
-    def _trackers(cls, v: str) -> str:
-        from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
-
-        return check_names(v)
+    check_report_to = field_validator("streams_report_to")(check_names)
 
     @field_validator("reward_rules")
     @classmethod

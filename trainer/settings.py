@@ -11,15 +11,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from foundation.config import PORT, CommonSettings, check_http_url
 from foundation.health import health_settings
 from foundation.registry import registered_in
+from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
 
 METRICS_PORT = 9100  # the stream worker's is 9101: both run on one host in the local stack
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def _tracker_names(v: str) -> str:
-    from foundation.trackers import check_names  # light: the registry, not the trackers' libraries
-
-    return check_names(v)
 
 
 def _resource_name() -> Any:
@@ -114,7 +109,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
             raise ValueError("nnodes > 1 needs rdzv_endpoint (HOST:PORT where the machines' ranks meet)")
         return self
 
-    check_report_to = field_validator("report_to")(_tracker_names)
+    check_report_to = field_validator("report_to")(check_names)
     check_policy_loss = field_validator("policy_loss")(registered_in("trainer.policy_losses:POLICY_LOSSES"))
 
     @field_validator("train_device")
