@@ -45,7 +45,8 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
     (version 0 is scored by each engine's own server: vLLM samples in bfloat16, torch's serve in float32)."""
     from rolloutbus.demo.driver import DemoConfig
 
-    return DemoConfig(task="sql", minutes=args.minutes, group_size=4, runners=16, groups_per_step=2, held_out=args.held_out,
+    return DemoConfig(task="sql", minutes=args.minutes, group_size=getattr(args, "group_size", 4), runners=16,
+                      groups_per_step=getattr(args, "groups_per_step", 2), held_out=args.held_out,
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
@@ -79,6 +80,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
+            "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step,
             "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
             # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
             **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
@@ -143,7 +145,8 @@ def teaching_groups(r: dict[str, Any]) -> float:
     """Groups with mixed rewards (the only ones with an advantage) that optimiser steps trained on."""
     if "trl" in r:
         return sum(2 * (1.0 - float(st.get("frac_reward_zero_std", 1.0))) for st in r["trl"].get("reward_by_step", []))
-    return 2.0 * (r.get("steps") or 0)  # rolloutbus trains with --skip-zero-variance: every group of a step teaches
+    # rolloutbus trains with --skip-zero-variance: every group of a step teaches
+    return float(r.get("groups_per_step", 2)) * (r.get("steps") or 0)
 
 
 def label(system: str, r: dict[str, Any]) -> str:
@@ -153,6 +156,7 @@ def label(system: str, r: dict[str, Any]) -> str:
     credit = (f", credit {r['credit']}" + (f" (γ {r['gamma']:g})" if r["credit"] == "discounted" else "")
               + (f", rules {Path(rules).name}" if rules else "") if r.get("credit") else "")
     return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
+            + ("" if r.get("group_size", 4) == 4 else f", groups of {r['group_size']}, {r.get('groups_per_step', 2)} a step")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + credit)
 
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     from foundation.config import choices_of, default_of
     from trainer.settings import TrainerSettings
 
+    p.add_argument("--group-size", type=int, default=4, help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
+    p.add_argument("--groups-per-step", type=int, default=2, help="the rolloutbus rows' groups per optimiser step")
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")

@@ -49,6 +49,11 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
                                                     "reward_rules": Path("deploy/rewards/sql.toml")}), system, 0, tmp_path, first)
     assert (seen["cfg"].credit, seen["cfg"].gamma, seen["cfg"].reward_rules) == ("discounted", 1.0, Path("deploy/rewards/sql.toml"))
     assert bl.label(system, asked).endswith(", backlog newest, credit discounted (γ 1), rules sql.toml")
+    # groups of 8, one a step: the demo is asked for them, and what the row counts follows
+    big = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "group_size": 8, "groups_per_step": 1}), system, 0, tmp_path, first)
+    assert (seen["cfg"].group_size, seen["cfg"].groups_per_step) == (8, 1)
+    assert big["trained_rollouts"] == 2 * 1 * 8 and bl.teaching_groups(big) == 2.0
+    assert bl.label(system, big).endswith(", groups of 8, 1 a step, backlog newest")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:
