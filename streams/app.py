@@ -105,7 +105,8 @@ class Worker:
 
     def __init__(self, cfg: Config, sink: ClickHouseSink, health: StreamHealth | None = None,
                  on_group: Callable[[GroupBatch], None] | None = None) -> None:
-        """``on_group``: called with each group batch the group stage emits (``--report-to``'s report)."""
+        """``on_group``: called with each batch sent to rb.batches (``--report-to``'s report): the group stage's groups
+        and the feedback stage's one-rollout batches of task-less rollouts that late feedback trains."""
         self.cfg = cfg
         self.sink = sink
         self.health = health or StreamHealth()  # what /readyz reports (streams/health.py)
@@ -159,6 +160,7 @@ class Worker:
             self.app, sink=sink, health=self.health, batches_topic=self.batches_topic, dlq_topic=self.dlq_topic,
             table=self.feedback_applied, flush=self.writes.flush, submit=self.writes.submit, window_s=cfg.feedback_window_s,
             baseline=cfg.feedback_baseline, baseline_window=cfg.feedback_baseline_window, pipelined=cfg.sink_pipelined,
+            on_emit=on_group,
         )
         self.frontier = Frontier(self.app, cfg.gap_accept_s)
         self.stage: SpanStage | None = None

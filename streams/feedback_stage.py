@@ -29,7 +29,7 @@ from prometheus_client import Counter
 
 from foundation.errors import ClickHouseError, DecodeError, KafkaUnavailable, ValidationError
 from schemas import codec
-from schemas.models import DeadLetter, Feedback
+from schemas.models import DeadLetter, Feedback, GroupBatch
 from streams.baselines import FEEDBACK_BASELINES, LeaveOneOutBaseline, prompt_key
 from streams.checkpoint import Checkpoint
 from streams.feedback import AGAIN, APPLY, StoredRollout, agent_of, apply, verdict
@@ -90,7 +90,8 @@ class FeedbackStage:
 
     def __init__(self, app: Any, *, sink: Any, health: StreamHealth, batches_topic: Any, dlq_topic: Any, table: Any,
                  flush: Callable[[], None], submit: Callable[[], int], window_s: float, baseline: str = "loo",
-                 baseline_window: int = 64, pipelined: bool = True, batch: int = FEEDBACK_BATCH) -> None:
+                 baseline_window: int = 64, pipelined: bool = True, batch: int = FEEDBACK_BATCH,
+                 on_emit: Callable[[GroupBatch], None] | None = None) -> None:
         self.window_of = FEEDBACK_BASELINES.get(baseline)  # an unknown name: one line listing the known ones
         self.app, self.sink, self.health = app, sink, health
         self.batches_topic, self.dlq_topic, self.table = batches_topic, dlq_topic, table
@@ -104,6 +105,7 @@ class FeedbackStage:
         self._dirty: dict[bytes, int] = {}  # table key → partition, changed since the last commit point
         self.stats = {"feedback_applied": 0, "feedback_redelivered": 0, "feedback_dead": 0}
         self.checkpoint = Checkpoint(self, sink, flush, submit if pipelined else None, wait=True)
+        self.on_emit = on_emit  # each one-rollout batch sent, as the group stage's (the trackers' report)
 
     # ------------------------------------------------------------------ the agent
 
@@ -191,6 +193,8 @@ class FeedbackStage:
         self.sink.add_many("transitions", done.transition_rows, source)
         if done.batch is not None:
             self._produce(self.batches_topic, done.batch.group_id.encode(), codec.encode(done.batch))
+            if self.on_emit is not None:
+                self.on_emit(done.batch)
         self._put(fb.rollout_id.encode(), msg.partition, json.dumps({"feedback_id": fb.feedback_id}).encode())
         self._count("applied" if what == APPLY else "redelivered")
 

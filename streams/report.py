@@ -1,5 +1,6 @@
 """What ``rolloutbus process --report-to`` reports to the experiment trackers: the groups the worker emitted, a window at
-a time. Pure (the clock and the span count are handed in).
+a time — the group stage's, and the feedback stage's one-rollout batches (a task-less train rollout that late
+feedback trains). Pure (the clock and the span count are handed in).
 
 Each report is one point per metric at step = the groups emitted so far (a worker's own count, from its start), with
 the window since the previous report: ``stream/groups``, ``stream/groups_per_min``, ``stream/teaching_groups_per_min``
