@@ -32,6 +32,9 @@ from typing import Any
 
 from bench.common import ROOT
 from producers.settings import feeder_choices, feeder_default
+from rolloutbus.demo.config import DemoConfig
+
+DEMO_TEMPERATURE = DemoConfig.temperature  # the SQL rows' sampling temperature unless --temperature says otherwise
 
 SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi", "rolloutbus-vllm-single", "rolloutbus-vllm-multi")
 LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
@@ -43,11 +46,10 @@ DEFAULT_SYSTEMS = SYSTEMS[:3]  # the vLLM rows need `make vllm`'s virtualenv (6.
 def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path, engine: str = "torch") -> Any:
     """The demo's SQL run as every row trains it; ``engine`` serves the policy, for training and for evaluation
     (version 0 is scored by each engine's own server: vLLM samples in bfloat16, torch's serve in float32)."""
-    from rolloutbus.demo.driver import DemoConfig
-
     return DemoConfig(task="sql", minutes=args.minutes, group_size=getattr(args, "group_size", 4), runners=16,
                       groups_per_step=getattr(args, "groups_per_step", 2), held_out=args.held_out,
-                      lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10, temperature=0.7,
+                      lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10,
+                      temperature=getattr(args, "temperature", None) or DEMO_TEMPERATURE,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
                       pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"),
@@ -80,7 +82,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "step_time_s": res.step_time_s, "cpu_s": res.cpu_s, "early_stopped": res.early_stopped, "tokens": res.tokens,
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
-            "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step,
+            "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step, "temperature": cfg.temperature,
             "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
             # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
             **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
@@ -157,6 +159,7 @@ def label(system: str, r: dict[str, Any]) -> str:
               + (f", rules {Path(rules).name}" if rules else "") if r.get("credit") else "")
     return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
             + ("" if r.get("group_size", 4) == 4 else f", groups of {r['group_size']}, {r.get('groups_per_step', 2)} a step")
+            + ("" if r.get("temperature", DEMO_TEMPERATURE) == DEMO_TEMPERATURE else f", temperature {r['temperature']:g}")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + credit)
 
@@ -231,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from foundation.config import choices_of, default_of
     from trainer.settings import TrainerSettings
 
+    p.add_argument("--temperature", type=float, help="the rolloutbus rows' sampling temperature of training rollouts "
+                   "(the demo's --temperature; default the demo's)")
     p.add_argument("--group-size", type=int, default=4, help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
     p.add_argument("--groups-per-step", type=int, default=2, help="the rolloutbus rows' groups per optimiser step")
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),

@@ -42,7 +42,7 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     shown = bl.where_time_goes({system: [row]})
     assert "trained on 16 of them (50%), 4000 tokens, 100 per trainer CPU-second" in shown
     assert "3 of 8 groups generated taught (38%, task selection all)" in shown
-    assert f"batches 1.25 versions old on average, 6 waiting groups skipped (backlog newest)" in shown
+    assert "batches 1.25 versions old on average, 6 waiting groups skipped (backlog newest)" in shown
     assert bl.label(system, row).endswith(", backlog newest")
     # the SQL credit table's rows: the credit settings asked for are recorded and named
     asked = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "credit": "discounted", "gamma": 1.0,
@@ -54,6 +54,9 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert (seen["cfg"].group_size, seen["cfg"].groups_per_step) == (8, 1)
     assert big["trained_rollouts"] == 2 * 1 * 8 and bl.teaching_groups(big) == 2.0
     assert bl.label(system, big).endswith(", groups of 8, 1 a step, backlog newest")
+    assert seen["cfg"].temperature == bl.DEMO_TEMPERATURE and big["temperature"] == bl.DEMO_TEMPERATURE
+    hot = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "temperature": 1.0}), system, 0, tmp_path, first)
+    assert seen["cfg"].temperature == 1.0 and bl.label(system, hot).endswith(", temperature 1, backlog newest")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:
