@@ -35,6 +35,7 @@ from producers.settings import feeder_choices, feeder_default
 from rolloutbus.demo.config import DemoConfig
 
 DEMO_TEMPERATURE = DemoConfig.temperature  # the SQL rows' sampling temperature unless --temperature says otherwise
+GROUP_SIZE, GROUPS_PER_STEP = 4, 2  # the SQL rows' groups unless --group-size / --groups-per-step say otherwise
 
 SYSTEMS = ("rolloutbus-single", "trl-single", "rolloutbus-multi", "rolloutbus-vllm-single", "rolloutbus-vllm-multi")
 LABELS = {"rolloutbus-single": "rolloutbus, single-turn", "trl-single": "TRL GRPOTrainer, single-turn",
@@ -46,8 +47,8 @@ DEFAULT_SYSTEMS = SYSTEMS[:3]  # the vLLM rows need `make vllm`'s virtualenv (6.
 def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path, engine: str = "torch") -> Any:
     """The demo's SQL run as every row trains it; ``engine`` serves the policy, for training and for evaluation
     (version 0 is scored by each engine's own server: vLLM samples in bfloat16, torch's serve in float32)."""
-    return DemoConfig(task="sql", minutes=args.minutes, group_size=getattr(args, "group_size", 4), runners=16,
-                      groups_per_step=getattr(args, "groups_per_step", 2), held_out=args.held_out,
+    return DemoConfig(task="sql", minutes=args.minutes, group_size=getattr(args, "group_size", GROUP_SIZE), runners=16,
+                      groups_per_step=getattr(args, "groups_per_step", GROUPS_PER_STEP), held_out=args.held_out,
                       lr=1e-4, kl_beta=0.02, seed=0, out=out, dashboard=False, train_layers=10,
                       temperature=getattr(args, "temperature", None) or DEMO_TEMPERATURE,
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
@@ -148,7 +149,7 @@ def teaching_groups(r: dict[str, Any]) -> float:
     if "trl" in r:
         return sum(2 * (1.0 - float(st.get("frac_reward_zero_std", 1.0))) for st in r["trl"].get("reward_by_step", []))
     # rolloutbus trains with --skip-zero-variance: every group of a step teaches
-    return float(r.get("groups_per_step", 2)) * (r.get("steps") or 0)
+    return float(r.get("groups_per_step", GROUPS_PER_STEP)) * (r.get("steps") or 0)
 
 
 def label(system: str, r: dict[str, Any]) -> str:
@@ -158,7 +159,8 @@ def label(system: str, r: dict[str, Any]) -> str:
     credit = (f", credit {r['credit']}" + (f" (γ {r['gamma']:g})" if r["credit"] == "discounted" else "")
               + (f", rules {Path(rules).name}" if rules else "") if r.get("credit") else "")
     return (LABELS[system] + ("" if sel == "all" else f", task selection {sel}")
-            + ("" if r.get("group_size", 4) == 4 else f", groups of {r['group_size']}, {r.get('groups_per_step', 2)} a step")
+            + ("" if r.get("group_size", GROUP_SIZE) == GROUP_SIZE
+               else f", groups of {r['group_size']}, {r.get('groups_per_step', GROUPS_PER_STEP)} a step")
             + ("" if r.get("temperature", DEMO_TEMPERATURE) == DEMO_TEMPERATURE else f", temperature {r['temperature']:g}")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + credit)
@@ -236,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p.add_argument("--temperature", type=float, help="the rolloutbus rows' sampling temperature of training rollouts "
                    "(the demo's --temperature; default the demo's)")
-    p.add_argument("--group-size", type=int, default=4, help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
-    p.add_argument("--groups-per-step", type=int, default=2, help="the rolloutbus rows' groups per optimiser step")
+    p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
+    p.add_argument("--groups-per-step", type=int, default=GROUPS_PER_STEP, help="the rolloutbus rows' groups per optimiser step")
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")
