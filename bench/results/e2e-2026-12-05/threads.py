@@ -1,8 +1,10 @@
 """Per-thread CPU of the rolloutbus processes during one e2e bench run (polls /proc every 0.2 s)."""
-import os, subprocess, sys, time, collections
+import collections, os, pathlib, subprocess, tempfile, time
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout (this file is bench/results/<dir>/threads.py)
+LOG = os.path.join(tempfile.gettempdir(), "threads-bench.log")
 TCK = os.sysconf("SC_CLK_TCK")
 bench = subprocess.Popen([".venv/bin/python", "-m", "bench.bench_e2e", "--spans", "100000", "--mixes", "default",
-                          "--systems", "rolloutbus"], cwd="/work/main", stdout=open("/work/prof/threads-bench.log", "w"),
+                          "--systems", "rolloutbus"], cwd=ROOT, stdout=open(LOG, "w"),
                          stderr=subprocess.STDOUT)
 last = {}  # (role, tid) -> (name, ticks)
 first = {}
@@ -18,7 +20,7 @@ def cmdline(q):
         return ""
 lg_seen = None
 while bench.poll() is None:
-    if "spans per CPU-s" in open("/work/prof/threads-bench.log").read():
+    if "spans per CPU-s" in open(LOG).read():
         break  # the bench's window closed
     if lg_seen is None and any("--loadgen" in cmdline(q) for q in os.listdir("/proc") if q.isdigit()):
         lg_seen = time.monotonic()
@@ -50,4 +52,4 @@ for role, c in by.items():
     print(role, round(sum(c.values()), 2), "CPU-s (while polled)")
     for comm, s in c.most_common(12): print(f"   {s:6.2f} {comm}")
 bench.wait()
-print(open("/work/prof/threads-bench.log").read()[-1200:])
+print(open(LOG).read()[-1200:])
