@@ -234,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pace", choices=feeder_choices("pace"), default=feeder_default("pace"),
                    help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
     from foundation.config import choices_of, default_of
+    from foundation.flags import Bounded
     from trainer.settings import TrainerSettings
 
-    p.add_argument("--temperature", type=float, help="the rolloutbus rows' sampling temperature of training rollouts "
-                   "(the demo's --temperature; default the demo's)")
-    p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
-    p.add_argument("--groups-per-step", type=int, default=GROUPS_PER_STEP, help="the rolloutbus rows' groups per optimiser step")
+    p.add_argument("--temperature", type=Bounded(float, gt=0),
+                   help="the rolloutbus rows' sampling temperature of training rollouts (the demo's --temperature; default the demo's)")
+    p.add_argument("--group-size", type=Bounded(int, ge=1), default=GROUP_SIZE,
+                   help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
+    p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=GROUPS_PER_STEP,
+                   help="the rolloutbus rows' groups per optimiser step")
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")

@@ -212,18 +212,20 @@ def test_a_batch_the_feedback_stage_sends_is_reported_as_the_group_stage_s_are()
         sent: list[bytes] = []
         sink = SimpleNamespace(add=lambda *a, **k: None, add_many=lambda *a, **k: None)
         topic = SimpleNamespace(send_soon=lambda key, value: sent.append(key))
-        stage = FeedbackStage(None, sink=sink, health=None, batches_topic=topic, dlq_topic=None,  # type: ignore[arg-type]
-                              table=SimpleNamespace(data={}), flush=lambda: None, submit=lambda: 0, window_s=60,
-                              on_emit=report.add)
+
+        def stage_reporting() -> FeedbackStage:
+            return FeedbackStage(None, sink=sink, health=None, batches_topic=topic, dlq_topic=None,  # type: ignore[arg-type]
+                                 table=SimpleNamespace(data={}), flush=lambda: None, submit=lambda: 0, window_s=60,
+                                 on_emit=report.add)
+
+        stage = stage_reporting()
         event = SimpleNamespace(message=SimpleNamespace(topic="rb.feedback", partition=0, offset=7))
         await stage._decide(event, _fb(value=1.0), _Known(rollouts={"r1": _rollout()}, steps={"r1": _steps()}))
         assert sent == [b"feedback:r1"]
         step, metrics = report.take(now=60.0, spans=0.0)  # type: ignore[misc]
         assert step == 1 and metrics["stream/groups"] == 1 and metrics["stream/rollouts"] == 1
         assert metrics["stream/reward_mean"] == 1.0
-        grouped = FeedbackStage(None, sink=sink, health=None, batches_topic=topic, dlq_topic=None,  # type: ignore[arg-type]
-                                table=SimpleNamespace(data={}), flush=lambda: None, submit=lambda: 0, window_s=60,
-                                on_emit=report.add)
+        grouped = stage_reporting()
         await grouped._decide(event, _fb(value=1.0), _Known(rollouts={"r1": _rollout(group="t@3")}, emitted={"t@3"}))
         assert sent == [b"feedback:r1"] and report.take(now=120.0, spans=0.0) is None
 
