@@ -193,6 +193,9 @@ def test_a_group_split_across_versions_gets_the_line_that_says_so(kafka_conf, to
     items += encoded(*rollout("s-r3", "s", reward=1.0, rv=2))
     produce(kafka_conf, topics.spans, items)
     proc = start_worker(test_env, "--group-size", "4", "--group-timeout", "2")
+    # the two groups time out in the order their first rollouts finished: wait for s@1's batch as well as
+    # s@2's line (stopping at the line alone could stop the worker before s@1 was emitted)
+    assert [b.group_id for b in batches(kafka_conf, topics.batches, 1, proc)] == ["s@1"]
     deadline = time.monotonic() + 60
     while "nothing trains on it" not in proc.output() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
