@@ -54,6 +54,7 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
                       pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"),
+                      train_questions=getattr(args, "train_questions", 0),
                       **credit_of(args))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
@@ -84,7 +85,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
             "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step, "temperature": cfg.temperature,
-            "backlog": cfg.backlog, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
+            "backlog": cfg.backlog, "train_questions": cfg.train_questions, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
             # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
             **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
                if credit_of(args) else {})}
@@ -107,7 +108,8 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
     out.mkdir(parents=True, exist_ok=True)
     data = out / "train.jsonl"
     with data.open("w") as f:
-        for q in split.train:  # the same questions rolloutbus trains on (its validation set is not trained on either)
+        # the same questions rolloutbus trains on (its validation set is not trained on either)
+        for q in sql.subset(split.train, cfg.train_questions, seed=cfg.seed):
             f.write(json.dumps({"prompt": sql.question_messages(q), "qid": q.qid, "db": q.db, "gold": q.gold,
                                 "level": q.level, "question": q.text}) + "\n")
     trl_out = out / "trl"
@@ -162,6 +164,7 @@ def label(system: str, r: dict[str, Any]) -> str:
             + ("" if r.get("group_size", GROUP_SIZE) == GROUP_SIZE
                else f", groups of {r['group_size']}, {r.get('groups_per_step', GROUPS_PER_STEP)} a step")
             + ("" if r.get("temperature", DEMO_TEMPERATURE) == DEMO_TEMPERATURE else f", temperature {r['temperature']:g}")
+            + (f", {r['train_questions']} training questions" if r.get("train_questions") else "")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + credit)
 
@@ -243,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
     p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=GROUPS_PER_STEP,
                    help="the rolloutbus rows' groups per optimiser step")
+    p.add_argument("--train-questions", type=Bounded(int, ge=0), default=0,
+                   help="every row trains on this many of the training questions, so each comes round more often in a "
+                        "run (the demo's --train-questions; default 0: all)")
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")

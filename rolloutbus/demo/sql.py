@@ -498,6 +498,17 @@ def split(items: Sequence[Question], held_out: int, seed: int = 0) -> tuple[list
     return train, test
 
 
+def subset(train: Sequence[Question], k: int, seed: int = 0) -> list[Question]:
+    """``k`` of the training questions, levels in proportion and databases in proportion within a level, shuffled
+    (deterministic for a seed); all of them when ``k`` is 0 or not fewer than there are."""
+    if not k or k >= len(train):
+        return list(train)
+    rng = random.Random(seed + 7)
+    picked = _stratified(train, k, rng)
+    rng.shuffle(picked)
+    return picked
+
+
 @dataclass(frozen=True)
 class Split:
     """A split by database and by question (see :func:`split_databases`)."""
@@ -707,4 +718,4 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 __all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
            "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
            "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
-           "schema", "score", "split", "split_databases", "template_from_config"]
+           "schema", "score", "split", "split_databases", "subset", "template_from_config"]

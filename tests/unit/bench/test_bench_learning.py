@@ -57,6 +57,9 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert seen["cfg"].temperature == bl.DEMO_TEMPERATURE and big["temperature"] == bl.DEMO_TEMPERATURE
     hot = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "temperature": 1.0}), system, 0, tmp_path, first)
     assert seen["cfg"].temperature == 1.0 and bl.label(system, hot).endswith(", temperature 1, backlog newest")
+    assert seen["cfg"].train_questions == 0 and "training questions" not in bl.label(system, hot)
+    few = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "train_questions": 32}), system, 0, tmp_path, first)
+    assert seen["cfg"].train_questions == 32 and bl.label(system, few).endswith(", 32 training questions, backlog newest")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:

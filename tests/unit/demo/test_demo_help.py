@@ -96,3 +96,23 @@ def test_lora_rank_reaches_the_trainer_on_every_layer_and_the_live_server(monkey
     assert (s.lora_rank, s.train_layers) == (8, 0)
     s = settings_from_args(p.parse_args(["--model", "tiny", *task.train_args, *plain.lora_train_args()]))
     assert (s.lora_rank, s.train_layers) == (0, plain.train_layers) and plain.train_layers > 0
+
+
+def test_train_questions_trains_the_sql_task_on_a_sample_of_its_questions(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--train-questions N: the SQL task publishes N of its training questions (so each comes round more often in a
+    short run); held-out and validation questions stay as they were; the calculator task refuses it in one line."""
+    import pytest
+
+    from foundation.config import CommonSettings
+    from foundation.errors import ConfigError
+    from rolloutbus.demo import config
+    from rolloutbus.demo.driver import sql_task
+
+    monkeypatch.setattr(config, "_vllm_installed", lambda: False)
+    monkeypatch.setattr("trainer.model_import.import_model", lambda name, root: root / name)
+    every, few = (sql_task(_cfg("--task", "sql", *extra), CommonSettings(), lambda line: None)
+                  for extra in ([], ["--train-questions", "32"]))
+    assert len(few.train) == 32 and {q.qid for q in few.train} < {q.qid for q in every.train} and len(every.train) > 300
+    assert (few.held_out, few.validation) == (every.held_out, every.validation)
+    with pytest.raises(ConfigError, match="--train-questions.*--task sql"):
+        _cfg("--train-questions", "32")

@@ -84,6 +84,19 @@ def test_split_databases_holds_out_whole_databases_and_questions() -> None:
     assert all("company" not in sql.split_databases(seed=k).held_out_dbs for k in range(30))
 
 
+def test_a_subset_of_the_training_questions_keeps_levels_and_databases_in_proportion() -> None:
+    train = sql.split_databases(seed=0).train
+    sub = sql.subset(train, 32, seed=0)
+    assert len(sub) == len({q.qid for q in sub}) == 32 and {q.qid for q in sub} <= {q.qid for q in train}
+    for attr in ("level", "db"):  # each level (and database) within one question of its share of the whole
+        for value in {getattr(q, attr) for q in train}:
+            share = sum(getattr(q, attr) == value for q in train) * 32 / len(train)
+            assert abs(sum(getattr(q, attr) == value for q in sub) - share) <= 1.5, (attr, value)
+    assert sql.subset(train, 32, seed=0) == sub and sql.subset(train, 32, seed=1) != sub
+    assert [q.level for q in sub] != sorted(q.level for q in sub), "shuffled: a feeder taking them in turn mixes levels"
+    assert sql.subset(train, 0) == train and sql.subset(train, 10_000) == train
+
+
 @pytest.mark.parametrize("kwargs", [{"test_unseen": 10_000}, {"held_out_dbs": 99}, {"validation": 600, "test_seen": 600},
                                     {"validation": -1}, {"held_out_dbs": 0, "test_unseen": 1}])
 def test_split_databases_refuses_sizes_that_do_not_fit(kwargs: dict[str, int]) -> None:
