@@ -114,9 +114,10 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
                                 "level": q.level, "question": q.text}) + "\n")
     trl_out = out / "trl"
     cmd = [str(python), str(ROOT / "bench" / "learning_trl.py"), "--model", str(model), "--train", str(data),
-           "--minutes", str(args.minutes), "--group-size", "4", "--groups-per-step", "2", "--lr", "1e-4", "--beta", "0.02",
-           "--temperature", "0.7", "--max-completion-length", "48", "--train-layers", "10", "--threads", str(os.cpu_count() or 2),
-           "--seed", str(run), "--out", str(trl_out)]
+           "--minutes", str(args.minutes), "--group-size", str(cfg.group_size), "--groups-per-step", str(cfg.groups_per_step),
+           "--lr", str(cfg.lr), "--beta", str(cfg.kl_beta), "--temperature", str(cfg.temperature),
+           "--max-completion-length", "48", "--train-layers", str(cfg.train_layers), "--threads", str(os.cpu_count() or 2),
+           "--seed", str(run), "--out", str(trl_out)]  # the rolloutbus rows' settings, as the bench's flags set them
     print("trl        " + " ".join(cmd), flush=True)
     with (out / "trl.log").open("w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.minutes * 60 + 1800,
@@ -131,7 +132,8 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
     return {"first_scores": first["single"], "final_scores": scores, "subsets": subsets, "version": None,
             "steps": summary.get("steps"), "rollouts": summary.get("rollouts"), "train_s": summary.get("wall_s"),
             "wall_s": time.monotonic() - t0, "generation_s": summary.get("generation_s"), "training_s": summary.get("training_s"),
-            "cpu_s": {"trl": summary.get("cpu_s")}, "trl": summary}
+            "cpu_s": {"trl": summary.get("cpu_s")}, "trl": summary, "group_size": cfg.group_size,
+            "groups_per_step": cfg.groups_per_step, "temperature": cfg.temperature, "train_questions": cfg.train_questions}
 
 
 def paired_se(a: list[float], b: list[float]) -> float:
@@ -149,7 +151,8 @@ def spread(xs: list[float], fmt: str = "{:+.1f}") -> str:
 def teaching_groups(r: dict[str, Any]) -> float:
     """Groups with mixed rewards (the only ones with an advantage) that optimiser steps trained on."""
     if "trl" in r:
-        return sum(2 * (1.0 - float(st.get("frac_reward_zero_std", 1.0))) for st in r["trl"].get("reward_by_step", []))
+        per_step = r.get("groups_per_step", GROUPS_PER_STEP)
+        return sum(per_step * (1.0 - float(st.get("frac_reward_zero_std", 1.0))) for st in r["trl"].get("reward_by_step", []))
     # rolloutbus trains with --skip-zero-variance: every group of a step teaches
     return float(r.get("groups_per_step", GROUPS_PER_STEP)) * (r.get("steps") or 0)
 

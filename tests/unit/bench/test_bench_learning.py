@@ -66,3 +66,33 @@ def test_the_vllm_rows_are_asked_for_by_name() -> None:
     args = bl.SYSTEMS
     assert set(bl.DEFAULT_SYSTEMS) == {"rolloutbus-single", "trl-single", "rolloutbus-multi"}
     assert {"rolloutbus-vllm-single", "rolloutbus-vllm-multi"} <= set(args) and set(bl.LABELS) == set(args)
+
+
+def test_the_trl_row_trains_with_the_rows_settings_and_counts_its_groups(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The TRL row is run with the group size, groups per step, temperature and training questions the bench's flags
+    give every row (they were fixed at 4, 2 and 0.7), and counts its teaching groups by its own groups per step."""
+    import json
+    import subprocess
+
+    seen: dict[str, Any] = {}
+
+    def fake_run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen["cmd"] = cmd
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        steps = [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 0.0}, {"step": 2, "reward": 0.5, "frac_reward_zero_std": 1.0}]
+        (out / "summary.json").write_text(json.dumps({"steps": 2, "rollouts": 16, "wall_s": 60.0, "reward_by_step": steps}))
+        seen["train"] = Path(cmd[cmd.index("--train") + 1]).read_text().splitlines()
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr("bench.trl_venv.ensure_trl_venv", lambda: Path("/venv/bin/python"))
+    monkeypatch.setattr("trainer.model_import.import_model", lambda name, root: root / name)
+    monkeypatch.setattr("rolloutbus.demo.driver.evaluate_model", lambda cfg, model, tag: ([0.0, 1.0], [], {}))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = argparse.Namespace(**{**vars(ARGS), "group_size": 8, "groups_per_step": 1, "temperature": 1.0, "train_questions": 32})
+    row = bl.run_trl(args, 0, tmp_path, {})
+    flags = dict(zip(seen["cmd"][2::2], seen["cmd"][3::2]))
+    assert (flags["--group-size"], flags["--groups-per-step"], flags["--temperature"]) == ("8", "1", "1.0")
+    assert (flags["--lr"], flags["--beta"], flags["--train-layers"]) == ("0.0001", "0.02", "10") and len(seen["train"]) == 32
+    assert bl.teaching_groups(row) == 1.0 and bl.label("trl-single", row).endswith(
+        ", groups of 8, 1 a step, temperature 1, 32 training questions")
