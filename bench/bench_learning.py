@@ -244,11 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.settings import TrainerSettings
 
     p.add_argument("--temperature", type=Bounded(float, gt=0),
-                   help="the rolloutbus rows' sampling temperature of training rollouts (the demo's --temperature; default the demo's)")
+                   help="every row's sampling temperature of training rollouts (the demo's --temperature; default the demo's)")
     p.add_argument("--group-size", type=Bounded(int, ge=1), default=GROUP_SIZE,
-                   help="the rolloutbus rows' rollouts per task (the demo's --group-size)")
+                   help="every row's rollouts per task (the demo's --group-size; TRL's num_generations)")
     p.add_argument("--groups-per-step", type=Bounded(int, ge=1), default=GROUPS_PER_STEP,
-                   help="the rolloutbus rows' groups per optimiser step")
+                   help="every row's groups per optimiser step")
     p.add_argument("--train-questions", type=Bounded(int, ge=0), default=0,
                    help="every row trains on this many of the training questions, so each comes round more often in a "
                         "run (the demo's --train-questions; default 0: all)")

@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"for each version by the runners; the winner is evaluated ({d('validation')}; 0: none, the last version)")
     p.add_argument("--validate-every", type=Bounded(int, ge=1), default=None, help=f"--task sql: validate every Nth version ({d('validate_every')})")
     p.add_argument("--train-questions", type=Bounded(int, ge=0), default=None, metavar="N",
-                   help="--task sql: train on N of the training questions (levels and databases in proportion), so each "
-                        f"comes round more often in a short run, as in a second epoch ({d('train_questions')}: all)")
+                   help="--task sql: train on N of the training questions (levels and databases in proportion; the same "
+                        "N for the same --seed; with --production the traffic asks them), so each comes round more often "
+                        f"in a short run, as in a second epoch ({d('train_questions')}: all)")
     p.add_argument("--early-stop-patience", type=Bounded(int, ge=0), default=None,
                    help=f"--task sql: the trainer stops after N validated versions without a better score ({d('early_stop_patience')}: never)")
     p.add_argument("--algorithm", choices=["grpo", "apo"], default="grpo",

@@ -178,6 +178,9 @@ class DemoConfig:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         if cfg.train_questions and cfg.task != "sql":
             raise ConfigError("--train-questions samples the SQL task's training questions: use it with --task sql")
+        if cfg.train_questions and cfg.algorithm == "apo":
+            raise ConfigError("--train-questions samples the questions GRPO trains on; --algorithm apo trains on none "
+                              "(its validation questions are --val-size)")
         return cfg
 
 

@@ -116,3 +116,5 @@ def test_train_questions_trains_the_sql_task_on_a_sample_of_its_questions(monkey
     assert (few.held_out, few.validation) == (every.held_out, every.validation)
     with pytest.raises(ConfigError, match="--train-questions.*--task sql"):
         _cfg("--train-questions", "32")
+    with pytest.raises(ConfigError, match="--train-questions.*--algorithm apo"):
+        _cfg("--task", "sql", "--algorithm", "apo", "--train-questions", "32")

@@ -88,12 +88,13 @@ def test_a_subset_of_the_training_questions_keeps_levels_and_databases_in_propor
     train = sql.split_databases(seed=0).train
     sub = sql.subset(train, 32, seed=0)
     assert len(sub) == len({q.qid for q in sub}) == 32 and {q.qid for q in sub} <= {q.qid for q in train}
-    for attr in ("level", "db"):  # each level (and database) within one question of its share of the whole
+    for attr in ("level", "db"):  # each level (and database) within 1.5 questions of its share of the whole
         for value in {getattr(q, attr) for q in train}:
             share = sum(getattr(q, attr) == value for q in train) * 32 / len(train)
             assert abs(sum(getattr(q, attr) == value for q in sub) - share) <= 1.5, (attr, value)
     assert sql.subset(train, 32, seed=0) == sub and sql.subset(train, 32, seed=1) != sub
-    assert [q.level for q in sub] != sorted(q.level for q in sub), "shuffled: a feeder taking them in turn mixes levels"
+    # shuffled: a feeder taking them in turn mixes levels (picked level by level, they would change level 4 times)
+    assert sum(a.level != b.level for a, b in zip(sub, sub[1:])) > 8
     assert sql.subset(train, 0) == train and sql.subset(train, 10_000) == train
 
 
