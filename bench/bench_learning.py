@@ -103,13 +103,12 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
     settings = load_settings(CommonSettings, {})
     model = import_model("smollm2-135m-instruct", settings.data_dir / "models")
     cfg = demo_config(args, True, run, out)
-    unseen = round(cfg.held_out * 2 / 3)
-    split = sql.split_databases(seed=cfg.seed, validation=cfg.validation, test_seen=cfg.held_out - unseen, test_unseen=unseen)
+    _split, train = sql.demo_split(cfg.held_out, cfg.validation, cfg.train_questions, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "train.jsonl"
     with data.open("w") as f:
         # the same questions rolloutbus trains on (its validation set is not trained on either)
-        for q in sql.subset(split.train, cfg.train_questions, seed=cfg.seed):
+        for q in train:
             f.write(json.dumps({"prompt": sql.question_messages(q), "qid": q.qid, "db": q.db, "gold": q.gold,
                                 "level": q.level, "question": q.text}) + "\n")
     trl_out = out / "trl"

@@ -110,9 +110,8 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
     t0 = time.monotonic()
     model = import_model(cfg.model, settings.data_dir / "models")
     say(f"model      {model} ({time.monotonic() - t0:.0f}s; a second run reuses it)")
-    unseen = max(1, round(cfg.held_out * 2 / 3)) if cfg.held_out > 1 else 1
-    split = sql.split_databases(seed=cfg.seed, validation=cfg.validation, test_seen=cfg.held_out - unseen, test_unseen=unseen)
-    train, held_out = sql.subset(split.train, cfg.train_questions, seed=cfg.seed), split.test
+    split, train = sql.demo_split(cfg.held_out, cfg.validation, cfg.train_questions, seed=cfg.seed)
+    held_out = split.test
     n_dbs = len({q.db for q in train})
     say(f"task       Text-to-SQL on {len(sql.DATABASES)} databases: {len(train)} training questions ({n_dbs} databases), "
         f"{len(split.validation)} validation, {len(held_out)} held-out — {len(split.test_seen)} new questions on the training "

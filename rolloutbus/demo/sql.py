@@ -509,6 +509,14 @@ def subset(train: Sequence[Question], k: int, seed: int = 0) -> list[Question]:
     return picked
 
 
+def demo_split(held_out: int, validation: int, train_questions: int = 0, seed: int = 0) -> tuple["Split", list[Question]]:
+    """The SQL demo's split (two thirds of ``held_out`` on the databases never trained on) and the questions it trains
+    on (:func:`subset` of its ``train``): what the demo and the learning bench's TRL row both train and score on."""
+    unseen = max(1, round(held_out * 2 / 3)) if held_out > 1 else 1
+    s = split_databases(seed=seed, validation=validation, test_seen=held_out - unseen, test_unseen=unseen)
+    return s, subset(s.train, train_questions, seed=seed)
+
+
 @dataclass(frozen=True)
 class Split:
     """A split by database and by question (see :func:`split_databases`)."""
@@ -718,4 +726,4 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 __all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
            "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
            "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
-           "schema", "score", "split", "split_databases", "subset", "template_from_config"]
+           "schema", "score", "split", "split_databases", "demo_split", "subset", "template_from_config"]
