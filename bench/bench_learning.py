@@ -54,7 +54,7 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
                       pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"),
-                      train_questions=getattr(args, "train_questions", 0),
+                      train_questions=getattr(args, "train_questions", 0), sql_reward=getattr(args, "sql_reward", "match"),
                       **credit_of(args))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
 
@@ -85,7 +85,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
             "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step, "temperature": cfg.temperature,
-            "backlog": cfg.backlog, "train_questions": cfg.train_questions, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
+            "backlog": cfg.backlog, "train_questions": cfg.train_questions, "sql_reward": cfg.sql_reward, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
             # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
             **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
                if credit_of(args) else {})}
@@ -167,6 +167,7 @@ def label(system: str, r: dict[str, Any]) -> str:
                else f", groups of {r['group_size']}, {r.get('groups_per_step', GROUPS_PER_STEP)} a step")
             + ("" if r.get("temperature", DEMO_TEMPERATURE) == DEMO_TEMPERATURE else f", temperature {r['temperature']:g}")
             + (f", {r['train_questions']} training questions" if r.get("train_questions") else "")
+            + ("" if r.get("sql_reward", "match") == "match" else f", reward {r['sql_reward']}")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + credit)
 
@@ -261,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gamma", type=float, help="the discount of --credit discounted (the demo's --gamma)")
     p.add_argument("--reward-rules", type=Path, help="the stream worker's reward rules file (the demo's --reward-rules; "
                    "default every automatic rule off), e.g. deploy/rewards/sql.toml")
+    from rolloutbus.demo.sql import REWARDS
+
+    p.add_argument("--sql-reward", choices=list(REWARDS), default="match",
+                   help="the rolloutbus rows' training reward (the demo's --sql-reward; TRL's row keeps execution match); "
+                        "held-out and validation questions are scored by execution match either way")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--work", type=Path, default=Path("bench-learning-output"))
     p.add_argument("--render", type=Path, help="print the table and time split of an earlier run's JSON, run nothing")

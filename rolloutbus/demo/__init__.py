@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--task sql: train on N of the training questions (levels and databases in proportion; the same "
                         "N for the same --seed; with --production the traffic asks them), so each comes round more often "
                         f"in a short run, as in a second epoch ({d('train_questions')}: all)")
+    from rolloutbus.demo.sql import REWARDS
+
+    p.add_argument("--sql-reward", choices=list(REWARDS), default=None,
+                   help=f"--task sql: the training rollouts' reward ({d('sql_reward')}): "
+                        + "; ".join(f"{k}: {v}" for k, v in REWARDS.items())
+                        + ". Validation and held-out questions are scored by execution match either way")
     p.add_argument("--early-stop-patience", type=Bounded(int, ge=0), default=None,
                    help=f"--task sql: the trainer stops after N validated versions without a better score ({d('early_stop_patience')}: never)")
     p.add_argument("--algorithm", choices=["grpo", "apo"], default="grpo",

@@ -69,6 +69,7 @@ class DemoConfig:
     validation: int = 30  # --task sql: validation questions scored for each version (0: none, the last version is kept)
     validate_every: int = 1
     train_questions: int = 0  # --task sql: train on this many of the training questions, a sample by level (0: all)
+    sql_reward: str = "match"  # --task sql: the training rollouts' reward, one of rolloutbus.demo.sql.REWARDS
     early_stop_patience: int = 0
     train_minutes_only: bool = False  # set by the learning bench: no evaluation, no report
     engine: str = "torch"  # --task sql: the policy server's engine (torch | vllm)
@@ -162,7 +163,7 @@ class DemoConfig:
             raise ConfigError("--engine vllm serves a Hugging Face model: use it with --task sql (calc's tiny model is the project's own)")
         for name in ("minutes", "max_steps", "group_size", "runners", "groups_per_step", "held_out", "lr", "kl_beta", "sft_epochs",
                      "train_layers", "temperature", "val_size", "apo_rounds", "apo_beam", "apo_branch", "validation",
-                     "validate_every", "train_questions", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
+                     "validate_every", "train_questions", "sql_reward", "early_stop_patience", "credit", "gamma", "reward_rules", "advantage_estimator",
                      "policy_loss", "nproc_per_node", "lora_rank", "serve_lag"):
             value = getattr(args, name, None)
             if value is not None:
@@ -178,6 +179,9 @@ class DemoConfig:
             raise ConfigError("--group-size must be at least 2: GRPO compares rollouts within a group")
         if cfg.train_questions and cfg.task != "sql":
             raise ConfigError("--train-questions samples the SQL task's training questions: use it with --task sql")
+        if cfg.sql_reward != "match" and (cfg.task != "sql" or cfg.algorithm == "apo" or cfg.production):
+            raise ConfigError(f"--sql-reward {cfg.sql_reward} grades the SQL agent's training rollouts: use it with --task sql's "
+                              "GRPO run (APO trains on none; --production's reward is the simulated user's feedback)")
         if cfg.train_questions and cfg.algorithm == "apo":
             raise ConfigError("--train-questions samples the questions GRPO trains on; --algorithm apo trains on none "
                               "(its validation questions are --val-size)")

@@ -116,7 +116,8 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
     say(f"task       Text-to-SQL on {len(sql.DATABASES)} databases: {len(train)} training questions ({n_dbs} databases), "
         f"{len(split.validation)} validation, {len(held_out)} held-out — {len(split.test_seen)} new questions on the training "
         f"databases, {len(split.test_unseen)} on databases never trained on ({', '.join(split.held_out_dbs)}); execution match"
-        + ("; single-turn form (one SQL answer)" if cfg.single_turn else ""))
+        + ("; single-turn form (one SQL answer)" if cfg.single_turn else "")
+        + (f"; training rollouts rewarded {cfg.sql_reward} ({sql.REWARDS[cfg.sql_reward]})" if cfg.sql_reward != "match" else ""))
     temp = str(cfg.temperature)
     rewrites = 0 if cfg.single_turn else sql_agent_rewrites()
     seen = list(range(len(split.test_seen)))
@@ -127,7 +128,8 @@ def sql_task(cfg: DemoConfig, settings: CommonSettings, say: Any) -> DemoTask:
         # Most early groups of a 135M model fail all together: train only on groups that teach.
         train_args=["--train-layers", str(cfg.train_layers), "--micro-batch-tokens", "2048", "--skip-zero-variance"],
         process_args=["--group-timeout", "300"],
-        env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp, "ROLLOUTBUS_AGENT_REWRITES": str(rewrites)},
+        env={"ROLLOUTBUS_AGENT_TEMPERATURE": temp, "ROLLOUTBUS_TRAIN_TEMPERATURE": temp, "ROLLOUTBUS_AGENT_REWRITES": str(rewrites),
+             "ROLLOUTBUS_AGENT_REWARD": cfg.sql_reward},
         rollout_timeout_s=900, eval_threads=2, validation=list(split.validation),
         serve_args=cfg.serve_args(), serve_start_s=cfg.serve_start_s if cfg.engine == "vllm" else 120.0,
         subsets={"questions never trained on, training databases": seen,

@@ -626,6 +626,57 @@ def execution_match(db: sqlite3.Connection, predicted: list[tuple[Any, ...]], go
     return _norm(predicted) == _norm(gold)  # type: ignore[arg-type]
 
 
+def row_f1(predicted: Sequence[Sequence[Any]], gold: Sequence[Sequence[Any]]) -> float:
+    """F1 of the predicted rows against the gold rows, as multisets normalised as :func:`execution_match` does.
+
+    0.0 when either side is empty or their rows have different column counts (``SELECT *`` against a one-column
+    answer shares no row), 1.0 on a match. Pure.
+    """
+    if not predicted or not gold or len(predicted[0]) != len(gold[0]):
+        return 0.0
+    left: dict[tuple[Any, ...], int] = {}
+    for r in _norm(predicted):
+        left[r] = left.get(r, 0) + 1
+    shared = 0
+    for r in _norm(gold):
+        if left.get(r, 0) > 0:
+            left[r] -= 1
+            shared += 1
+    if not shared:
+        return 0.0
+    precision, recall = shared / len(predicted), shared / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+# The training rollouts' reward (the agent's ``ROLLOUTBUS_AGENT_REWARD``, the demo's --sql-reward). Validation and
+# held-out rollouts are always scored by execution match, so every measured figure means the same whichever is chosen.
+REWARDS = {
+    "match": "1 if the query returns the gold rows, else 0",
+    "graded": "1 if the query returns the gold rows, else half the F1 of the rows it returns against the gold rows "
+              "(the same column count; a failed query or one that returns no row: 0)",
+}
+GRADED_WEIGHT = 0.5  # a partial answer's reward at F1 = 1 (the same rows counted differently): always below a match
+
+
+def graded_reward(kind: str, db: sqlite3.Connection, predicted: list[tuple[Any, ...]] | None, gold_sql: str) -> float:
+    """The reward ``kind`` (one of :data:`REWARDS`) of the rows a query returned (None: it failed) for ``gold_sql``
+    on ``db``: execution match, or with ``graded`` partial credit for a partial answer."""
+    if kind not in REWARDS:
+        raise ValueError(f"unknown SQL reward {kind!r}: choose one of {', '.join(REWARDS)}")
+    if predicted is None:
+        return 0.0
+    try:
+        if execution_match(db, predicted, gold_sql):
+            return 1.0
+        if kind == "match":
+            return 0.0
+        ok, gold = execute(db, gold_sql, max_rows=10_000)
+        assert ok, f"gold query failed: {gold}"
+        return GRADED_WEIGHT * row_f1(predicted, gold)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # rows that mix NULLs and numbers do not sort (as in score)
+        return 0.0
+
+
 _FENCE = re.compile(r"```(?:sql|sqlite)?\s*(.*?)```", re.S | re.I)
 _SELECT = re.compile(r"(?is)\b(select|with)\b.*")
 
@@ -726,4 +777,4 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 __all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
            "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
            "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
-           "schema", "score", "split", "split_databases", "demo_split", "subset", "template_from_config"]
+           "schema", "score", "split", "REWARDS", "GRADED_WEIGHT", "graded_reward", "row_f1", "split_databases", "demo_split", "subset", "template_from_config"]

@@ -4,7 +4,9 @@ LLM proxy by ``base_url`` only, and the public ``producers`` API for what the mo
 The loop (Spider-style): write a query, run it on the question's SQLite database (a tool span each
 time), on an error show the error and let the model rewrite it (at most ``max_rewrites`` times,
 ``ROLLOUTBUS_AGENT_REWRITES``, default ``MAX_REWRITES``; 0 is the single-turn form), answer with the
-rows. Final reward: execution match with the gold query. Intermediate signals go through the stream
+rows. Final reward: execution match with the gold query (``ROLLOUTBUS_AGENT_REWARD=graded``, the demo's
+``--sql-reward graded``: training rollouts also earn partial credit for a partial answer, :data:`sql.REWARDS`;
+validation and evaluation rollouts are always scored by execution match). Intermediate signals go through the stream
 processor's reward rules when it is given them (``deploy/rewards/sql.toml``): a query that fails is a failed
 tool call, an empty result a failed validator.
 Validation and evaluation rollouts (mode ``val`` or ``test``) sample greedily, whatever the temperature.
@@ -32,6 +34,13 @@ MAX_REWRITES = 2
 GREEDY_MODES = ("val", "test")  # rollouts that measure the policy rather than explore
 
 
+def _reward_from_env() -> str:
+    kind = os.environ.get("ROLLOUTBUS_AGENT_REWARD", "match")
+    if kind not in sql.REWARDS:
+        raise ConfigError(f"ROLLOUTBUS_AGENT_REWARD={kind!r}: choose one of {', '.join(sql.REWARDS)}")
+    return kind
+
+
 def _rewrites_from_env() -> int:
     raw = os.environ.get("ROLLOUTBUS_AGENT_REWRITES", str(MAX_REWRITES))
     try:
@@ -49,7 +58,7 @@ class SQLAgent(LitAgent):
     name = "sql-writer"
 
     def __init__(self, proxy: str | None = None, temperature: float | None = None, max_tokens: int = 48,
-                 prompt_resource: str | None = None, max_rewrites: int | None = None) -> None:
+                 prompt_resource: str | None = None, max_rewrites: int | None = None, reward: str | None = None) -> None:
         self.proxy = proxy or os.environ.get("ROLLOUTBUS_LLM_PROXY_URL", "http://127.0.0.1:8788")
         self.prompt_resource = prompt_resource or os.environ.get("ROLLOUTBUS_AGENT_PROMPT_RESOURCE", "prompt")
         self.temperature = float(temperature if temperature is not None else os.environ.get("ROLLOUTBUS_AGENT_TEMPERATURE", "1.0"))
@@ -57,6 +66,9 @@ class SQLAgent(LitAgent):
         if max_rewrites is not None and max_rewrites < 0:
             raise ConfigError(f"max_rewrites={max_rewrites}: give a whole number >= 0 (0: one query, no rewrite)")
         self.max_rewrites = _rewrites_from_env() if max_rewrites is None else max_rewrites
+        if reward is not None and reward not in sql.REWARDS:
+            raise ConfigError(f"reward={reward!r}: choose one of {', '.join(sql.REWARDS)}")
+        self.reward = _reward_from_env() if reward is None else reward
 
     def rollout(self, task: Any, resources: Mapping[str, Any], rollout: Rollout) -> float:
         from openai import OpenAI
@@ -92,7 +104,12 @@ class SQLAgent(LitAgent):
         finally:
             db.close()
         # The gold runs on a fresh copy: a model's ``WITH ... DELETE`` passes execute()'s SELECT/WITH check.
-        return 1.0 if rows is not None and sql.execution_match(sql.connect(question.db), rows, question.gold) else 0.0
+        kind = "match" if rollout.mode in GREEDY_MODES else self.reward
+        gold_db = sql.connect(question.db)
+        try:
+            return sql.graded_reward(kind, gold_db, rows, question.gold)
+        finally:
+            gold_db.close()
 
 
 __all__ = ["GREEDY_MODES", "MAX_REWRITES", "SQLAgent"]

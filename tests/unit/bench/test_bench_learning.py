@@ -60,6 +60,10 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert seen["cfg"].train_questions == 0 and "training questions" not in bl.label(system, hot)
     few = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "train_questions": 32}), system, 0, tmp_path, first)
     assert seen["cfg"].train_questions == 32 and bl.label(system, few).endswith(", 32 training questions, backlog newest")
+    assert seen["cfg"].sql_reward == "match" and "reward" not in bl.label(system, few)
+    graded = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "sql_reward": "graded"}), system, 0, tmp_path, first)
+    assert seen["cfg"].sql_reward == "graded" and graded["sql_reward"] == "graded"
+    assert bl.label(system, graded).endswith(", reward graded, backlog newest")
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:

@@ -118,3 +118,24 @@ def test_train_questions_trains_the_sql_task_on_a_sample_of_its_questions(monkey
         _cfg("--train-questions", "32")
     with pytest.raises(ConfigError, match="--train-questions.*--algorithm apo"):
         _cfg("--task", "sql", "--algorithm", "apo", "--train-questions", "32")
+
+
+def test_sql_reward_reaches_the_sql_agents_runners_and_is_refused_where_it_cannot_act(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from foundation.config import CommonSettings
+    from foundation.errors import ConfigError
+    from rolloutbus.demo import config
+    from rolloutbus.demo.driver import sql_task
+
+    monkeypatch.setattr(config, "_vllm_installed", lambda: False)
+    monkeypatch.setattr("trainer.model_import.import_model", lambda name, root: root / name)
+    said: list[str] = []
+    plain, graded = (sql_task(_cfg("--task", "sql", *extra), CommonSettings(), said.append)
+                     for extra in ([], ["--sql-reward", "graded"]))
+    assert (plain.env["ROLLOUTBUS_AGENT_REWARD"], graded.env["ROLLOUTBUS_AGENT_REWARD"]) == ("match", "graded")
+    assert "rewarded graded" not in said[1] and "training rollouts rewarded graded" in said[3]
+    for argv in (["--sql-reward", "graded"], ["--task", "sql", "--algorithm", "apo", "--sql-reward", "graded"],
+                 ["--task", "sql", "--production", "--sql-reward", "graded"]):
+        with pytest.raises(ConfigError, match="--sql-reward graded grades the SQL agent's training rollouts"):
+            _cfg(*argv)

@@ -236,6 +236,45 @@ def test_agent_single_turn_and_greedy_in_test_mode() -> None:
     assert reward == 1.0 and calls[0]["temperature"] == 0.0
 
 
+def test_graded_reward_gives_half_the_row_f1_to_a_partial_answer_and_nothing_to_a_failed_query() -> None:
+    db = sql.connect()
+    gold = "SELECT name FROM employees WHERE hire_year = 2018"
+    ok, rows = sql.execute(db, gold)
+    assert ok and len(rows) >= 2
+    assert sql.graded_reward("graded", db, rows, gold) == sql.graded_reward("match", db, rows, gold) == 1.0
+    part = rows[:1]  # one of the gold's rows: precision 1, recall 1/n
+    n = len(rows)
+    assert sql.graded_reward("graded", db, part, gold) == pytest.approx(sql.GRADED_WEIGHT * 2 * (1 / n) / (1 + 1 / n))
+    assert sql.graded_reward("match", db, part, gold) == 0.0
+    ok, extra = sql.execute(db, "SELECT name FROM employees")  # every gold row and more: recall 1, precision below 1
+    assert 0.0 < sql.graded_reward("graded", db, extra, gold) < sql.GRADED_WEIGHT
+    ok, wide = sql.execute(db, "SELECT * FROM employees")  # other columns: no row shared
+    assert sql.graded_reward("graded", db, wide, gold) == 0.0
+    assert sql.graded_reward("graded", db, None, gold) == 0.0 and sql.graded_reward("graded", db, [], gold) == 0.0
+    assert sql.graded_reward("graded", db, [(None,), (1,)], gold) == 0.0, "rows that do not sort score 0, not raise"
+    assert sql.row_f1([(1,), (1,), (2,)], [(1,), (2,), (2,)]) == pytest.approx(2 / 3), "multisets: each row counted once"
+    with pytest.raises(ValueError, match="unknown SQL reward 'partial'"):
+        sql.graded_reward("partial", db, rows, gold)
+
+
+@pytest.mark.usefixtures("fake_openai")
+def test_a_graded_agent_grades_training_rollouts_and_matches_measured_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = next(q for q in sql.questions() if q.gold == "SELECT name FROM employees WHERE hire_year = 2018")
+    partial = "SELECT name FROM employees WHERE hire_year >= 2018"  # the gold's rows and more
+    reward, _, _ = _run(SQLAgent(max_rewrites=0, reward="graded"), q, [partial])
+    assert 0.0 < reward < sql.GRADED_WEIGHT
+    assert _run(SQLAgent(max_rewrites=0), q, [partial])[0] == 0.0, "execution match by default"
+    for mode in ("val", "test"):
+        assert _run(SQLAgent(max_rewrites=0, reward="graded"), q, [partial], mode=mode)[0] == 0.0, mode
+    monkeypatch.setenv("ROLLOUTBUS_AGENT_REWARD", "graded")
+    assert SQLAgent().reward == "graded"
+    monkeypatch.setenv("ROLLOUTBUS_AGENT_REWARD", "partial")
+    with pytest.raises(ConfigError, match="ROLLOUTBUS_AGENT_REWARD='partial'"):
+        SQLAgent()
+    with pytest.raises(ConfigError, match="reward='partial'"):
+        SQLAgent(reward="partial")
+
+
 @pytest.mark.usefixtures("fake_openai")
 def test_agent_uses_a_prompt_resource_with_the_question_schema() -> None:
     q = sql.questions("cinema")[0]
