@@ -130,11 +130,14 @@ def test_sql_reward_reaches_the_sql_agents_runners_and_is_refused_where_it_canno
 
     monkeypatch.setattr(config, "_vllm_installed", lambda: False)
     monkeypatch.setattr("trainer.model_import.import_model", lambda name, root: root / name)
-    said: list[str] = []
-    plain, graded = (sql_task(_cfg("--task", "sql", *extra), CommonSettings(), said.append)
-                     for extra in ([], ["--sql-reward", "graded"]))
+    said: dict[str, list[str]] = {"match": [], "graded": []}
+    plain, graded = (sql_task(_cfg("--task", "sql", "--sql-reward", kind), CommonSettings(), said[kind].append)
+                     for kind in ("match", "graded"))
     assert (plain.env["ROLLOUTBUS_AGENT_REWARD"], graded.env["ROLLOUTBUS_AGENT_REWARD"]) == ("match", "graded")
-    assert "rewarded graded" not in said[1] and "training rollouts rewarded graded" in said[3]
+    assert _cfg("--task", "sql").sql_reward == "match", "execution match by default"
+    task_line = [line for line in said["graded"] if line.startswith("task")]
+    assert len(task_line) == 1 and "training rollouts rewarded graded (1 if the query returns" in task_line[0]
+    assert not any("rewarded" in line for line in said["match"])
     for argv in (["--sql-reward", "graded"], ["--task", "sql", "--algorithm", "apo", "--sql-reward", "graded"],
                  ["--task", "sql", "--production", "--sql-reward", "graded"]):
         with pytest.raises(ConfigError, match="--sql-reward graded grades the SQL agent's training rollouts"):
