@@ -118,6 +118,10 @@ def test_train_questions_trains_the_sql_task_on_a_sample_of_its_questions(monkey
         _cfg("--train-questions", "32")
     with pytest.raises(ConfigError, match="--train-questions.*--algorithm apo"):
         _cfg("--task", "sql", "--algorithm", "apo", "--train-questions", "32")
+    pool = len(every.train)
+    assert _cfg("--task", "sql", "--train-questions", str(pool)).train_questions == pool, "all of them, named"
+    with pytest.raises(ConfigError, match=f"--train-questions {pool + 1}: the SQL task has {pool} training questions"):
+        _cfg("--task", "sql", "--train-questions", str(pool + 1))
 
 
 def test_sql_reward_reaches_the_sql_agents_runners_and_is_refused_where_it_cannot_act(monkeypatch) -> None:  # type: ignore[no-untyped-def]
