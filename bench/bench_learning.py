@@ -103,6 +103,7 @@ def run_trl(args: argparse.Namespace, run: int, out: Path, first: dict[str, list
     settings = load_settings(CommonSettings, {})
     model = import_model("smollm2-135m-instruct", settings.data_dir / "models")
     cfg = demo_config(args, True, run, out)
+    cfg.sql_reward = "match"  # TRL's reward function is execution match (learning_trl.py): its evaluation says so too
     _split, train = sql.demo_split(cfg.held_out, cfg.validation, cfg.train_questions, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "train.jsonl"
@@ -276,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         minutes = float(saved["args"]["minutes"])
         print(table(saved["results"], minutes) + "\n\n## Where the time goes\n\n" + where_time_goes(saved["results"]))
         return 0
+    if args.train_questions:
+        from rolloutbus.demo import sql
+
+        pool = len(sql.demo_split(args.held_out, args.validation, seed=0)[0].train)
+        if args.train_questions > pool:
+            p.error(f"--train-questions {args.train_questions}: the SQL task has {pool} training questions beside "
+                    f"--held-out {args.held_out} and --validation {args.validation}; give at most {pool} (0: all of them)")
     systems = [s for s in args.systems.split(",") if s]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:

@@ -652,15 +652,21 @@ def row_f1(predicted: Sequence[Sequence[Any]], gold: Sequence[Sequence[Any]]) ->
 # held-out rollouts are always scored by execution match, so every measured figure means the same whichever is chosen.
 REWARDS = {
     "match": "1 if the query returns the gold rows, else 0",
-    "graded": "1 if the query returns the gold rows, else half the F1 of the rows it returns against the gold rows "
-              "(the same column count; a failed query or one that returns no row: 0)",
+    "graded": "1 if the query returns the gold rows; else, where the gold has several rows and the query returns most of "
+              "them and few others (row F1 at least 0.5), half that F1; else 0",
 }
-GRADED_WEIGHT = 0.5  # a partial answer's reward at F1 = 1 (the same rows counted differently): always below a match
+# A partial answer's reward is GRADED_WEIGHT x its row F1, always below a match's 1. Only an answer whose row F1 reaches
+# GRADED_MIN_F1 earns it, and only where the gold has several rows: group advantages are normalised by the group's
+# spread, so any credit at all in a group that otherwise fails is worth as much as a match, and a small credit for
+# returning many rows (a query that lists a whole table, or every integer, holds most counts) would be learnt as one.
+GRADED_WEIGHT = 0.5
+GRADED_MIN_F1 = 0.5
 
 
 def graded_reward(kind: str, db: sqlite3.Connection, predicted: list[tuple[Any, ...]] | None, gold_sql: str) -> float:
     """The reward ``kind`` (one of :data:`REWARDS`) of the rows a query returned (None: it failed) for ``gold_sql``
-    on ``db``: execution match, or with ``graded`` partial credit for a partial answer."""
+    on ``db``: execution match, or with ``graded`` partial credit for an answer with most of a several-row gold's rows
+    and few others."""
     if kind not in REWARDS:
         raise ValueError(f"unknown SQL reward {kind!r}: choose one of {', '.join(REWARDS)}")
     if predicted is None:
@@ -672,7 +678,8 @@ def graded_reward(kind: str, db: sqlite3.Connection, predicted: list[tuple[Any, 
             return 0.0
         ok, gold = execute(db, gold_sql, max_rows=10_000)
         assert ok, f"gold query failed: {gold}"
-        return GRADED_WEIGHT * row_f1(predicted, gold)  # type: ignore[arg-type]
+        f1 = row_f1(predicted, gold) if len(gold) > 1 else 0.0  # type: ignore[arg-type]
+        return GRADED_WEIGHT * f1 if f1 >= GRADED_MIN_F1 else 0.0
     except (TypeError, ValueError):  # rows that mix NULLs and numbers do not sort (as in score)
         return 0.0
 
@@ -777,4 +784,4 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 __all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
            "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
            "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
-           "schema", "score", "split", "REWARDS", "GRADED_WEIGHT", "graded_reward", "row_f1", "split_databases", "demo_split", "subset", "template_from_config"]
+           "schema", "score", "split", "REWARDS", "GRADED_MIN_F1", "GRADED_WEIGHT", "graded_reward", "row_f1", "split_databases", "demo_split", "subset", "template_from_config"]

@@ -66,6 +66,12 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert bl.label(system, graded).endswith(", reward graded, backlog newest")
 
 
+def test_train_questions_above_the_pool_are_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bl.main(["--systems", "rolloutbus-vllm-single", "--sql-reward", "graded", "--train-questions", "100000"])
+    assert exc.value.code == 2 and "--train-questions 100000: the SQL task has" in capsys.readouterr().err
+
+
 def test_the_vllm_rows_are_asked_for_by_name() -> None:
     args = bl.SYSTEMS
     assert set(bl.DEFAULT_SYSTEMS) == {"rolloutbus-single", "trl-single", "rolloutbus-multi"}

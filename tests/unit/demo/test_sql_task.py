@@ -236,31 +236,55 @@ def test_agent_single_turn_and_greedy_in_test_mode() -> None:
     assert reward == 1.0 and calls[0]["temperature"] == 0.0
 
 
-def test_graded_reward_gives_half_the_row_f1_to_a_partial_answer_and_nothing_to_a_failed_query() -> None:
+def test_graded_reward_gives_half_the_row_f1_to_most_of_a_several_row_answer_and_nothing_less() -> None:
     db = sql.connect()
     gold = "SELECT name FROM employees WHERE hire_year = 2018"
     ok, rows = sql.execute(db, gold)
-    assert ok and len(rows) >= 2
-    assert sql.graded_reward("graded", db, rows, gold) == sql.graded_reward("match", db, rows, gold) == 1.0
-    part = rows[:1]  # one of the gold's rows: precision 1, recall 1/n
     n = len(rows)
-    assert sql.graded_reward("graded", db, part, gold) == pytest.approx(sql.GRADED_WEIGHT * 2 * (1 / n) / (1 + 1 / n))
-    assert sql.graded_reward("match", db, part, gold) == 0.0
-    ok, extra = sql.execute(db, "SELECT name FROM employees")  # every gold row and more: recall 1, precision below 1
-    assert 0.0 < sql.graded_reward("graded", db, extra, gold) < sql.GRADED_WEIGHT
-    ok, wide = sql.execute(db, "SELECT * FROM employees")  # other columns: no row shared
+    assert ok and n >= 3
+    assert sql.graded_reward("graded", db, rows, gold) == sql.graded_reward("match", db, rows, gold) == 1.0
+    most = rows[:-1]  # all but one of the gold's rows: precision 1, recall (n-1)/n
+    f1 = 2 * (n - 1) / (2 * n - 1)
+    assert f1 >= sql.GRADED_MIN_F1 and sql.graded_reward("graded", db, most, gold) == pytest.approx(sql.GRADED_WEIGHT * f1)
+    assert sql.graded_reward("match", db, most, gold) == 0.0
+    assert sql.graded_reward("graded", db, most + [("Nobody",)], gold) < sql.graded_reward("graded", db, most, gold), "others cost"
+    assert sql.graded_reward("graded", db, rows[:1], gold) == 0.0, f"one of {n} rows: F1 below {sql.GRADED_MIN_F1}"
+    ok, everyone = sql.execute(db, "SELECT name FROM employees")  # the filter left out: every gold row among 40
+    assert sql.graded_reward("graded", db, everyone, gold) == 0.0
+    ok, wide = sql.execute(db, "SELECT * FROM employees WHERE hire_year = 2018")  # other columns: no row shared
     assert sql.graded_reward("graded", db, wide, gold) == 0.0
     assert sql.graded_reward("graded", db, None, gold) == 0.0 and sql.graded_reward("graded", db, [], gold) == 0.0
     assert sql.graded_reward("graded", db, [(None,), (1,)], gold) == 0.0, "rows that do not sort score 0, not raise"
-    assert sql.row_f1([(1,), (1,), (2,)], [(1,), (2,), (2,)]) == pytest.approx(2 / 3), "multisets: each row counted once"
+    count = "SELECT COUNT(*) FROM employees WHERE hire_year = 2018"  # a one-row gold: a match or nothing
+    assert sql.graded_reward("graded", db, [(n,), (n + 1,)], count) == 0.0
+    assert sql.row_f1([(1,), (1,), (2,)], [(1,), (1,), (3,)]) == pytest.approx(2 / 3), "multisets: a repeated row counts twice"
+    assert sql.row_f1([(1,), (1,), (2,)], [(1,), (2,), (2,)]) == pytest.approx(2 / 3), "and matches as often as the gold has it"
     with pytest.raises(ValueError, match="unknown SQL reward 'partial'"):
         sql.graded_reward("partial", db, rows, gold)
 
 
+def test_no_question_pays_a_query_that_ignores_it() -> None:
+    """Every integer up to 200 holds most counts, and advantages are normalised by the group's spread, so any credit in
+    a failing group would be learnt as a match: such a query earns nothing on any question of any database."""
+    every_integer = "WITH RECURSIVE n(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM n LIMIT 200) SELECT x FROM n"
+    paid = []
+    for q in sql.all_questions():
+        db = sql.connect(q.db)
+        ok, rows = sql.execute(db, every_integer)
+        if sql.graded_reward("graded", db, rows, q.gold):  # type: ignore[arg-type]
+            paid.append(q.qid)
+        db.close()
+    assert ok and not paid
+
+
 @pytest.mark.usefixtures("fake_openai")
 def test_a_graded_agent_grades_training_rollouts_and_matches_measured_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLLOUTBUS_AGENT_REWARD", raising=False)
     q = next(q for q in sql.questions() if q.gold == "SELECT name FROM employees WHERE hire_year = 2018")
-    partial = "SELECT name FROM employees WHERE hire_year >= 2018"  # the gold's rows and more
+    db = sql.connect()
+    ok, gold_rows = sql.execute(db, q.gold)
+    names = ", ".join(f"'{r[0]}'" for r in gold_rows[:-1])
+    partial = f"SELECT name FROM employees WHERE name IN ({names})"  # all but one of the gold's rows
     reward, _, _ = _run(SQLAgent(max_rewrites=0, reward="graded"), q, [partial])
     assert 0.0 < reward < sql.GRADED_WEIGHT
     assert _run(SQLAgent(max_rewrites=0), q, [partial])[0] == 0.0, "execution match by default"
