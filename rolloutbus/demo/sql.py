@@ -652,8 +652,8 @@ def row_f1(predicted: Sequence[Sequence[Any]], gold: Sequence[Sequence[Any]]) ->
 # held-out rollouts are always scored by execution match, so every measured figure means the same whichever is chosen.
 REWARDS = {
     "match": "1 if the query returns the gold rows, else 0",
-    "graded": "1 if the query returns the gold rows; else, where the gold has several rows and the query returns most of "
-              "them and few others (row F1 at least 0.5), half that F1; else 0",
+    "graded": "1 if the query returns the gold rows; else, where the gold has several rows, half the F1 of the rows the "
+              "query returns against them when that F1 is at least 0.5 (two of three gold rows and nothing else: 0.4); else 0",
 }
 # A partial answer's reward is GRADED_WEIGHT x its row F1, always below a match's 1. Only an answer whose row F1 reaches
 # GRADED_MIN_F1 earns it, and only where the gold has several rows: group advantages are normalised by the group's

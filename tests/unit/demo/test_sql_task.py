@@ -241,7 +241,7 @@ def test_graded_reward_gives_half_the_row_f1_to_most_of_a_several_row_answer_and
     gold = "SELECT name FROM employees WHERE hire_year = 2018"
     ok, rows = sql.execute(db, gold)
     n = len(rows)
-    assert ok and n >= 3
+    assert ok and n >= 4, "one row of four or more: F1 below 0.5"
     assert sql.graded_reward("graded", db, rows, gold) == sql.graded_reward("match", db, rows, gold) == 1.0
     most = rows[:-1]  # all but one of the gold's rows: precision 1, recall (n-1)/n
     f1 = 2 * (n - 1) / (2 * n - 1)
@@ -263,7 +263,7 @@ def test_graded_reward_gives_half_the_row_f1_to_most_of_a_several_row_answer_and
         sql.graded_reward("partial", db, rows, gold)
 
 
-def test_no_question_pays_a_query_that_ignores_it() -> None:
+def test_no_question_pays_a_query_counting_to_200() -> None:
     """Every integer up to 200 holds most counts, and advantages are normalised by the group's spread, so any credit in
     a failing group would be learnt as a match: such a query earns nothing on any question of any database."""
     every_integer = "WITH RECURSIVE n(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM n LIMIT 200) SELECT x FROM n"
