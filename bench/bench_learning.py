@@ -280,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_questions:
         from rolloutbus.demo import sql
 
-        pool = len(sql.demo_split(args.held_out, args.validation, seed=0)[0].train)
-        if args.train_questions > pool:
-            p.error(f"--train-questions {args.train_questions}: the SQL task has {pool} training questions beside "
-                    f"--held-out {args.held_out} and --validation {args.validation}; give at most {pool} (0: all of them)")
+        try:
+            sql.demo_split(args.held_out, args.validation, args.train_questions, seed=0)
+        except ValueError as exc:
+            p.error(str(exc))
     systems = [s for s in args.systems.split(",") if s]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:

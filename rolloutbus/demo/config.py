@@ -188,10 +188,10 @@ class DemoConfig:
         if cfg.train_questions:
             from rolloutbus.demo import sql
 
-            pool = len(sql.demo_split(cfg.held_out, cfg.validation, seed=cfg.seed)[0].train)
-            if cfg.train_questions > pool:
-                raise ConfigError(f"--train-questions {cfg.train_questions}: the SQL task has {pool} training questions beside "
-                                  f"--held-out {cfg.held_out} and --validation {cfg.validation}; give at most {pool} (0: all of them)")
+            try:
+                sql.demo_split(cfg.held_out, cfg.validation, cfg.train_questions, seed=cfg.seed)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         return cfg
 
 

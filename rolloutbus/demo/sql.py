@@ -511,9 +511,13 @@ def subset(train: Sequence[Question], k: int, seed: int = 0) -> list[Question]:
 
 def demo_split(held_out: int, validation: int, train_questions: int = 0, seed: int = 0) -> tuple["Split", list[Question]]:
     """The SQL demo's split (two thirds of ``held_out`` on the databases never trained on) and the questions it trains
-    on (:func:`subset` of its ``train``): what the demo and the learning bench's TRL row both train and score on."""
+    on (:func:`subset` of its ``train``): what the demo and the learning bench's TRL row both train and score on.
+    ValueError (the demo's and the bench's one line) when ``train_questions`` exceeds the training pool."""
     unseen = max(1, round(held_out * 2 / 3)) if held_out > 1 else 1
     s = split_databases(seed=seed, validation=validation, test_seen=held_out - unseen, test_unseen=unseen)
+    if train_questions > len(s.train):
+        raise ValueError(f"--train-questions {train_questions}: the SQL task has {len(s.train)} training questions beside "
+                         f"--held-out {held_out} and --validation {validation}; give at most {len(s.train)} (0: all of them)")
     return s, subset(s.train, train_questions, seed=seed)
 
 
