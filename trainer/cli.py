@@ -31,6 +31,7 @@ _FLAGS: dict[str, str] = {
     "loss_agg": "loss_agg",
     "policy_loss": "policy_loss",
     "is_cap": "is_cap",
+    "updates_per_batch": "updates_per_batch",
     "clip_eps": "clip_eps",
     "clip_eps_high": "clip_eps_high",
     "kl_beta": "kl_beta",
@@ -87,6 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-agg", help="loss aggregation")
     p.add_argument("--policy-loss", metavar="NAME", help="the per-token policy term: ppo-clip, decoupled (AReaL's, for stale batches), verl:<name> (verl's), or a registered one (ROLLOUTBUS_PLUGINS imports modules that register more)")
     p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight")
+    p.add_argument("--updates-per-batch", type=int, metavar="N", help="optimiser updates on each batch (GRPO's mu, verl's "
+                   "ppo_epochs), each clipped against the batch's sampling log-probs; one version per batch")
     p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters merged (0: full fine-tuning)")
     p.add_argument("--lora-alpha", type=float, help="LoRA alpha")
     p.add_argument("--lora-targets", help="modules that get adapters")

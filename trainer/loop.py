@@ -242,7 +242,7 @@ class Trainer:
             micro_batch_tokens=micro_batch_tokens(settings.micro_batch_tokens, self.device), ref_model=ref,
             temperature=settings.train_temperature, pad_id=self.tok.pad_id,
             autocast=resolve_precision(settings.train_precision, self.device), ranks=self.ranks,
-            share_prefix=settings.share_prompts,
+            share_prefix=settings.share_prompts, updates_per_batch=settings.updates_per_batch,
         )
         log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")

@@ -58,6 +58,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     policy_loss: str = Field(default="ppo-clip", description="The per-token policy term: a registered policy loss "
                              "(trainer.grpo.POLICY_LOSSES: ppo-clip, decoupled, or one a plugin registers).")
     is_cap: float = Field(default=2.0, gt=0.0, description="decoupled: the cap of each token's proximal/behaviour weight.")
+    updates_per_batch: int = Field(default=1, ge=1, le=16, description="Optimiser updates on each batch (GRPO's mu, verl's "
+                                   "ppo_epochs, TRL's num_iterations), each clipped against the log-probs it was sampled with; "
+                                   "one version is published per batch. Above 1 needs the ppo-clip policy loss.")
     lora_rank: int = Field(default=0, ge=0, le=1024, description="LoRA adapters of this rank on lora_targets, the base frozen "
                            "(0: full fine-tuning); versions are published with the adapters merged.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA's alpha (the adapters scaled by alpha / rank).")
@@ -118,6 +121,13 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
         if not _DEVICE.match(v):
             raise ValueError("must be cpu, cuda, cuda:N or auto")
         return v
+
+    @model_validator(mode="after")
+    def _updates_need_a_trust_region(self) -> TrainerSettings:
+        if self.updates_per_batch > 1 and self.policy_loss == "decoupled":
+            raise ValueError("updates_per_batch above 1 needs the ppo-clip policy loss: decoupled clips against the policy "
+                             "as it is at each update, so a batch's later updates would have no trust region")
+        return self
 
     @model_validator(mode="after")
     def _early_stop_needs_validation(self) -> TrainerSettings:

@@ -391,9 +391,18 @@ class TorchGRPOBackend:
         autocast: torch.dtype | None = None,
         ranks: Any | None = None,
         share_prefix: bool = True,
+        updates_per_batch: int = 1,
     ) -> None:
         if micro_batch_tokens <= 0:
             raise TrainingError("micro_batch_tokens must be > 0")
+        if updates_per_batch < 1:
+            raise TrainingError("updates_per_batch must be >= 1")
+        if updates_per_batch > 1 and (grpo or GRPOConfig()).policy_loss == "decoupled":
+            raise TrainingError("updates_per_batch > 1 with the decoupled policy loss: it clips against the policy as it is "
+                                "at each update, so later updates on a batch would have no trust region; use ppo-clip")
+        # GRPO's μ (verl's ppo_epochs, TRL's num_iterations): optimiser updates on each batch, every one clipped against
+        # the log-probs the batch was sampled with (or, where none were recorded, the policy's before the first update)
+        self.updates_per_batch = updates_per_batch
         self.model = model
         self.grpo = grpo or GRPOConfig()
         self.max_grad_norm = max_grad_norm
@@ -426,14 +435,16 @@ class TorchGRPOBackend:
 
     def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
                    loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False,
-                   packed: list[tuple[int, list[Sample]]] | None = None) -> dict[str, float]:
+                   packed: list[tuple[int, list[Sample]]] | None = None, olds: list[torch.Tensor] | None = None) -> dict[str, float]:
         """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
 
         ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
         ``loss_scale`` multiplies each loss before backward (the ranks' count, where FSDP averages gradients);
         ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest);
         ``lockstep``: some rank shares a prefix, so every micro-batch makes two forward calls
-        (:func:`masked_logprobs`); ``packed``: :meth:`pack` of ``samples`` when the caller has it already."""
+        (:func:`masked_logprobs`); ``packed``: :meth:`pack` of ``samples`` when the caller has it already;
+        ``olds``: the old log-probs of each micro-batch, kept across a batch's updates: the first call (an empty list)
+        appends them, the later ones (the same ``packed``) clip against them."""
         num_seqs = float(len(samples)) if num_seqs is None else num_seqs
         num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
@@ -444,7 +455,7 @@ class TorchGRPOBackend:
         through_root = self.ranks is not None
         packed = self.pack(samples) if packed is None else packed
         batches = [(prefix, mb, 1.0) for prefix, mb in packed] + [(0, mb, 0.0) for mb in padding]
-        for prefix, mb, weight in batches:
+        for i, (prefix, mb, weight) in enumerate(batches):
             t0 = time.perf_counter()
             b = collate(mb, self.pad_id, self.device)
             data_time += time.perf_counter() - t0
@@ -462,7 +473,12 @@ class TorchGRPOBackend:
                     with torch.no_grad():
                         ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                               through_root, prefix, lockstep)  # a sharded reference (several ranks) as the policy
-            old = torch.where(b["has_old"], b["old_logp"], logp.detach())
+            if olds is not None and i < len(olds):
+                old = olds[i]
+            else:
+                old = torch.where(b["has_old"], b["old_logp"], logp.detach())
+                if olds is not None:
+                    olds.append(old)
             loss, m = grpo_loss(
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
                 ref_logp=ref, seq_weights=b["weights"], num_seqs=num_seqs, num_tokens=num_tokens,
@@ -512,27 +528,44 @@ class TorchGRPOBackend:
         if not rep.samples:
             metrics.update({"loss": 0.0, "samples": 0.0, "tokens": 0.0, "step_time_s": time.perf_counter() - t0})
             return metrics
-        m = self.accumulate(rep.samples) if self.ranks is None else self._accumulate_share(rep.samples)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
-            grad_norm = grad_norm.full_tensor()
-        if not torch.isfinite(grad_norm):
-            # Skip the update rather than poison the weights; the metric says it happened.
+        # One update, or μ on the same micro-batches: the first's metrics are the step's (as with one), the last's
+        # clip fraction and ratio say how far the updates moved the policy from the batch's.
+        olds: list[torch.Tensor] | None = [] if self.updates_per_batch > 1 else None
+        packed = self.pack(rep.samples) if self.ranks is None else None
+        first: tuple[dict[str, float], Any] | None = None
+        updates = 0
+        for _ in range(self.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            metrics["skipped_nonfinite"] = 1.0
-        else:
+            last = (self.accumulate(rep.samples, packed=packed, olds=olds) if self.ranks is None
+                    else self._accumulate_share(rep.samples, olds=olds))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
+                grad_norm = grad_norm.full_tensor()
+            first = first or (last, grad_norm)
+            if not torch.isfinite(grad_norm):
+                # Skip the update (and the batch's later ones) rather than poison the weights; the metric says it happened.
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics["skipped_nonfinite"] = 1.0
+                break
             self.optimizer.step()
+            updates += 1
+        assert first is not None
         self.model.eval()
         elapsed = time.perf_counter() - t0
+        m, grad_norm = first
         metrics.update(m)
         metrics["grad_norm"] = float(grad_norm)
+        if self.updates_per_batch > 1:
+            metrics["updates"] = float(updates)
+            metrics["clip_fraction_last"] = last["clip_fraction"]
+            metrics["ratio_mean_last"] = last["ratio_mean"]
         metrics["step_time_s"] = elapsed
         metrics["tokens_per_s"] = m["tokens"] / elapsed if elapsed > 0 else 0.0
         metrics["build_time_s"] = build_time + m.pop("collate_time_s")
         metrics.pop("collate_time_s", None)
         return metrics
 
-    def _accumulate_share(self, samples: list[Sample]) -> dict[str, float]:
+    def _accumulate_share(self, samples: list[Sample], olds: list[torch.Tensor] | None = None) -> dict[str, float]:
         """This rank's share of the batch through :meth:`accumulate`, normalised by the whole batch, as many
         micro-batches as the busiest rank; the metrics are the whole batch's. The share is a contiguous block of the
         rows sorted by their tokens, so that a group's rows (which share its prompt) stay on one rank."""
@@ -546,7 +579,7 @@ class TorchGRPOBackend:
         filler = share[:1] or samples[:1]
         m = self.accumulate(share, num_seqs=float(len(samples)), num_tokens=float(sum(sum(s.mask) for s in samples)),
                             loss_scale=float(ranks.world), padding=[filler] * (int(most["n"]) - len(packed)),
-                            lockstep=bool(most["shared"]), packed=packed)
+                            lockstep=bool(most["shared"]), packed=packed, olds=olds)
         # loss, pg_loss and the token means are each rank's part of the whole batch's (normalised by its counts)
         summed = distributed.all_reduce({k: m[k] for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "micro_batches",
                                                            "tokens", "tokens_computed", "collate_time_s")})

@@ -87,6 +87,7 @@ class DemoConfig:
     pace: str = feeder_default("pace")
     serve_lag: int = 0  # the policy server follows the version this many behind the newest (the staleness bench)
     backlog: str = default_of(TrainerSettings, "backlog")  # the trainer's --backlog: which waiting groups a step takes
+    updates_per_batch: int = default_of(TrainerSettings, "updates_per_batch")  # the trainer's: optimiser updates on each batch
 
     def serve_args(self) -> list[str]:
         from rolloutbus.runs.live import engine_args
@@ -107,7 +108,7 @@ class DemoConfig:
 
     def _learning_settings(self, args: argparse.Namespace) -> None:
         """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
-        estimator, policy loss, backlog): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
+        estimator, policy loss, backlog, updates per batch): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
         checked by the settings that declare it, before anything starts."""
         from streams.rewards import RewardRules
 
@@ -115,7 +116,7 @@ class DemoConfig:
                  "advantage_estimator": "--advantage-estimator"}
         given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
         stream = load_settings(StreamSettings, given, flags)
-        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog"}
+        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog", "updates_per_batch": "--updates-per-batch"}
         given_train = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
         train = load_settings(TrainerSettings, given_train, train_flags)
         for name, source in [*((k, stream) for k in flags), *((k, train) for k in train_flags)]:

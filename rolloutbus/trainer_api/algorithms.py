@@ -61,6 +61,7 @@ class GRPO:
     gamma: float = default_of(StreamSettings, "gamma")
     advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
     policy_loss: str = default_of(TrainerSettings, "policy_loss")
+    updates_per_batch: int = default_of(TrainerSettings, "updates_per_batch")  # GRPO's mu: optimiser updates on each batch
     task_selection: str = feeder_default("task_selection")  # producers.settings.FeederSettings: all | pass-rate
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
@@ -79,6 +80,11 @@ class GRPO:
         POLICY_LOSSES.check(self.policy_loss)
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
+        if not 1 <= self.updates_per_batch <= 16:
+            raise ConfigError(f"GRPO(updates_per_batch=...) must be in [1, 16], got {self.updates_per_batch}")
+        if self.updates_per_batch > 1 and self.policy_loss == "decoupled":
+            raise ConfigError("GRPO(updates_per_batch=...) above 1 needs policy_loss='ppo-clip': decoupled clips against the "
+                              "policy as it is at each update, so a batch's later updates would have no trust region")
         check_feeder({"task_selection": self.task_selection, "selection_k": self.selection_k,
                       "selection_explore": self.selection_explore, "pace": self.pace}, "GRPO({}=...)")
 
@@ -324,6 +330,8 @@ class VERL(GRPO):
     ``trainer.nnodes``                                          ``--nnodes`` (more than 1 needs ``--rdzv-endpoint
                                                                 HOST:PORT`` in ``train_args``: verl's Ray cluster
                                                                 has no counterpart here)
+    ``actor_rollout_ref.actor.ppo_epochs``                      ``updates_per_batch`` (each clipped against the
+                                                                batch's sampling log-probs)
     ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
                                                                 mini-batch, several updates a batch, is refused)
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
@@ -372,7 +380,8 @@ class VERL(GRPO):
                                 ("actor_rollout_ref.actor.optim.lr", "lr", float),
                                 ("actor_rollout_ref.rollout.temperature", "temperature", float),
                                 ("actor_rollout_ref.rollout.val_kwargs.temperature", "val_temperature", float),
-                                ("trainer.total_training_steps", "max_steps", int)):
+                                ("trainer.total_training_steps", "max_steps", int),
+                                ("actor_rollout_ref.actor.ppo_epochs", "updates_per_batch", int)):
             value = take(key)
             if value is not None:
                 mapped[name] = kind(value)

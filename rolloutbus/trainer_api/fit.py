@@ -284,7 +284,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
             if not sft:
                 sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
                                     "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
-                                    "--policy-loss", algo.policy_loss,
+                                    "--policy-loss", algo.policy_loss, "--updates-per-batch", str(algo.updates_per_batch),
                                     *train_args, *validate])
             follower.start()
             wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)

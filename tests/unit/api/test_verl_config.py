@@ -111,3 +111,15 @@ def test_fit_s_server_serves_a_lora_trainer_s_versions_by_their_adapters(monkeyp
         lora_rank_of(["--lora-rank", "abc"], 0)
     train = build_parser().parse_args(["train", *args])
     assert (train.lora_rank, train.lora_targets) == (16, "all-linear")
+
+
+def test_ppo_epochs_are_the_trainers_updates_per_batch() -> None:
+    """verl's ``ppo_epochs`` (passes over each batch) is ``updates_per_batch`` (GRPO's μ), not a key of verl's machinery;
+    with the decoupled loss, which has no trust region across a batch's updates, it is refused."""
+    algo = agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}})
+    assert algo.updates_per_batch == 2 and not algo.ignored
+    assert agl.VERL(WRITE_UPS).updates_per_batch == 1 == GRPO().updates_per_batch
+    with pytest.raises(ConfigError, match="above 1 needs policy_loss='ppo-clip'"):
+        agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss="decoupled")
+    with pytest.raises(ConfigError, match=r"updates_per_batch=\.\.\.\) must be in \[1, 16\], got 0"):
+        GRPO(updates_per_batch=0)

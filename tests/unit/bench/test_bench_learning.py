@@ -64,6 +64,9 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     graded = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "sql_reward": "graded"}), system, 0, tmp_path, first)
     assert seen["cfg"].sql_reward == "graded" and graded["sql_reward"] == "graded"
     assert bl.label(system, graded).endswith(", reward graded, backlog newest")
+    assert seen["cfg"].updates_per_batch == 1 and graded["updates_per_batch"] == 1 and "updates" not in bl.label(system, graded)
+    twice = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "updates_per_batch": 2}), system, 0, tmp_path, first)
+    assert seen["cfg"].updates_per_batch == 2 and bl.label(system, twice).endswith(", backlog newest, 2 updates a batch")
 
 
 def test_train_questions_above_the_pool_are_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,6 +74,22 @@ def test_the_trainers_backlog_policy_reaches_the_demo_from_its_flag_or_its_varia
         _cfg()
 
 
+def test_updates_per_batch_reach_the_trainer_from_the_flag_or_the_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--updates-per-batch (GRPO's μ): the flag, else ROLLOUTBUS_UPDATES_PER_BATCH, else the trainer's default (1), checked
+    by the trainer's settings before anything starts: beside the decoupled loss it is one line naming both flags."""
+    import pytest
+
+    from foundation.errors import SettingError
+
+    assert _cfg().updates_per_batch == 1 and _cfg("--updates-per-batch", "2").updates_per_batch == 2
+    monkeypatch.setenv("ROLLOUTBUS_UPDATES_PER_BATCH", "3")
+    assert _cfg().updates_per_batch == 3
+    with pytest.raises(SettingError, match="needs the ppo-clip policy loss"):
+        _cfg("--policy-loss", "decoupled")
+    with pytest.raises(SystemExit):
+        _cfg("--updates-per-batch", "0")
+
+
 def test_lora_rank_reaches_the_trainer_on_every_layer_and_the_live_server(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """demo --lora-rank R: the trainer trains rank-R adapters on every layer (the SQL task's --train-layers undone,
     which the trainer refuses beside a rank), the live policy server loads them alone; without it, neither changes."""

@@ -200,3 +200,63 @@ def test_a_steps_metrics_carry_the_batchs_reward_and_success(tiny: tuple) -> Non
     assert stats["success_rate"] == pytest.approx(sum(r > 0 for r in rewards) / len(rewards))
     assert stats["reward_mean"] == pytest.approx(sum(rewards) / len(rewards)) and 0.0 <= stats["success_rate"] <= 1.0
     assert group_stats([])["success_rate"] == 0.0
+
+
+def _weights(model: object) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])  # type: ignore[attr-defined]
+
+
+def _with_logprobs(groups: list[GroupBatch], model: object | None) -> list[GroupBatch]:
+    """The groups with each response's sampling log-probs: ``model``'s own now, or none recorded (None)."""
+    return [g.model_copy(update={"transitions": [
+        t.model_copy(update={"response_logprobs": [] if model is None else sequence_logprobs(model, t.prompt_token_ids, t.response_token_ids)})
+        for t in g.transitions]}) for g in groups]
+
+
+def test_updates_per_batch_are_that_many_steps_on_the_batch_each_clipped_against_its_sampling(tiny: tuple) -> None:
+    """GRPO's μ (verl's ppo_epochs): three updates on one batch are the three steps one would take on it one after
+    another, every one clipped against the log-probs the batch was sampled with; one step's metrics are the first
+    update's, and the last one's clip fraction and ratio say how far the updates moved from the sampling policy."""
+    base, tok, groups = tiny
+    assert all(t.response_logprobs for g in groups for t in g.transitions), "sampled with their log-probs"
+    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1)
+    once, thrice = copy.deepcopy(base), copy.deepcopy(base)
+    b1 = TorchGRPOBackend(once, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id)
+    b3 = TorchGRPOBackend(thrice, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id, updates_per_batch=3)
+    steps = [b1.step(groups) for _ in range(3)]
+    m = b3.step(groups)
+    assert torch.allclose(_weights(once), _weights(thrice), atol=1e-6, rtol=1e-5)
+    assert m["updates"] == 3.0 and m["loss"] == pytest.approx(steps[0]["loss"], abs=1e-6)
+    assert m["clip_fraction_last"] == pytest.approx(steps[2]["clip_fraction"], abs=1e-6) and m["clip_fraction_last"] > 0
+    assert m["ratio_mean_last"] == pytest.approx(steps[2]["ratio_mean"], abs=1e-5) and m["ratio_mean_last"] != 1.0
+    assert "updates" not in steps[0], "one update a batch reports as before"
+
+
+def test_updates_on_a_batch_without_sampling_logprobs_clip_against_the_policy_before_the_first(tiny: tuple) -> None:
+    """A batch that recorded no sampling log-probs: its later updates clip against the policy as it was before the
+    first, as if the batch carried that policy's log-probs, not against the policy as it is at each update (whose
+    ratio is always 1: no trust region)."""
+    base, tok, groups = tiny
+    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1)
+    without, filled = copy.deepcopy(base), copy.deepcopy(base)
+    b_without = TorchGRPOBackend(without, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id, updates_per_batch=2)
+    b_filled = TorchGRPOBackend(filled, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id)
+    m = b_without.step(_with_logprobs(groups, None))
+    as_sampled = _with_logprobs(groups, base)
+    b_filled.step(as_sampled)
+    second = b_filled.step(as_sampled)
+    assert torch.allclose(_weights(without), _weights(filled), atol=1e-5, rtol=1e-4)
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["ratio_mean_last"] == pytest.approx(second["ratio_mean"], abs=1e-4)
+    assert m["ratio_mean_last"] != pytest.approx(1.0, abs=1e-4)
+
+
+def test_several_updates_a_batch_refuse_the_decoupled_loss(tiny: tuple) -> None:
+    from foundation.errors import TrainingError
+    from trainer.settings import TrainerSettings
+
+    base, tok, _groups = tiny
+    with pytest.raises(TrainingError, match="no trust region"):
+        TorchGRPOBackend(copy.deepcopy(base), grpo=GRPOConfig(policy_loss="decoupled"), pad_id=tok.pad_id, updates_per_batch=2)
+    with pytest.raises(ValueError, match="needs the ppo-clip policy loss"):
+        TrainerSettings(updates_per_batch=2, policy_loss="decoupled")
+    assert TrainerSettings(updates_per_batch=2).updates_per_batch == 2 and TrainerSettings().updates_per_batch == 1
