@@ -26,8 +26,8 @@ the trainer's ``--policy-loss``). Built in:
 
 * ``ppo-clip``  — the clipped ratio against the behaviour log-probs, as above.
 * ``decoupled`` — AReaL's decoupled objective for stale batches (Fu et al. 2025, "AReaL", §5.2): the ratio is
-  taken against a *proximal* policy (the current weights before this step, ``logp`` detached: the trainer
-  makes one optimiser step per batch) and the clipped term is weighted by the truncated importance weight
+  taken against a *proximal* policy (the current weights before this step, ``logp`` detached; so it takes
+  one optimiser update per batch: ``--updates-per-batch`` above 1 is refused with it) and the clipped term is weighted by the truncated importance weight
   ``min(π_prox / π_behaviour, is_cap)`` of each token (:func:`truncated_importance_weights`). A batch
   sampled versions ago then moves the policy in proportion to how likely the current policy finds its tokens,
   rather than having most tokens' gradients cut by the clip against a distant behaviour policy.

@@ -330,6 +330,7 @@ class Trainer:
                 "lr": str(s.lr), **({"credit": self.credit} if self.credit else {}),
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
                 **({"lora_rank": str(s.lora_rank)} if s.lora_rank else {}),
+                **({"updates_per_batch": str(s.updates_per_batch)} if s.updates_per_batch > 1 else {}),
                 "skip_zero_variance": str(s.skip_zero_variance),
                 "run_id": self.state.run_id, **({"endpoint": s.train_llm_endpoint} if s.train_llm_endpoint else {})}
 

@@ -31,6 +31,20 @@ def ppo_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor,
     return loss, was_clipped, ratio
 
 
+# The policy losses that clip against the log-probs they are given, so that a batch's later updates
+# (``--updates-per-batch``, GRPO's μ) stay within a trust region of the policy that sampled it. The others take the ratio
+# to the policy as it is at each update (``decoupled``'s proximal one) or none at all (verl's ``gpg``).
+MULTI_UPDATE_LOSSES = ("ppo-clip", "verl:vanilla")
+
+
+def updates_refused(policy_loss: str, updates_per_batch: int) -> str | None:
+    """Why ``updates_per_batch`` updates on each batch cannot go with ``policy_loss`` (None: they can). Pure."""
+    if updates_per_batch > 1 and policy_loss not in MULTI_UPDATE_LOSSES:
+        return (f"{updates_per_batch} updates a batch need a policy loss that clips against the batch's sampling log-probs "
+                f"({', '.join(MULTI_UPDATE_LOSSES)}), not {policy_loss}: its later updates would have no trust region")
+    return None
+
+
 def truncated_importance_weights(prox_logp: Tensor, behaviour_logp: Tensor, cap: float) -> Tensor:
     """Per token ``min(exp(prox − behaviour), cap)``, no gradient: the weight of a token sampled by an older policy."""
     import torch
@@ -54,4 +68,5 @@ def decoupled(logp: Tensor, old_logp: Tensor, advantages: Tensor,
 
 
 
-__all__ = ["POLICY_LOSSES", "PolicyLoss", "decoupled", "ppo_clip", "truncated_importance_weights"]
+__all__ = ["MULTI_UPDATE_LOSSES", "POLICY_LOSSES", "PolicyLoss", "decoupled", "ppo_clip", "truncated_importance_weights",
+           "updates_refused"]

@@ -124,9 +124,10 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
 
     @model_validator(mode="after")
     def _updates_need_a_trust_region(self) -> TrainerSettings:
-        if self.updates_per_batch > 1 and self.policy_loss == "decoupled":
-            raise ValueError("updates_per_batch above 1 needs the ppo-clip policy loss: decoupled clips against the policy "
-                             "as it is at each update, so a batch's later updates would have no trust region")
+        from trainer.policy_losses import updates_refused
+
+        if (why := updates_refused(self.policy_loss, self.updates_per_batch)) is not None:
+            raise ValueError(why)
         return self
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from foundation.errors import TrainingError
 from schemas.models import GroupBatch
 from trainer.grpo import GRPOConfig, grpo_loss, token_logprobs
 from trainer.model import max_positions
+from trainer.policy_losses import updates_refused
 
 
 @dataclass
@@ -397,9 +398,8 @@ class TorchGRPOBackend:
             raise TrainingError("micro_batch_tokens must be > 0")
         if updates_per_batch < 1:
             raise TrainingError("updates_per_batch must be >= 1")
-        if updates_per_batch > 1 and (grpo or GRPOConfig()).policy_loss == "decoupled":
-            raise TrainingError("updates_per_batch > 1 with the decoupled policy loss: it clips against the policy as it is "
-                                "at each update, so later updates on a batch would have no trust region; use ppo-clip")
+        if (why := updates_refused((grpo or GRPOConfig()).policy_loss, updates_per_batch)) is not None:
+            raise TrainingError(why)
         # GRPO's μ (verl's ppo_epochs, TRL's num_iterations): optimiser updates on each batch, every one clipped against
         # the log-probs the batch was sampled with (or, where none were recorded, the policy's before the first update)
         self.updates_per_batch = updates_per_batch
@@ -435,7 +435,8 @@ class TorchGRPOBackend:
 
     def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
                    loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False,
-                   packed: list[tuple[int, list[Sample]]] | None = None, olds: list[torch.Tensor] | None = None) -> dict[str, float]:
+                   packed: list[tuple[int, list[Sample]]] | None = None,
+                   olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> dict[str, float]:
         """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
 
         ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
@@ -443,8 +444,8 @@ class TorchGRPOBackend:
         ``padding``: micro-batches run with weight 0 after the real ones (a rank with fewer than the busiest);
         ``lockstep``: some rank shares a prefix, so every micro-batch makes two forward calls
         (:func:`masked_logprobs`); ``packed``: :meth:`pack` of ``samples`` when the caller has it already;
-        ``olds``: the old log-probs of each micro-batch, kept across a batch's updates: the first call (an empty list)
-        appends them, the later ones (the same ``packed``) clip against them."""
+        ``olds``: each micro-batch's old log-probs and the reference's, kept across a batch's updates: the first call (an
+        empty list) appends them, the later ones (the same micro-batches in the same order) reuse them."""
         num_seqs = float(len(samples)) if num_seqs is None else num_seqs
         num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
@@ -459,26 +460,28 @@ class TorchGRPOBackend:
             t0 = time.perf_counter()
             b = collate(mb, self.pad_id, self.device)
             data_time += time.perf_counter() - t0
+            kept = olds[i] if olds is not None and i < len(olds) else None
             with self._forward_precision():
-                taps = LayerInputs(self.model, self.shared_layers) if self.shared_layers and self.ref_model is not None else None
+                taps = (LayerInputs(self.model, self.shared_layers) if self.shared_layers and self.ref_model is not None
+                        and kept is None else None)
                 with taps or contextlib.nullcontext():
                     logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                            through_root, prefix, lockstep)
-                ref = None
+                ref = None if kept is None else kept[1]  # the reference's log-probs do not change across a batch's updates
                 if taps is not None:
                     with torch.no_grad():
                         ref = upper_logprobs(self.ref_model, self.shared_layers, taps.calls, b["input_ids"], b["loss_mask"],
                                              self.temperature, prefix)
-                elif self.ref_model is not None:
+                elif self.ref_model is not None and kept is None:
                     with torch.no_grad():
                         ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                               through_root, prefix, lockstep)  # a sharded reference (several ranks) as the policy
-            if olds is not None and i < len(olds):
-                old = olds[i]
+            if kept is not None:
+                old = kept[0]
             else:
                 old = torch.where(b["has_old"], b["old_logp"], logp.detach())
                 if olds is not None:
-                    olds.append(old)
+                    olds.append((old, ref))
             loss, m = grpo_loss(
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
                 ref_logp=ref, seq_weights=b["weights"], num_seqs=num_seqs, num_tokens=num_tokens,
@@ -530,45 +533,51 @@ class TorchGRPOBackend:
             return metrics
         # One update, or μ on the same micro-batches: the first's metrics are the step's (as with one), the last's
         # clip fraction and ratio say how far the updates moved the policy from the batch's.
-        olds: list[torch.Tensor] | None = [] if self.updates_per_batch > 1 else None
+        olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = [] if self.updates_per_batch > 1 else None
         packed = self.pack(rep.samples) if self.ranks is None else None
-        first: tuple[dict[str, float], Any] | None = None
-        updates = 0
+        first: tuple[dict[str, float], float] | None = None
+        applied: dict[str, float] | None = None
+        updates, collate_s = 0, 0.0
         for _ in range(self.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            last = (self.accumulate(rep.samples, packed=packed, olds=olds) if self.ranks is None
-                    else self._accumulate_share(rep.samples, olds=olds))
+            m = (self.accumulate(rep.samples, packed=packed, olds=olds) if self.ranks is None
+                 else self._accumulate_share(rep.samples, olds=olds))
+            collate_s += m.pop("collate_time_s")
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
                 grad_norm = grad_norm.full_tensor()
-            first = first or (last, grad_norm)
+            first = first or (m, float(grad_norm))
             if not torch.isfinite(grad_norm):
-                # Skip the update (and the batch's later ones) rather than poison the weights; the metric says it happened.
+                # Skip the update (and the batch's later ones) rather than poison the weights; the metric says it happened,
+                # and ``updates`` how many were made before it.
                 self.optimizer.zero_grad(set_to_none=True)
                 metrics["skipped_nonfinite"] = 1.0
                 break
             self.optimizer.step()
-            updates += 1
+            updates, applied = updates + 1, m
         assert first is not None
         self.model.eval()
         elapsed = time.perf_counter() - t0
-        m, grad_norm = first
+        m, metrics["grad_norm"] = first
         metrics.update(m)
-        metrics["grad_norm"] = float(grad_norm)
         if self.updates_per_batch > 1:
             metrics["updates"] = float(updates)
-            metrics["clip_fraction_last"] = last["clip_fraction"]
-            metrics["ratio_mean_last"] = last["ratio_mean"]
+            if applied is not None:  # how far the batch's last update found the policy from the one that sampled it
+                metrics["clip_fraction_last"] = applied["clip_fraction"]
+                metrics["ratio_mean_last"] = applied["ratio_mean"]
         metrics["step_time_s"] = elapsed
-        metrics["tokens_per_s"] = m["tokens"] / elapsed if elapsed > 0 else 0.0
-        metrics["build_time_s"] = build_time + m.pop("collate_time_s")
-        metrics.pop("collate_time_s", None)
+        # the tokens the step ran through the model per second, each update's (``tokens``: the batch's, once)
+        metrics["tokens_per_s"] = m["tokens"] * max(updates, 1) / elapsed if elapsed > 0 else 0.0
+        metrics["build_time_s"] = build_time + collate_s
         return metrics
 
-    def _accumulate_share(self, samples: list[Sample], olds: list[torch.Tensor] | None = None) -> dict[str, float]:
+    def _accumulate_share(self, samples: list[Sample], olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+                          ) -> dict[str, float]:
         """This rank's share of the batch through :meth:`accumulate`, normalised by the whole batch, as many
         micro-batches as the busiest rank; the metrics are the whole batch's. The share is a contiguous block of the
-        rows sorted by their tokens, so that a group's rows (which share its prompt) stay on one rank."""
+        rows sorted by their tokens, so that a group's rows (which share its prompt) stay on one rank. The share, its
+        micro-batches and the padding are the same at each of a batch's updates (a stable sort, a deterministic
+        packing): ``olds`` lines up with them."""
         from trainer import distributed
 
         ranks = self.ranks

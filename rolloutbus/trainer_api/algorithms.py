@@ -71,7 +71,7 @@ class GRPO:
     def __post_init__(self) -> None:
         from streams.credit import CREDIT
         from streams.grouping import ESTIMATORS
-        from trainer.policy_losses import POLICY_LOSSES
+        from trainer.policy_losses import POLICY_LOSSES, updates_refused
 
         if self.group_size < 2:
             raise ConfigError("GRPO(group_size=...) must be at least 2: GRPO compares rollouts within a group")
@@ -82,9 +82,8 @@ class GRPO:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
         if not 1 <= self.updates_per_batch <= 16:
             raise ConfigError(f"GRPO(updates_per_batch=...) must be in [1, 16], got {self.updates_per_batch}")
-        if self.updates_per_batch > 1 and self.policy_loss == "decoupled":
-            raise ConfigError("GRPO(updates_per_batch=...) above 1 needs policy_loss='ppo-clip': decoupled clips against the "
-                              "policy as it is at each update, so a batch's later updates would have no trust region")
+        if (why := updates_refused(self.policy_loss, self.updates_per_batch)) is not None:
+            raise ConfigError(f"GRPO(updates_per_batch=..., policy_loss=...): {why}")
         check_feeder({"task_selection": self.task_selection, "selection_k": self.selection_k,
                       "selection_explore": self.selection_explore, "pace": self.pace}, "GRPO({}=...)")
 
@@ -330,10 +329,11 @@ class VERL(GRPO):
     ``trainer.nnodes``                                          ``--nnodes`` (more than 1 needs ``--rdzv-endpoint
                                                                 HOST:PORT`` in ``train_args``: verl's Ray cluster
                                                                 has no counterpart here)
-    ``actor_rollout_ref.actor.ppo_epochs``                      ``updates_per_batch`` (each clipped against the
-                                                                batch's sampling log-probs)
-    ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch per optimiser step (a smaller
-                                                                mini-batch, several updates a batch, is refused)
+    ``actor_rollout_ref.actor.ppo_epochs``                      ``updates_per_batch``: each update clipped against the
+                                                                log-probs the batch was sampled with (verl recomputes
+                                                                them with the actor before the first update)
+    ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch in each update (mini-batches smaller
+                                                                than the batch, several updates per epoch, are refused)
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
     ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``      ``--lora-rank`` / ``--lora-alpha`` (0: full
                                                                 fine-tuning); with ``engine="vllm"`` fit's server
@@ -417,7 +417,7 @@ class VERL(GRPO):
         mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
         if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
             raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="
-                              f"{flat['data.train_batch_size']}: this trainer makes one optimiser step per batch; give them equal")
+                              f"{flat['data.train_batch_size']}: each of this trainer's updates takes the whole batch (several updates a batch: ppo_epochs); give them equal")
         epochs = take("trainer.total_epochs")
         extra = sorted(k for k in flat if k not in used)
         GRPO.__init__(self, **{**mapped, **grpo, "train_args": [*train_args, *grpo.get("train_args", [])]})

@@ -52,7 +52,7 @@ def test_losses_clips_and_kl_map_and_keyword_arguments_win() -> None:
     ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}, "loss_mode 'gspo'"),
     ({"actor_rollout_ref": {"rollout": {"n": 1}}}, "group_size=...\\) must be at least 2"),
     ({"trainer": {"n_gpus_per_node": 4, "nnodes": 2}}, "trainer.nnodes=2 needs where the ranks meet"),
-    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}}}, "one optimiser step per batch"),
+    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}}}, "each of this trainer's updates takes the whole batch"),
 ])
 def test_what_it_cannot_honour_is_one_line(config: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -119,7 +119,9 @@ def test_ppo_epochs_are_the_trainers_updates_per_batch() -> None:
     algo = agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}})
     assert algo.updates_per_batch == 2 and not algo.ignored
     assert agl.VERL(WRITE_UPS).updates_per_batch == 1 == GRPO().updates_per_batch
-    with pytest.raises(ConfigError, match="above 1 needs policy_loss='ppo-clip'"):
-        agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss="decoupled")
+    for loss in ("decoupled", "verl:gpg"):  # the ratio to the policy as it is at each update, or none
+        with pytest.raises(ConfigError, match=f"2 updates a batch need a policy loss that clips.*not {loss}"):
+            agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss=loss)
+    assert agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss="verl:vanilla").updates_per_batch == 2
     with pytest.raises(ConfigError, match=r"updates_per_batch=\.\.\.\) must be in \[1, 16\], got 0"):
         GRPO(updates_per_batch=0)

@@ -84,7 +84,7 @@ def test_updates_per_batch_reach_the_trainer_from_the_flag_or_the_variable(monke
     assert _cfg().updates_per_batch == 1 and _cfg("--updates-per-batch", "2").updates_per_batch == 2
     monkeypatch.setenv("ROLLOUTBUS_UPDATES_PER_BATCH", "3")
     assert _cfg().updates_per_batch == 3
-    with pytest.raises(SettingError, match="needs the ppo-clip policy loss"):
+    with pytest.raises(SettingError, match="3 updates a batch need a policy loss that clips"):
         _cfg("--policy-loss", "decoupled")
     with pytest.raises(SystemExit):
         _cfg("--updates-per-batch", "0")

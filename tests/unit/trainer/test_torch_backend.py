@@ -237,10 +237,13 @@ def test_updates_on_a_batch_without_sampling_logprobs_clip_against_the_policy_be
     first, as if the batch carried that policy's log-probs, not against the policy as it is at each update (whose
     ratio is always 1: no trust region)."""
     base, tok, groups = tiny
-    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1)
+    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1, kl_beta=0.05)
     without, filled = copy.deepcopy(base), copy.deepcopy(base)
-    b_without = TorchGRPOBackend(without, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id, updates_per_batch=2)
-    b_filled = TorchGRPOBackend(filled, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id)
+    ref = copy.deepcopy(base)  # the KL reference's log-probs, computed at the first update, serve the second too
+    b_without = TorchGRPOBackend(without, grpo=cfg, lr=3e-3, micro_batch_tokens=64, pad_id=tok.pad_id, updates_per_batch=2,
+                                 ref_model=ref)
+    b_filled = TorchGRPOBackend(filled, grpo=cfg, lr=3e-3, micro_batch_tokens=64, pad_id=tok.pad_id, ref_model=ref)
+    assert len(b_without.pack(samples_from_groups(groups).samples)) > 2, "the old log-probs of several micro-batches, in order"
     m = b_without.step(_with_logprobs(groups, None))
     as_sampled = _with_logprobs(groups, base)
     b_filled.step(as_sampled)
@@ -257,6 +260,6 @@ def test_several_updates_a_batch_refuse_the_decoupled_loss(tiny: tuple) -> None:
     base, tok, _groups = tiny
     with pytest.raises(TrainingError, match="no trust region"):
         TorchGRPOBackend(copy.deepcopy(base), grpo=GRPOConfig(policy_loss="decoupled"), pad_id=tok.pad_id, updates_per_batch=2)
-    with pytest.raises(ValueError, match="needs the ppo-clip policy loss"):
+    with pytest.raises(ValueError, match="2 updates a batch need a policy loss that clips.*not decoupled"):
         TrainerSettings(updates_per_batch=2, policy_loss="decoupled")
     assert TrainerSettings(updates_per_batch=2).updates_per_batch == 2 and TrainerSettings().updates_per_batch == 1
