@@ -388,8 +388,8 @@ def setting_error(cls: type[BaseSettings] | None, exc: ValidationError, override
     source = flag if field in overrides and flag else env
     value = overrides[field] if field in overrides else err.get("input")
     what = f"bad value {_shown(cls, field, value)}" + (f" from {source}" if flag else "")
-    if not field:
-        what = f"bad {exc.title} setting"
+    if not field:  # a rule over several fields (a model validator): the class's name means nothing to the user
+        what = "settings that do not go together"
     return SettingError(what, _rule(cls, field, err), flag=flag, env=env)
 
 

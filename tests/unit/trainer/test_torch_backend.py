@@ -263,3 +263,19 @@ def test_several_updates_a_batch_refuse_the_decoupled_loss(tiny: tuple) -> None:
     with pytest.raises(ValueError, match="2 updates a batch need a policy loss that clips.*not decoupled"):
         TrainerSettings(updates_per_batch=2, policy_loss="decoupled")
     assert TrainerSettings(updates_per_batch=2).updates_per_batch == 2 and TrainerSettings().updates_per_batch == 1
+
+
+def test_rolloutbus_train_refuses_several_updates_with_the_decoupled_loss_in_one_line() -> None:
+    """The rule over two flags is one line that names neither settings class (the CLI reads SFT's, a subclass)."""
+    import argparse
+
+    from foundation.errors import SettingError
+    from trainer.cli import add_arguments, settings_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(SettingError) as exc:
+        settings_from_args(p.parse_args(["--updates-per-batch", "2", "--policy-loss", "decoupled"]))
+    assert str(exc.value).startswith("settings that do not go together: 2 updates a batch need a policy loss that clips")
+    assert "Settings" not in str(exc.value)
+    assert settings_from_args(p.parse_args(["--updates-per-batch", "2"])).updates_per_batch == 2
