@@ -467,17 +467,19 @@ class TorchGRPOBackend:
                 with taps or contextlib.nullcontext():
                     logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                            through_root, prefix, lockstep)
-                ref = None if kept is None else kept[1]  # the reference's log-probs do not change across a batch's updates
-                if taps is not None:
+                ref = None
+                if kept is not None:
+                    pass  # a later update of the batch: its old and reference log-probs are the first update's
+                elif taps is not None:
                     with torch.no_grad():
                         ref = upper_logprobs(self.ref_model, self.shared_layers, taps.calls, b["input_ids"], b["loss_mask"],
                                              self.temperature, prefix)
-                elif self.ref_model is not None and kept is None:
+                elif self.ref_model is not None:
                     with torch.no_grad():
                         ref = masked_logprobs(self.ref_model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                               through_root, prefix, lockstep)  # a sharded reference (several ranks) as the policy
             if kept is not None:
-                old = kept[0]
+                old, ref = kept
             else:
                 old = torch.where(b["has_old"], b["old_logp"], logp.detach())
                 if olds is not None:
