@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from foundation.errors import SettingError
+from foundation.errors import ConfigError, SettingError
 
 ENV_PREFIX = "ROLLOUTBUS_"
 PORT = {"ge": 1, "le": 65535}  # Field(**PORT): a TCP port a process binds or connects to
@@ -297,6 +297,22 @@ def default_of(cls: type[BaseSettings], field: str) -> Any:
     """A settings field's declared default, for a dataclass or config that mirrors the field (the model stays the one
     place the default is written). Pure."""
     return cls.model_fields[field].default
+
+
+def check_values(cls: type[BaseSettings], values: Mapping[str, Any], name: str = "{}",
+                 whole: str = "settings that do not go together") -> None:
+    """ConfigError for the first of ``values`` (field → value) that breaks its rule in ``cls``, naming the field as
+    ``name.format(field)`` (``GRPO({}=...)``), or a rule over several fields after ``whole``: an API's own arguments
+    checked against the settings model that declares them; the environment is not read. Pure."""
+    try:
+        cls.model_validate(dict(values))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if not err["loc"]:
+            raise ConfigError(f"{whole}: {str(err['msg']).removeprefix('Value error, ')}") from None
+        field = str(err["loc"][0])
+        rule = str(err["msg"]).replace("Input should be", "must be")
+        raise ConfigError(f"{name.format(field)} {rule}, got {values.get(field)!r}") from None
 
 
 def choices_of(cls: type[BaseSettings], field: str) -> tuple[str, ...]:

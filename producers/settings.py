@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from foundation.config import CommonSettings, choices_of, default_of
-from foundation.errors import ConfigError
+from foundation.config import CommonSettings, check_values, choices_of, default_of
 
 
 class AgentSettings(CommonSettings):
@@ -63,13 +62,7 @@ def feeder_choices(field: str) -> tuple[str, ...]:
 def check_feeder(values: dict[str, Any], name: str = "{}") -> None:
     """ConfigError for the first of ``values`` (field → value) that breaks its :class:`FeederSettings` rule, naming it
     as ``name.format(field)`` (``GRPO({}=...)``); the environment is not read. Pure."""
-    try:
-        FeederSettings.model_validate(values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = str(err["loc"][0])
-        rule = str(err["msg"]).replace("Input should be", "must be")
-        raise ConfigError(f"{name.format(field)} {rule}, got {values.get(field)!r}") from None
+    check_values(FeederSettings, values, name)
 
 
 __all__ = ["AgentSettings", "FeederSettings", "RunnerSettings", "check_feeder", "feeder_choices", "feeder_default"]

@@ -32,6 +32,7 @@ _FLAGS: dict[str, str] = {
     "policy_loss": "policy_loss",
     "is_cap": "is_cap",
     "updates_per_batch": "updates_per_batch",
+    "mini_batches": "mini_batches",
     "clip_eps": "clip_eps",
     "clip_eps_high": "clip_eps_high",
     "kl_beta": "kl_beta",
@@ -90,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--is-cap", type=float, help="decoupled: cap of each token's proximal/behaviour importance weight")
     p.add_argument("--updates-per-batch", type=int, metavar="N", help="optimiser updates on each batch (GRPO's mu, verl's "
                    "ppo_epochs), each clipped against the batch's sampling log-probs; one version per batch")
+    p.add_argument("--mini-batches", type=int, metavar="K", help="optimiser steps on each pass over a batch, each on its own "
+                   "groups (verl's train_batch_size / ppo_mini_batch_size); one version per batch")
     p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank, the base frozen; versions publish the adapters merged (0: full fine-tuning)")
     p.add_argument("--lora-alpha", type=float, help="LoRA alpha")
     p.add_argument("--lora-targets", help="modules that get adapters")

@@ -243,6 +243,7 @@ class Trainer:
             temperature=settings.train_temperature, pad_id=self.tok.pad_id,
             autocast=resolve_precision(settings.train_precision, self.device), ranks=self.ranks,
             share_prefix=settings.share_prompts, updates_per_batch=settings.updates_per_batch,
+            mini_batches=settings.mini_batches,
         )
         log.info("micro-batches of %d tokens, forward passes in %s", self.backend.micro_batch_tokens,
                  "float32" if self.backend.autocast is None else f"{self.backend.autocast} autocast")
@@ -331,6 +332,7 @@ class Trainer:
                 "groups_per_step": str(s.groups_per_step), "train_layers": str(s.train_layers),
                 **({"lora_rank": str(s.lora_rank)} if s.lora_rank else {}),
                 **({"updates_per_batch": str(s.updates_per_batch)} if s.updates_per_batch > 1 else {}),
+                **({"mini_batches": str(s.mini_batches)} if s.mini_batches > 1 else {}),
                 "skip_zero_variance": str(s.skip_zero_variance),
                 "run_id": self.state.run_id, **({"endpoint": s.train_llm_endpoint} if s.train_llm_endpoint else {})}
 

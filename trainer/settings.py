@@ -61,6 +61,9 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     updates_per_batch: int = Field(default=1, ge=1, le=16, description="Optimiser updates on each batch (GRPO's mu, verl's "
                                    "ppo_epochs, TRL's num_iterations), each clipped against the log-probs it was sampled with; "
                                    "one version is published per batch. Above 1 needs the ppo-clip policy loss.")
+    mini_batches: int = Field(default=1, ge=1, le=64, description="Optimiser steps on each pass over a batch, each on its "
+                              "own run of whole groups (verl's train_batch_size / ppo_mini_batch_size); a sample recorded "
+                              "without sampling log-probs is clipped against the policy before the batch's first step.")
     lora_rank: int = Field(default=0, ge=0, le=1024, description="LoRA adapters of this rank on lora_targets, the base frozen "
                            "(0: full fine-tuning); versions are published with the adapters merged.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA's alpha (the adapters scaled by alpha / rank).")

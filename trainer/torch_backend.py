@@ -374,6 +374,34 @@ def group_stats(groups: Sequence[GroupBatch]) -> dict[str, float]:
     }
 
 
+def mini_batch_cuts(groups: int, mini_batches: int) -> list[tuple[int, int]]:
+    """``groups`` cut into ``mini_batches`` contiguous runs of near-equal length (fewer when there are fewer groups; one
+    empty run when there are none): a group is never split, as verl's mini-batches keep a prompt's responses. Pure."""
+    k = max(1, min(mini_batches, groups))
+    return [(i * groups // k, (i + 1) * groups // k) for i in range(k)]
+
+
+_TOKEN_MEANS = ("kl", "clip_fraction", "ratio_mean")
+_COUNTS = ("micro_batches", "response_tokens", "tokens", "tokens_computed", "samples")
+
+
+def merge_mini_batches(passes: Sequence[tuple[dict[str, float], float]]) -> tuple[dict[str, float], float]:
+    """One pass over a batch from its mini-batches' (metrics, gradient norm): the losses and the norm averaged over the
+    mini-batches (each is its own mini-batch's mean), the token means weighted by their response tokens, the counts
+    summed, the ratio's extremes kept. One mini-batch: its own. Pure."""
+    if len(passes) == 1:
+        return passes[0]
+    ms = [m for m, _ in passes]
+    weights = [m["response_tokens"] for m in ms]
+    total = sum(weights) or 1.0
+    out = dict(ms[0])
+    out.update({k: sum(m[k] for m in ms) / len(ms) for k in ("loss", "pg_loss")})
+    out.update({k: sum(m[k] * w for m, w in zip(ms, weights)) / total for k in _TOKEN_MEANS})
+    out.update({k: sum(m[k] for m in ms) for k in _COUNTS})
+    out["ratio_max"], out["ratio_min"] = max(m["ratio_max"] for m in ms), min(m["ratio_min"] for m in ms)
+    return out, sum(g for _, g in passes) / len(passes)
+
+
 class TorchGRPOBackend:
     """AdamW + grad clipping + micro-batched GRPO over a HF causal LM (or any module returning ``.logits``)."""
 
@@ -393,16 +421,20 @@ class TorchGRPOBackend:
         ranks: Any | None = None,
         share_prefix: bool = True,
         updates_per_batch: int = 1,
+        mini_batches: int = 1,
     ) -> None:
         if micro_batch_tokens <= 0:
             raise TrainingError("micro_batch_tokens must be > 0")
-        if updates_per_batch < 1:
-            raise TrainingError("updates_per_batch must be >= 1")
+        if updates_per_batch < 1 or mini_batches < 1:
+            raise TrainingError("updates_per_batch and mini_batches must be >= 1")
         if (why := updates_refused((grpo or GRPOConfig()).policy_loss, updates_per_batch)) is not None:
             raise TrainingError(why)
         # GRPO's μ (verl's ppo_epochs, TRL's num_iterations): optimiser updates on each batch, every one clipped against
         # the log-probs the batch was sampled with (or, where none were recorded, the policy's before the first update)
         self.updates_per_batch = updates_per_batch
+        # verl's mini-batches (train_batch_size / ppo_mini_batch_size): each pass over a batch is that many optimiser
+        # steps, each on its own groups; a sample is used once a pass, so any policy loss takes them
+        self.mini_batches = mini_batches
         self.model = model
         self.grpo = grpo or GRPOConfig()
         self.max_grad_norm = max_grad_norm
@@ -436,7 +468,7 @@ class TorchGRPOBackend:
     def accumulate(self, samples: Sequence[Sample], *, num_seqs: float | None = None, num_tokens: float | None = None,
                    loss_scale: float = 1.0, padding: Sequence[list[Sample]] = (), lockstep: bool = False,
                    packed: list[tuple[int, list[Sample]]] | None = None,
-                   olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> dict[str, float]:
+                   olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None, backward: bool = True) -> dict[str, float]:
         """Forward/backward over micro-batches, leaving the summed gradient in ``.grad``. Returns metrics.
 
         ``num_seqs`` / ``num_tokens``: the whole batch's counts when ``samples`` is one rank's share of it;
@@ -445,7 +477,8 @@ class TorchGRPOBackend:
         ``lockstep``: some rank shares a prefix, so every micro-batch makes two forward calls
         (:func:`masked_logprobs`); ``packed``: :meth:`pack` of ``samples`` when the caller has it already;
         ``olds``: each micro-batch's old log-probs and the reference's, kept across a batch's updates: the first call (an
-        empty list) appends them, the later ones (the same micro-batches in the same order) reuse them."""
+        empty list) appends them, the later ones (the same micro-batches in the same order) reuse them; ``backward``
+        False: only that (no gradient, no loss; the metrics are not the batch's), before an earlier mini-batch's step."""
         num_seqs = float(len(samples)) if num_seqs is None else num_seqs
         num_tokens = float(sum(sum(s.mask) for s in samples)) if num_tokens is None else num_tokens
         sums = {"loss": 0.0, "pg_loss": 0.0}
@@ -464,7 +497,7 @@ class TorchGRPOBackend:
             with self._forward_precision():
                 taps = (LayerInputs(self.model, self.shared_layers) if self.shared_layers and self.ref_model is not None
                         and kept is None else None)
-                with taps or contextlib.nullcontext():
+                with taps or contextlib.nullcontext(), contextlib.nullcontext() if backward else torch.no_grad():
                     logp = masked_logprobs(self.model, b["input_ids"], b["attention_mask"], b["loss_mask"], self.temperature,
                                            through_root, prefix, lockstep)
                 ref = None
@@ -484,6 +517,8 @@ class TorchGRPOBackend:
                 old = torch.where(b["has_old"], b["old_logp"], logp.detach())
                 if olds is not None:
                     olds.append((old, ref))
+            if not backward:
+                continue
             loss, m = grpo_loss(
                 logp, old, b["advantages"], b["loss_mask"], self.grpo,
                 ref_logp=ref, seq_weights=b["weights"], num_seqs=num_seqs, num_tokens=num_tokens,
@@ -519,62 +554,86 @@ class TorchGRPOBackend:
         return [(0, mb) for mb in micro_batches(samples, self.micro_batch_tokens)]
 
     def step(self, groups: Sequence[GroupBatch], weights: Sequence[float] | None = None) -> dict[str, float]:
-        """One optimiser step on ``groups`` (``weights``: per-group loss weight, e.g. staleness)."""
+        """A batch's optimiser steps on ``groups`` (``weights``: per-group loss weight, e.g. staleness): one, or
+        ``updates_per_batch`` passes of ``mini_batches`` steps each. Returns the metrics of its first pass."""
         t0 = time.perf_counter()
-        rep = samples_from_groups(groups, weights, max_positions(self.model))
+        cuts = mini_batch_cuts(len(groups), self.mini_batches)
+        reps = [samples_from_groups(groups[lo:hi], None if weights is None else weights[lo:hi], max_positions(self.model))
+                for lo, hi in cuts]
+        minis = [r.samples for r in reps if r.samples]
         build_time = time.perf_counter() - t0
         metrics: dict[str, float] = {
-            "skipped_too_long": float(rep.skipped_too_long),
-            "skipped_malformed": float(rep.skipped_malformed),
-            "empty_responses": float(rep.empty_response),
+            "skipped_too_long": float(sum(r.skipped_too_long for r in reps)),
+            "skipped_malformed": float(sum(r.skipped_malformed for r in reps)),
+            "empty_responses": float(sum(r.empty_response for r in reps)),
             **group_stats(groups),
         }
         self.optimizer.zero_grad(set_to_none=True)
-        if not rep.samples:
+        if not minis:
             metrics.update({"loss": 0.0, "samples": 0.0, "tokens": 0.0, "step_time_s": time.perf_counter() - t0})
             return metrics
-        # One update, or μ on the same micro-batches: the first's metrics are the step's (as with one), the last's
-        # clip fraction and ratio say how far the updates moved the policy from the batch's.
-        olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = [] if self.updates_per_batch > 1 else None
-        packed = self.pack(rep.samples) if self.ranks is None else None
-        first: tuple[dict[str, float], float] | None = None
+        # μ passes over the batch, each one optimiser step per mini-batch. The first pass's metrics are the step's (its
+        # mini-batches' together); the last update's clip fraction and ratio say how far the updates moved the policy from
+        # the batch's. A mini-batch's old and reference log-probs are kept across passes; where a sample recorded none,
+        # its old ones are the policy's before the batch's first update (a forward pass before it, as verl's).
+        ranked = self.ranks is not None
+        packs = [None if ranked else self.pack(mini) for mini in minis]
+        olds: list[list[tuple[torch.Tensor, torch.Tensor | None]] | None] = [
+            [] if self.updates_per_batch > 1 or (k and any(smp.old_logp is None for smp in mini)) else None
+            for k, mini in enumerate(minis)]
+        collate_s = 0.0
+        for k in range(1, len(minis)):
+            if olds[k] is not None and any(smp.old_logp is None for smp in minis[k]):
+                collate_s += self._accumulate(minis[k], packs[k], olds[k], backward=False)["collate_time_s"]
+        passes: list[tuple[dict[str, float], float]] = []
         applied: dict[str, float] | None = None
-        updates, collate_s = 0, 0.0
-        for _ in range(self.updates_per_batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            m = (self.accumulate(rep.samples, packed=packed, olds=olds) if self.ranks is None
-                 else self._accumulate_share(rep.samples, olds=olds))
-            collate_s += m.pop("collate_time_s")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
-                grad_norm = grad_norm.full_tensor()
-            first = first or (m, float(grad_norm))
-            if not torch.isfinite(grad_norm):
-                # Skip the update (and the batch's later ones) rather than poison the weights; the metric says it happened,
-                # and ``updates`` how many were made before it.
+        updates = 0
+        for epoch in range(self.updates_per_batch):
+            for k, mini in enumerate(minis):
                 self.optimizer.zero_grad(set_to_none=True)
-                metrics["skipped_nonfinite"] = 1.0
+                m = self._accumulate(mini, packs[k], olds[k])
+                collate_s += m.pop("collate_time_s")
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
+                    grad_norm = grad_norm.full_tensor()
+                if not epoch:
+                    passes.append((m, float(grad_norm)))
+                if not torch.isfinite(grad_norm):
+                    # Skip the update (and the batch's later ones) rather than poison the weights; the metric says it
+                    # happened, and ``updates`` how many were made before it.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    metrics["skipped_nonfinite"] = 1.0
+                    break
+                self.optimizer.step()
+                updates, applied = updates + 1, m
+            if "skipped_nonfinite" in metrics:
                 break
-            self.optimizer.step()
-            updates, applied = updates + 1, m
-        assert first is not None
         self.model.eval()
         elapsed = time.perf_counter() - t0
-        m, metrics["grad_norm"] = first
+        m, metrics["grad_norm"] = merge_mini_batches(passes)
         metrics.update(m)
-        if self.updates_per_batch > 1:
+        if len(minis) > 1:
+            metrics["mini_batches"] = float(len(minis))
+        if self.updates_per_batch * len(minis) > 1:
             metrics["updates"] = float(updates)
             if applied is not None:  # how far the batch's last update found the policy from the one that sampled it
                 metrics["clip_fraction_last"] = applied["clip_fraction"]
                 metrics["ratio_mean_last"] = applied["ratio_mean"]
         metrics["step_time_s"] = elapsed
-        # the tokens the step ran through the model per second, each update's (``tokens``: the batch's, once)
-        metrics["tokens_per_s"] = m["tokens"] * max(updates, 1) / elapsed if elapsed > 0 else 0.0
+        # the tokens the step ran through the model per second, each pass's (``tokens``: the batch's, once)
+        metrics["tokens_per_s"] = m["tokens"] * max(updates, 1) / len(minis) / elapsed if elapsed > 0 else 0.0
         metrics["build_time_s"] = build_time + collate_s
         return metrics
 
-    def _accumulate_share(self, samples: list[Sample], olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
-                          ) -> dict[str, float]:
+    def _accumulate(self, samples: list[Sample], packed: list[tuple[int, list[Sample]]] | None,
+                    olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None, backward: bool = True) -> dict[str, float]:
+        """:meth:`accumulate` of one mini-batch on one device, or this rank's share of it."""
+        if self.ranks is None:
+            return self.accumulate(samples, packed=packed, olds=olds, backward=backward)
+        return self._accumulate_share(samples, olds=olds, backward=backward)
+
+    def _accumulate_share(self, samples: list[Sample], olds: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+                          backward: bool = True) -> dict[str, float]:
         """This rank's share of the batch through :meth:`accumulate`, normalised by the whole batch, as many
         micro-batches as the busiest rank; the metrics are the whole batch's. The share is a contiguous block of the
         rows sorted by their tokens, so that a group's rows (which share its prompt) stay on one rank. The share, its
@@ -590,7 +649,7 @@ class TorchGRPOBackend:
         filler = share[:1] or samples[:1]
         m = self.accumulate(share, num_seqs=float(len(samples)), num_tokens=float(sum(sum(s.mask) for s in samples)),
                             loss_scale=float(ranks.world), padding=[filler] * (int(most["n"]) - len(packed)),
-                            lockstep=bool(most["shared"]), packed=packed, olds=olds)
+                            lockstep=bool(most["shared"]), packed=packed, olds=olds, backward=backward)
         # loss, pg_loss and the token means are each rank's part of the whole batch's (normalised by its counts)
         summed = distributed.all_reduce({k: m[k] for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "micro_batches",
                                                            "tokens", "tokens_computed", "collate_time_s")})
@@ -627,5 +686,5 @@ class TorchGRPOBackend:
             raise TrainingError(f"optimizer state does not match the model: {exc}") from exc
 
 
-__all__ = ["LayerInputs", "MIN_SAVED_POSITIONS", "shared_lower_layers", "upper_logprobs", "MIN_SHARED_PREFIX", "SHARE_BREAK_EVEN", "Sample", "BuildReport", "TorchGRPOBackend", "collate", "computed_tokens", "group_stats",
+__all__ = ["LayerInputs", "MIN_SAVED_POSITIONS", "merge_mini_batches", "mini_batch_cuts", "shared_lower_layers", "upper_logprobs", "MIN_SHARED_PREFIX", "SHARE_BREAK_EVEN", "Sample", "BuildReport", "TorchGRPOBackend", "collate", "computed_tokens", "group_stats",
            "masked_logprobs", "micro_batches", "samples_from_groups", "shared_batches"]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundation.config import default_of
+from foundation.config import check_values, default_of
 from foundation.errors import ConfigError
 from foundation.registry import Registry
 from producers.settings import check_feeder, feeder_default
@@ -62,6 +62,7 @@ class GRPO:
     advantage_estimator: str = default_of(StreamSettings, "advantage_estimator")
     policy_loss: str = default_of(TrainerSettings, "policy_loss")
     updates_per_batch: int = default_of(TrainerSettings, "updates_per_batch")  # GRPO's mu: optimiser updates on each batch
+    mini_batches: int = default_of(TrainerSettings, "mini_batches")  # optimiser steps on each pass over a batch
     task_selection: str = feeder_default("task_selection")  # producers.settings.FeederSettings: all | pass-rate
     selection_k: int = feeder_default("selection_k")
     selection_explore: float = feeder_default("selection_explore")
@@ -71,7 +72,7 @@ class GRPO:
     def __post_init__(self) -> None:
         from streams.credit import CREDIT
         from streams.grouping import ESTIMATORS
-        from trainer.policy_losses import POLICY_LOSSES, updates_refused
+        from trainer.policy_losses import POLICY_LOSSES
 
         if self.group_size < 2:
             raise ConfigError("GRPO(group_size=...) must be at least 2: GRPO compares rollouts within a group")
@@ -80,10 +81,8 @@ class GRPO:
         POLICY_LOSSES.check(self.policy_loss)
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
-        if not 1 <= self.updates_per_batch <= 16:
-            raise ConfigError(f"GRPO(updates_per_batch=...) must be in [1, 16], got {self.updates_per_batch}")
-        if (why := updates_refused(self.policy_loss, self.updates_per_batch)) is not None:
-            raise ConfigError(f"GRPO(updates_per_batch=..., policy_loss=...): {why}")
+        check_values(TrainerSettings, {"updates_per_batch": self.updates_per_batch, "mini_batches": self.mini_batches,
+                       "policy_loss": self.policy_loss}, "GRPO({}=...)", "GRPO(updates_per_batch=..., policy_loss=...)")
         check_feeder({"task_selection": self.task_selection, "selection_k": self.selection_k,
                       "selection_explore": self.selection_explore, "pace": self.pace}, "GRPO({}=...)")
 
@@ -332,8 +331,9 @@ class VERL(GRPO):
     ``actor_rollout_ref.actor.ppo_epochs``                      ``updates_per_batch``: each update clipped against the
                                                                 log-probs the batch was sampled with (verl recomputes
                                                                 them with the actor before the first update)
-    ``actor_rollout_ref.actor.ppo_mini_batch_size``             the whole batch in each update (mini-batches smaller
-                                                                than the batch, several updates per epoch, are refused)
+    ``actor_rollout_ref.actor.ppo_mini_batch_size``             ``mini_batches`` = ``data.train_batch_size`` / it (both
+                                                                count prompts): a step on each run of that many groups;
+                                                                one that does not divide the batch is refused
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
     ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``      ``--lora-rank`` / ``--lora-alpha`` (0: full
                                                                 fine-tuning); with ``engine="vllm"`` fit's server
@@ -414,10 +414,12 @@ class VERL(GRPO):
                                  take("actor_rollout_ref.model.enable_gradient_checkpointing"),
                                  {k: take(k) for k in ("actor_rollout_ref.model.exclude_modules",
                                                        "actor_rollout_ref.model.lora_adapter_path")})
-        mini = take("actor_rollout_ref.actor.ppo_mini_batch_size")
-        if mini is not None and flat.get("data.train_batch_size") is not None and int(mini) != int(flat["data.train_batch_size"]):
-            raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} below data.train_batch_size="
-                              f"{flat['data.train_batch_size']}: each of this trainer's updates takes the whole batch (several updates a batch: ppo_epochs); give them equal")
+        if (mini := take("actor_rollout_ref.actor.ppo_mini_batch_size")) is not None:
+            batch = int(grpo.get("groups_per_step", mapped.get("groups_per_step", GRPO.groups_per_step)))
+            if int(mini) < 1 or batch % int(mini):
+                raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size="
+                                  f"{batch} (prompts a step) into mini-batches, as verl requires")
+            mapped["mini_batches"] = batch // int(mini)
         epochs = take("trainer.total_epochs")
         extra = sorted(k for k in flat if k not in used)
         GRPO.__init__(self, **{**mapped, **grpo, "train_args": [*train_args, *grpo.get("train_args", [])]})

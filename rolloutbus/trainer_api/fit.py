@@ -158,6 +158,15 @@ def serve_command(port: int, engine: str = "torch", model: str | None = None, lo
             *(["--lora-rank", str(lora_rank)] if lora_rank > 0 else [])]
 
 
+def train_command(algo: Any, model: str, extra: list[str]) -> list[str]:
+    """The ``rolloutbus train`` fit starts for a GRPO-family algorithm: its learning settings as flags, then ``extra``
+    (the algorithm's ``train_args`` and the validation flags, which win). Pure."""
+    return ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
+            "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
+            "--policy-loss", algo.policy_loss, "--updates-per-batch", str(algo.updates_per_batch),
+            "--mini-batches", str(algo.mini_batches), *extra]
+
+
 def lora_rank_of(train_args: list[str], default: int) -> int:
     """The LoRA rank the trainer runs with: the last ``--lora-rank`` among its flags, else ``default`` (its
     ``ROLLOUTBUS_LORA_RANK``); one that is not a whole number is one line. Pure."""
@@ -282,10 +291,7 @@ def run_fit(trainer: Trainer, agent: Any, train: list[str], val: list[str], test
             sup.start("serve", serve_command(serve_port, trainer.engine, model if sft else None, rank))
             sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
             if not sft:
-                sup.start("train", ["train", "--model", model, "--groups-per-step", str(algo.groups_per_step), "--lr", str(algo.lr),
-                                    "--kl-beta", str(algo.kl_beta), "--max-staleness", "2", "--threads", "1", "--seed", str(algo.seed),
-                                    "--policy-loss", algo.policy_loss, "--updates-per-batch", str(algo.updates_per_batch),
-                                    *train_args, *validate])
+                sup.start("train", train_command(algo, model, [*train_args, *validate]))
             follower.start()
             wait_http(f"http://127.0.0.1:{serve_port}/healthz", serve_start_s(trainer.engine), sup)
             wait_http(f"http://127.0.0.1:{proxy_port}/healthz", 60, sup)

@@ -52,7 +52,10 @@ def test_losses_clips_and_kl_map_and_keyword_arguments_win() -> None:
     ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}, "loss_mode 'gspo'"),
     ({"actor_rollout_ref": {"rollout": {"n": 1}}}, "group_size=...\\) must be at least 2"),
     ({"trainer": {"n_gpus_per_node": 4, "nnodes": 2}}, "trainer.nnodes=2 needs where the ranks meet"),
-    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}}}, "each of this trainer's updates takes the whole batch"),
+    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 12}}},
+     "ppo_mini_batch_size=12 does not divide data.train_batch_size=32 \\(prompts a step\\) into mini-batches"),
+    ({"data": {"train_batch_size": 256}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}}},
+     r"GRPO\(mini_batches=...\) must be less than or equal to 64, got 128"),
 ])
 def test_what_it_cannot_honour_is_one_line(config: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -123,5 +126,37 @@ def test_ppo_epochs_are_the_trainers_updates_per_batch() -> None:
         with pytest.raises(ConfigError, match=f"2 updates a batch need a policy loss that clips.*not {loss}"):
             agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss=loss)
     assert agl.VERL({"actor_rollout_ref": {"actor": {"ppo_epochs": 2}}}, policy_loss="verl:vanilla").updates_per_batch == 2
-    with pytest.raises(ConfigError, match=r"updates_per_batch=\.\.\.\) must be in \[1, 16\], got 0"):
+    with pytest.raises(ConfigError, match=r"GRPO\(updates_per_batch=\.\.\.\) must be greater than or equal to 1, got 0"):
         GRPO(updates_per_batch=0)
+    with pytest.raises(ConfigError, match=r"GRPO\(updates_per_batch=\.\.\.\) must be less than or equal to 16, got 17"):
+        GRPO(updates_per_batch=17)  # the bound TrainerSettings declares, read from it
+
+
+def test_ppo_mini_batches_are_the_trainers_mini_batches() -> None:
+    """verl's ``ppo_mini_batch_size`` (prompts an optimiser step takes) divides ``train_batch_size`` (prompts a batch)
+    into ``mini_batches``; the write-ups' (32 of 32) is one; any policy loss takes them (a sample is used once a pass);
+    fit hands them to the trainer."""
+    from rolloutbus.cli import build_parser
+
+    verl_default = agl.VERL({"data": {"train_batch_size": 1024}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 256}}})
+    assert (verl_default.groups_per_step, verl_default.mini_batches, verl_default.ignored) == (1024, 4, [])
+    assert agl.VERL(WRITE_UPS).mini_batches == 1 == GRPO().mini_batches
+    assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 1}).mini_batches == GRPO().groups_per_step
+    assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 2}, groups_per_step=8).mini_batches == 4
+    assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 1}, policy_loss="decoupled").mini_batches == 2
+    assert build_parser().parse_args(["train", "--mini-batches", "4"]).mini_batches == 4
+
+
+def test_fits_trainer_gets_the_algorithms_learning_settings() -> None:
+    """The command fit starts reads, through ``rolloutbus train``'s own flags and settings, what the algorithm says:
+    μ, the mini-batches, the loss, the batch (the write-ups' config, and verl's defaults of 1024 / 256 prompts)."""
+    from rolloutbus.cli import build_parser
+    from rolloutbus.trainer_api.fit import train_command
+    from trainer.cli import settings_from_args
+
+    algo = agl.VERL({"data": {"train_batch_size": 8}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, "ppo_epochs": 2}}})
+    s = settings_from_args(build_parser().parse_args(train_command(algo, "tiny", ["--validate-every", "3"])))
+    assert (s.updates_per_batch, s.mini_batches, s.groups_per_step, s.policy_loss) == (2, 2, 8, "ppo-clip")
+    assert s.validate_every == 3
+    s = settings_from_args(build_parser().parse_args(train_command(agl.VERL(WRITE_UPS), "tiny", [])))
+    assert (s.updates_per_batch, s.mini_batches, s.groups_per_step, s.lr) == (1, 1, 32, 1e-6)

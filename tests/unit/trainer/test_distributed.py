@@ -37,10 +37,12 @@ def _batch(shared: bool = False, updates: int = 1) -> list:
     return sample_groups(model, tok, n_groups=3, group_size=3, max_new_tokens=12, seed=5)
 
 
-def _backend(model: object, ranks: object = None, ref: object = None, shared: bool = False, updates: int = 1) -> TorchGRPOBackend:
+def _backend(model: object, ranks: object = None, ref: object = None, shared: bool = False, updates: int = 1,
+             minis: int = 1) -> TorchGRPOBackend:
     return TorchGRPOBackend(model, grpo=GRPOConfig(loss_agg="grpo", kl_beta=0.1 if ref is not None else 0.0), lr=1e-3,
                             max_grad_norm=1e9, micro_batch_tokens=512 if shared else 64, pad_id=0, ranks=ranks, ref_model=ref,
-                            share_prefix=shared and ranks is not None, updates_per_batch=updates)
+                            share_prefix=shared and ranks is not None, updates_per_batch=updates,
+                            mini_batches=minis)
 
 
 def _reference(kl: bool) -> object:
@@ -62,7 +64,8 @@ def _model(lora: bool) -> object:
     return model
 
 
-def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = False, shared: bool = False, updates: int = 1) -> None:
+def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = False, shared: bool = False, updates: int = 1,
+          minis: int = 1) -> None:
     import torch.distributed as dist
 
     from trainer import distributed
@@ -75,8 +78,8 @@ def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = Fal
         ref = _reference(kl)
         if ref is not None:
             distributed.shard(ref)  # the reference sharded as the trainer shards it
-        backend = _backend(model, distributed.Ranks(rank, world), ref, shared, updates)
-        groups = _batch(shared, updates)
+        backend = _backend(model, distributed.Ranks(rank, world), ref, shared, updates, minis)
+        groups = _batch(shared, max(updates, minis))
         metrics = backend.step(groups)
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
         weights = distributed.full_state_dict(model)
@@ -86,24 +89,27 @@ def _rank(rank: int, world: int, init: str, out: str, lora: bool, kl: bool = Fal
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("lora", "kl", "shared", "updates"), [
-    (False, False, False, 1), (True, False, False, 1), (False, True, False, 1), (False, True, True, 1), (False, True, False, 2)],
-    ids=["full", "lora", "full-kl", "full-kl-shared-prompts", "full-kl-two-updates"])
-def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool, shared: bool, updates: int) -> None:
+@pytest.mark.parametrize(("lora", "kl", "shared", "updates", "minis"), [
+    (False, False, False, 1, 1), (True, False, False, 1, 1), (False, True, False, 1, 1), (False, True, True, 1, 1),
+    (False, True, False, 2, 1), (False, True, False, 1, 2)],
+    ids=["full", "lora", "full-kl", "full-kl-shared-prompts", "full-kl-two-updates", "full-kl-two-mini-batches"])
+def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool, shared: bool, updates: int, minis: int) -> None:
     """``shared``: the ranks compute each group's prompt once (policy and reference), the one device runs whole rows.
     ``updates``: two updates on a batch that recorded no sampling log-probs: each rank clips its micro-batches (and its
-    padding) against their own from the first update, as the one device does; the gradients compared are the second's."""
+    padding) against their own from the first update, as the one device does; the gradients compared are the second's.
+    ``minis``: two mini-batches (a group, then two) of such a batch: the second's old log-probs from a forward pass on
+    each rank's share before the first step; the gradients compared are the second mini-batch's."""
     torch.set_num_threads(1)
     model = _model(lora)
     before = copy.deepcopy(model.state_dict())
-    backend = _backend(model, ref=_reference(kl), updates=updates)
-    one = backend.step(_batch(shared, updates))
+    backend = _backend(model, ref=_reference(kl), updates=updates, minis=minis)
+    one = backend.step(_batch(shared, max(updates, minis)))
     one_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     adapters = sum("lora_" in n for n, _ in model.named_parameters())
     assert len(one_grads) == (adapters if lora else len(list(model.parameters()))) and (adapters > 0) == lora
 
     out = tmp_path / "two.pt"
-    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out), lora, kl, shared, updates), nprocs=2,
+    mp.start_processes(_rank, args=(2, f"file://{tmp_path / 'store'}", str(out), lora, kl, shared, updates, minis), nprocs=2,
                        start_method="spawn")
     two = torch.load(out, weights_only=False)
     assert two["grads"].keys() == one_grads.keys()
@@ -115,7 +121,7 @@ def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool
         # moves the weight by a different fraction of the learning rate (1e-3); elsewhere the weights agree to TOL.
         g = one_grads.get(name.replace("base_model.model.", ""), one_grads.get(name))
         sure = (g.abs() > 1e-6) if g is not None else torch.ones_like(w, dtype=torch.bool)
-        if updates > 1:  # the first update's ~0 gradients (not kept) moved weights by such fractions too: its bound only
+        if updates * minis > 1:  # the first update's ~0 gradients (not kept) moved weights by such fractions too: its bound only
             sure = torch.zeros_like(w, dtype=torch.bool)
         diff = (two["weights"][name] - w).abs()
         assert float(torch.where(sure, diff, 0.0).max()) <= TOL and float(diff.max()) <= 1e-3, (name, float(diff.max()))
@@ -123,9 +129,10 @@ def test_two_ranks_make_the_one_device_step(tmp_path: Path, lora: bool, kl: bool
     assert moved >= (adapters if lora else 10)  # the step changed the (trained) weights, on both
     assert (one["kl"] > 1e-4) == kl  # with the reference, a KL term the two steps share
     for key in ("loss", "pg_loss", "kl", "samples", "tokens", "response_tokens", "ratio_mean", "clip_fraction", "grad_norm",
-                *(("updates", "ratio_mean_last", "clip_fraction_last") if updates > 1 else ())):
+                *(("updates", "ratio_mean_last", "clip_fraction_last") if updates * minis > 1 else ()),
+                *(("mini_batches",) if minis > 1 else ())):
         assert two["metrics"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
-    assert updates == 1 or one["ratio_mean_last"] != pytest.approx(1.0, abs=1e-6)  # clipped against the first update's
+    assert updates * minis == 1 or one["ratio_mean_last"] != pytest.approx(1.0, abs=1e-6)  # clipped against the first update's
     assert shared or two["metrics"]["micro_batches"] >= one["micro_batches"]  # (shared: a larger budget on the ranks)
     assert (two["metrics"]["tokens_computed"] < 0.8 * one["tokens_computed"]) == shared
 

@@ -253,6 +253,62 @@ def test_updates_on_a_batch_without_sampling_logprobs_clip_against_the_policy_be
     assert m["ratio_mean_last"] != pytest.approx(1.0, abs=1e-4)
 
 
+def test_mini_batches_cut_a_batch_into_runs_of_whole_groups() -> None:
+    from trainer.torch_backend import merge_mini_batches, mini_batch_cuts
+
+    assert mini_batch_cuts(4, 2) == [(0, 2), (2, 4)] and mini_batch_cuts(5, 2) == [(0, 2), (2, 5)]
+    assert mini_batch_cuts(2, 4) == [(0, 1), (1, 2)], "never more mini-batches than groups"
+    assert mini_batch_cuts(3, 1) == [(0, 3)] and mini_batch_cuts(0, 3) == [(0, 0)]
+    one = ({"loss": 0.5, "response_tokens": 3.0}, 0.7)
+    assert merge_mini_batches([one]) is one
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_mini_batches_are_one_step_per_run_of_groups_each_clipped_against_its_sampling(tiny: tuple, updates: int) -> None:
+    """verl's mini-batches (train_batch_size / ppo_mini_batch_size): two mini-batches are the steps one would take on
+    the batch's first two groups, then its last two (and again, with two passes); the step reports its first pass's
+    losses averaged, its counts summed, and the last update's ratio to the sampling policy."""
+    base, tok, groups = tiny
+    assert len(groups) == 4 and all(t.response_logprobs for g in groups for t in g.transitions)
+    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1)
+    seq, mini = copy.deepcopy(base), copy.deepcopy(base)
+    b1 = TorchGRPOBackend(seq, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id)
+    b2 = TorchGRPOBackend(mini, grpo=cfg, lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id, mini_batches=2,
+                          updates_per_batch=updates)
+    steps = [b1.step(half) for _ in range(updates) for half in (groups[:2], groups[2:])]
+    m = b2.step(groups)
+    assert torch.allclose(_weights(seq), _weights(mini), atol=1e-6, rtol=1e-5)
+    assert m["mini_batches"] == 2.0 and m["updates"] == 2.0 * updates
+    assert m["samples"] == steps[0]["samples"] + steps[1]["samples"] == 16
+    assert m["loss"] == pytest.approx((steps[0]["loss"] + steps[1]["loss"]) / 2, abs=1e-6)
+    assert m["ratio_max"] == pytest.approx(max(steps[0]["ratio_max"], steps[1]["ratio_max"]), abs=1e-6)
+    assert m["ratio_mean_last"] == pytest.approx(steps[-1]["ratio_mean"], abs=1e-5) and m["ratio_mean_last"] != 1.0
+    assert m["clip_fraction_last"] == pytest.approx(steps[-1]["clip_fraction"], abs=1e-6)
+    assert "mini_batches" not in steps[0] and "updates" not in steps[0], "one step a batch reports as before"
+
+
+def test_mini_batches_of_a_batch_without_sampling_logprobs_clip_against_the_policy_before_the_first(tiny: tuple) -> None:
+    """A batch that recorded no sampling log-probs: its second mini-batch clips against the policy before the batch's
+    first step (a forward pass before it, as verl computes the old log-probs once), as if the batch carried them; not
+    against the policy after the first step (ratio 1: each mini-batch would be plain on-policy)."""
+    base, tok, groups = tiny
+    cfg = GRPOConfig(loss_agg="grpo", clip_eps=0.1, kl_beta=0.05)
+    without, filled = copy.deepcopy(base), copy.deepcopy(base)
+    ref = copy.deepcopy(base)
+    b_without = TorchGRPOBackend(without, grpo=cfg, lr=3e-3, micro_batch_tokens=64, pad_id=tok.pad_id, mini_batches=2,
+                                 ref_model=ref)
+    b_filled = TorchGRPOBackend(filled, grpo=cfg, lr=3e-3, micro_batch_tokens=64, pad_id=tok.pad_id, ref_model=ref)
+    m = b_without.step(_with_logprobs(groups, None))
+    as_sampled = _with_logprobs(groups, base)
+    b_filled.step(as_sampled[:2])
+    second = b_filled.step(as_sampled[2:])
+    assert torch.allclose(_weights(without), _weights(filled), atol=1e-5, rtol=1e-4)
+    assert m["ratio_mean_last"] == pytest.approx(second["ratio_mean"], abs=1e-4)
+    assert m["ratio_mean_last"] != pytest.approx(1.0, abs=1e-4)
+    # the decoupled loss takes mini-batches (each sample is used once a pass): no trust region is asked of it
+    TorchGRPOBackend(copy.deepcopy(base), grpo=GRPOConfig(policy_loss="decoupled"), pad_id=tok.pad_id, mini_batches=2)
+
+
 def test_several_updates_a_batch_refuse_the_decoupled_loss(tiny: tuple) -> None:
     from foundation.errors import TrainingError
     from trainer.settings import TrainerSettings
