@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the rolloutbus rows' feeder: every question in turn, or by what teaches (the demo's --task-selection)")
     p.add_argument("--pace", choices=feeder_choices("pace"), default=feeder_default("pace"),
                    help="the rolloutbus rows' feeder keeps tasks ahead of generation or of the trainer (the demo's --pace)")
-    from foundation.config import choices_of, default_of
+    from foundation.config import choices_of, default_of, setting_bounds
     from foundation.flags import Bounded
     from trainer.settings import TrainerSettings
 
@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"),
                    default=default_of(TrainerSettings, "backlog"),
                    help="the rolloutbus rows' trainer: which waiting groups a step takes (the demo's --backlog)")
-    p.add_argument("--updates-per-batch", type=Bounded(int, ge=1, le=16), default=default_of(TrainerSettings, "updates_per_batch"),
+    p.add_argument("--updates-per-batch", type=Bounded(int, **setting_bounds(TrainerSettings, "updates_per_batch")),
+                   default=default_of(TrainerSettings, "updates_per_batch"),
                    help="the rolloutbus rows' trainer: optimiser updates on each batch (the demo's --updates-per-batch)")
     from streams.credit import CREDIT
 
@@ -281,13 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         minutes = float(saved["args"]["minutes"])
         print(table(saved["results"], minutes) + "\n\n## Where the time goes\n\n" + where_time_goes(saved["results"]))
         return 0
-    if args.train_questions:
-        from rolloutbus.demo import sql
+    from rolloutbus.demo import sql
 
-        try:
-            sql.demo_split(args.held_out, args.validation, args.train_questions, seed=0)
-        except ValueError as exc:
-            p.error(str(exc))
+    try:  # the held-out, validation and training questions fit the task's: one line, before any run
+        sql.demo_split(args.held_out, args.validation, args.train_questions, seed=0)
+    except ValueError as exc:
+        p.error(str(exc))
     systems = [s for s in args.systems.split(",") if s]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:

@@ -102,13 +102,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the agent's own mid-run rewards kept; deploy/rewards/air.toml: the former defaults)")
     p.add_argument("--advantage-estimator", choices=ESTIMATORS.names(), default=None, help="how a group's step returns become advantages")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES.names(), default=None, help="the trainer's policy term")
-    from foundation.config import choices_of
+    from foundation.config import choices_of, setting_bounds
     from trainer.settings import TrainerSettings
 
     p.add_argument("--backlog", choices=choices_of(TrainerSettings, "backlog"), default=None,
                    help="which groups a trainer step takes when more wait than it trains on: oldest (in order), newest "
                         "(the newest versions'; the rest skipped) or sample (a uniform draw; the rest skipped)")
-    p.add_argument("--updates-per-batch", type=Bounded(int, ge=1, le=16), default=None, metavar="N",
+    p.add_argument("--updates-per-batch", type=Bounded(int, **setting_bounds(TrainerSettings, "updates_per_batch")), default=None, metavar="N",
                    help="the trainer's optimiser updates on each batch (GRPO's mu, verl's ppo_epochs), each clipped against "
                         "the log-probs the batch was sampled with; one version per batch")
     p.add_argument("--serve-lag", type=Bounded(int, ge=0, le=16), default=None, metavar="N",
@@ -117,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default 0)")
     p.add_argument("--nproc-per-node", type=Bounded(int, ge=1, le=64), default=None,
                    help="the trainer's ranks (FSDP2 under torchrun, gloo on the CPU; default 1)")
-    p.add_argument("--lora-rank", type=Bounded(int, ge=0, le=1024), default=None, metavar="R",
+    p.add_argument("--lora-rank", type=Bounded(int, **setting_bounds(TrainerSettings, "lora_rank")), default=None, metavar="R",
                    help="train LoRA adapters of rank R on the base frozen (the trainer's --lora-rank; every layer, so the "
                         "task's --train-layers is dropped), served by their adapters alone (rank up to 512; default 0: no LoRA)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)

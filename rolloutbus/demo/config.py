@@ -186,7 +186,7 @@ class DemoConfig:
         if cfg.train_questions and cfg.algorithm == "apo":
             raise ConfigError("--train-questions samples the questions GRPO trains on; --algorithm apo trains on none "
                               "(its validation questions are --val-size)")
-        if cfg.train_questions:
+        if cfg.task == "sql":  # the held-out, validation and training questions fit the task's: one line, before anything starts
             from rolloutbus.demo import sql
 
             try:

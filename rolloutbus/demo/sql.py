@@ -514,7 +514,11 @@ def demo_split(held_out: int, validation: int, train_questions: int = 0, seed: i
     on (:func:`subset` of its ``train``): what the demo and the learning bench's TRL row both train and score on.
     ValueError (the demo's and the bench's one line) when ``train_questions`` exceeds the training pool."""
     unseen = max(1, round(held_out * 2 / 3)) if held_out > 1 else 1
-    s = split_databases(seed=seed, validation=validation, test_seen=held_out - unseen, test_unseen=unseen)
+    try:
+        s = split_databases(seed=seed, validation=validation, test_seen=held_out - unseen, test_unseen=unseen)
+    except ValueError as exc:
+        raise ValueError(f"--held-out {held_out} and --validation {validation} do not fit the SQL task's questions "
+                         f"({unseen} of the held-out from the databases never trained on): {exc}") from None
     if train_questions > len(s.train):
         raise ValueError(f"--train-questions {train_questions}: the SQL task has {len(s.train)} training questions beside "
                          f"--held-out {held_out} and --validation {validation}; give at most {len(s.train)} (0: all of them)")
@@ -627,7 +631,12 @@ def execution_match(db: sqlite3.Connection, predicted: list[tuple[Any, ...]], go
     """Same rows as the gold query (as a multiset; floats to 2 decimals; column names ignored)."""
     ok, gold = execute(db, gold_sql, max_rows=10_000)
     assert ok, f"gold query failed: {gold}"
-    return _norm(predicted) == _norm(gold)  # type: ignore[arg-type]
+    return rows_match(predicted, gold)  # type: ignore[arg-type]
+
+
+def rows_match(predicted: Sequence[Sequence[Any]], gold: Sequence[Sequence[Any]]) -> bool:
+    """:func:`execution_match` of rows already fetched. Pure."""
+    return _norm(predicted) == _norm(gold)
 
 
 def row_f1(predicted: Sequence[Sequence[Any]], gold: Sequence[Sequence[Any]]) -> float:
@@ -675,13 +684,13 @@ def graded_reward(kind: str, db: sqlite3.Connection, predicted: list[tuple[Any, 
         raise ValueError(f"unknown SQL reward {kind!r}: choose one of {', '.join(REWARDS)}")
     if predicted is None:
         return 0.0
+    ok, gold = execute(db, gold_sql, max_rows=10_000)  # once: the match and the partial credit read the same rows
+    assert ok, f"gold query failed: {gold}"
     try:
-        if execution_match(db, predicted, gold_sql):
+        if rows_match(predicted, gold):  # type: ignore[arg-type]
             return 1.0
         if kind == "match":
             return 0.0
-        ok, gold = execute(db, gold_sql, max_rows=10_000)
-        assert ok, f"gold query failed: {gold}"
         f1 = row_f1(predicted, gold) if len(gold) > 1 else 0.0  # type: ignore[arg-type]
         return GRADED_WEIGHT * f1 if f1 >= GRADED_MIN_F1 else 0.0
     except (TypeError, ValueError):  # rows that mix NULLs and numbers do not sort (as in score)
@@ -786,6 +795,6 @@ def from_prompt_config(config: dict[str, str]) -> tuple[str, list[tuple[str, str
 
 
 __all__ = ["DATABASES", "EXAMPLES", "HAND_WRITTEN", "Database", "Question", "SCHEMA", "SYSTEM_PROMPT", "SYSTEM_TEMPLATE", "Split",
-           "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "extract_sql",
+           "all_questions", "connect", "database", "example_pairs", "execute", "execution_match", "rows_match", "extract_sql",
            "from_prompt_config", "messages", "prompt_config", "question_messages", "questions", "render", "retry_message",
            "schema", "score", "split", "REWARDS", "GRADED_MIN_F1", "GRADED_WEIGHT", "graded_reward", "row_f1", "split_databases", "demo_split", "subset", "template_from_config"]

@@ -73,6 +73,12 @@ def test_train_questions_above_the_pool_are_refused_before_anything_runs(capsys:
     with pytest.raises(SystemExit) as exc:
         bl.main(["--systems", "rolloutbus-vllm-single", "--sql-reward", "graded", "--train-questions", "100000"])
     assert exc.value.code == 2 and "--train-questions 100000: the SQL task has" in capsys.readouterr().err
+    for flags, words in ((["--held-out", "900"], "--held-out 900 and --validation 20 do not fit the SQL task's questions "
+                                                 "(600 of the held-out from the databases never trained on): test_unseen=600"),
+                         (["--validation", "900"], "--held-out 90 and --validation 900 do not fit")):
+        with pytest.raises(SystemExit) as exc:  # without --train-questions too: one line, not a traceback in the first run
+            bl.main(["--systems", "rolloutbus-vllm-single", *flags])
+        assert exc.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_the_vllm_rows_are_asked_for_by_name() -> None:

@@ -138,6 +138,9 @@ def test_train_questions_trains_the_sql_task_on_a_sample_of_its_questions(monkey
     assert _cfg("--task", "sql", "--train-questions", str(pool)).train_questions == pool, "all of them, named"
     with pytest.raises(ConfigError, match=f"--train-questions {pool + 1}: the SQL task has {pool} training questions"):
         _cfg("--task", "sql", "--train-questions", str(pool + 1))
+    with pytest.raises(ConfigError, match="--held-out 900 and --validation 30 do not fit the SQL task's questions"):
+        _cfg("--task", "sql", "--held-out", "900")
+    assert _cfg("--held-out", "900").held_out == 900, "the calculator's held-out problems are its own"
 
 
 def test_sql_reward_reaches_the_sql_agents_runners_and_is_refused_where_it_cannot_act(monkeypatch) -> None:  # type: ignore[no-untyped-def]
