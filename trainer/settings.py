@@ -61,7 +61,7 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
     updates_per_batch: int = Field(default=1, ge=1, le=16, description="Optimiser updates on each batch (GRPO's mu, verl's "
                                    "ppo_epochs, TRL's num_iterations), each clipped against the log-probs it was sampled with; "
                                    "one version is published per batch. Above 1 needs the ppo-clip policy loss.")
-    mini_batches: int = Field(default=1, ge=1, le=64, description="Optimiser steps on each pass over a batch, each on its "
+    mini_batches: int = Field(default=1, ge=1, le=1024, description="Optimiser steps on each pass over a batch, each on its "
                               "own run of whole groups (verl's train_batch_size / ppo_mini_batch_size); a sample recorded "
                               "without sampling log-probs is clipped against the policy before the batch's first step.")
     lora_rank: int = Field(default=0, ge=0, le=1024, description="LoRA adapters of this rank on lora_targets, the base frozen "
@@ -131,6 +131,13 @@ class TrainerSettings(health_settings("train", METRICS_PORT, 600.0,  # type: ign
 
         if (why := updates_refused(self.policy_loss, self.updates_per_batch)) is not None:
             raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_of_the_batch(self) -> TrainerSettings:
+        if self.mini_batches > self.groups_per_step:
+            raise ValueError(f"{self.mini_batches} mini-batches of a batch of {self.groups_per_step} groups: each mini-batch "
+                             "takes whole groups, so there can be at most as many as the batch has")
         return self
 
     @model_validator(mode="after")

@@ -587,12 +587,13 @@ class TorchGRPOBackend:
                 collate_s += self._accumulate(minis[k], packs[k], olds[k], backward=False)["collate_time_s"]
         passes: list[tuple[dict[str, float], float]] = []
         applied: dict[str, float] | None = None
-        updates = 0
+        updates, ran = 0, 0.0
         for epoch in range(self.updates_per_batch):
             for k, mini in enumerate(minis):
                 self.optimizer.zero_grad(set_to_none=True)
                 m = self._accumulate(mini, packs[k], olds[k])
                 collate_s += m.pop("collate_time_s")
+                ran += m["tokens"]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
                 if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm over every rank's shard
                     grad_norm = grad_norm.full_tensor()
@@ -620,8 +621,8 @@ class TorchGRPOBackend:
                 metrics["clip_fraction_last"] = applied["clip_fraction"]
                 metrics["ratio_mean_last"] = applied["ratio_mean"]
         metrics["step_time_s"] = elapsed
-        # the tokens the step ran through the model per second, each pass's (``tokens``: the batch's, once)
-        metrics["tokens_per_s"] = m["tokens"] * max(updates, 1) / len(minis) / elapsed if elapsed > 0 else 0.0
+        # the tokens the step ran through the model (with a gradient) per second, each pass's (``tokens``: the batch's, once)
+        metrics["tokens_per_s"] = ran / elapsed if elapsed > 0 else 0.0
         metrics["build_time_s"] = build_time + collate_s
         return metrics
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundation.config import check_values, default_of
+from foundation.config import check_values, default_of, setting_bounds
 from foundation.errors import ConfigError
 from foundation.registry import Registry
 from producers.settings import check_feeder, feeder_default
@@ -82,7 +82,8 @@ class GRPO:
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"GRPO(gamma=...) must be in [0, 1], got {self.gamma}")
         check_values(TrainerSettings, {"updates_per_batch": self.updates_per_batch, "mini_batches": self.mini_batches,
-                       "policy_loss": self.policy_loss}, "GRPO({}=...)", "GRPO(updates_per_batch=..., policy_loss=...)")
+                                       "groups_per_step": self.groups_per_step, "policy_loss": self.policy_loss},
+                     "GRPO({}=...)", "GRPO(...)")
         check_feeder({"task_selection": self.task_selection, "selection_k": self.selection_k,
                       "selection_explore": self.selection_explore, "pace": self.pace}, "GRPO({}=...)")
 
@@ -331,9 +332,10 @@ class VERL(GRPO):
     ``actor_rollout_ref.actor.ppo_epochs``                      ``updates_per_batch``: each update clipped against the
                                                                 log-probs the batch was sampled with (verl recomputes
                                                                 them with the actor before the first update)
-    ``actor_rollout_ref.actor.ppo_mini_batch_size``             ``mini_batches`` = ``data.train_batch_size`` / it (both
-                                                                count prompts): a step on each run of that many groups;
-                                                                one that does not divide the batch is refused
+    ``actor_rollout_ref.actor.ppo_mini_batch_size``             ``mini_batches`` = ⌈``data.train_batch_size`` / it⌉
+                                                                (both count prompts): a step on each run of about that
+                                                                many groups (verl's last run is the shorter; here the
+                                                                runs are near-equal); one above the batch is refused
     ``actor_rollout_ref.model.path``                            ``model`` (the policy when ``main_llm`` names none)
     ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``      ``--lora-rank`` / ``--lora-alpha`` (0: full
                                                                 fine-tuning); with ``engine="vllm"`` fit's server
@@ -415,11 +417,16 @@ class VERL(GRPO):
                                  {k: take(k) for k in ("actor_rollout_ref.model.exclude_modules",
                                                        "actor_rollout_ref.model.lora_adapter_path")})
         if (mini := take("actor_rollout_ref.actor.ppo_mini_batch_size")) is not None:
+            given = "groups_per_step" in grpo or "groups_per_step" in mapped
             batch = int(grpo.get("groups_per_step", mapped.get("groups_per_step", GRPO.groups_per_step)))
-            if int(mini) < 1 or batch % int(mini):
-                raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size="
-                                  f"{batch} (prompts a step) into mini-batches, as verl requires")
-            mapped["mini_batches"] = batch // int(mini)
+            whose = "data.train_batch_size" if given else "GRPO's groups_per_step (data.train_batch_size not given)"
+            if not 1 <= int(mini) <= batch:
+                raise ConfigError(f"VERL: actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be between 1 and {whose} "
+                                  f"{batch}: the prompts one optimiser step takes, of the batch's")
+            mapped["mini_batches"] = -(-batch // int(mini))
+            if mapped["mini_batches"] > (most := setting_bounds(TrainerSettings, "mini_batches")["le"]):
+                raise ConfigError(f"VERL: data.train_batch_size {batch} / actor_rollout_ref.actor.ppo_mini_batch_size {mini} "
+                                  f"is {mapped['mini_batches']} mini-batches a batch; this trainer takes at most {most:g}")
         epochs = take("trainer.total_epochs")
         extra = sorted(k for k in flat if k not in used)
         GRPO.__init__(self, **{**mapped, **grpo, "train_args": [*train_args, *grpo.get("train_args", [])]})

@@ -52,10 +52,13 @@ def test_losses_clips_and_kl_map_and_keyword_arguments_win() -> None:
     ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}, "loss_mode 'gspo'"),
     ({"actor_rollout_ref": {"rollout": {"n": 1}}}, "group_size=...\\) must be at least 2"),
     ({"trainer": {"n_gpus_per_node": 4, "nnodes": 2}}, "trainer.nnodes=2 needs where the ranks meet"),
-    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 12}}},
-     "ppo_mini_batch_size=12 does not divide data.train_batch_size=32 \\(prompts a step\\) into mini-batches"),
-    ({"data": {"train_batch_size": 256}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}}},
-     r"GRPO\(mini_batches=...\) must be less than or equal to 64, got 128"),
+    ({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 64}}},
+     "ppo_mini_batch_size=64 must be between 1 and data.train_batch_size 32: the prompts one optimiser step takes"),
+    ({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 256}}},  # verl's default batch (1,024) is not assumed
+     r"ppo_mini_batch_size=256 must be between 1 and GRPO's groups_per_step \(data.train_batch_size not given\) 2"),
+    ({"data": {"train_batch_size": 4096}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 1}}},
+     "data.train_batch_size 4096 / actor_rollout_ref.actor.ppo_mini_batch_size 1 is 4096 mini-batches a batch; this "
+     "trainer takes at most 1024"),
 ])
 def test_what_it_cannot_honour_is_one_line(config: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -143,6 +146,10 @@ def test_ppo_mini_batches_are_the_trainers_mini_batches() -> None:
     assert agl.VERL(WRITE_UPS).mini_batches == 1 == GRPO().mini_batches
     assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 1}).mini_batches == GRPO().groups_per_step
     assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 2}, groups_per_step=8).mini_batches == 4
+    uneven = agl.VERL({"data": {"train_batch_size": 32}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 12}}})
+    assert uneven.mini_batches == 3, "12 + 12 + 8 in verl; near-equal runs here"
+    with pytest.raises(ConfigError, match=r"GRPO\(\.\.\.\): 4 mini-batches of a batch of 2 groups"):
+        GRPO(mini_batches=4)
     assert agl.VERL({"actor_rollout_ref.actor.ppo_mini_batch_size": 1}, policy_loss="decoupled").mini_batches == 2
     assert build_parser().parse_args(["train", "--mini-batches", "4"]).mini_batches == 4
 

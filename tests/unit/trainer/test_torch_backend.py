@@ -261,6 +261,14 @@ def test_mini_batches_cut_a_batch_into_runs_of_whole_groups() -> None:
     assert mini_batch_cuts(3, 1) == [(0, 3)] and mini_batch_cuts(0, 3) == [(0, 0)]
     one = ({"loss": 0.5, "response_tokens": 3.0}, 0.7)
     assert merge_mini_batches([one]) is one
+    a = {"loss": 0.2, "pg_loss": 0.1, "kl": 0.01, "clip_fraction": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0,
+         "micro_batches": 1.0, "response_tokens": 10.0, "tokens": 50.0, "tokens_computed": 60.0, "samples": 4.0}
+    b = {**a, "loss": 0.4, "kl": 0.04, "clip_fraction": 0.3, "ratio_mean": 1.1, "ratio_max": 1.5, "ratio_min": 0.8,
+         "response_tokens": 30.0, "samples": 5.0}
+    m, norm = merge_mini_batches([(a, 1.0), (b, 3.0)])
+    assert (m["loss"], norm) == (pytest.approx(0.3), 2.0), "each mini-batch's mean, averaged"
+    assert (m["kl"], m["clip_fraction"]) == (pytest.approx(0.0325), pytest.approx(0.225)), "token means by response tokens"
+    assert (m["samples"], m["tokens"], m["response_tokens"], m["ratio_max"], m["ratio_min"]) == (9.0, 100.0, 40.0, 1.5, 0.8)
 
 
 @pytest.mark.parametrize("updates", [1, 2])
@@ -285,6 +293,29 @@ def test_mini_batches_are_one_step_per_run_of_groups_each_clipped_against_its_sa
     assert m["ratio_mean_last"] == pytest.approx(steps[-1]["ratio_mean"], abs=1e-5) and m["ratio_mean_last"] != 1.0
     assert m["clip_fraction_last"] == pytest.approx(steps[-1]["clip_fraction"], abs=1e-6)
     assert "mini_batches" not in steps[0] and "updates" not in steps[0], "one step a batch reports as before"
+
+
+def test_a_nonfinite_gradient_in_a_later_mini_batch_keeps_the_earlier_step_and_says_so(tiny: tuple, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The second mini-batch's gradient is not finite: its step and the batch's later ones are skipped, the first's
+    stays (the weights are one step on the first half), and the metrics say both."""
+    base, tok, groups = tiny
+    seq, mini = copy.deepcopy(base), copy.deepcopy(base)
+    b1 = TorchGRPOBackend(seq, grpo=GRPOConfig(), lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id)
+    b2 = TorchGRPOBackend(mini, grpo=GRPOConfig(), lr=3e-3, micro_batch_tokens=512, pad_id=tok.pad_id, mini_batches=2,
+                          updates_per_batch=2)
+    b1.step(groups[:2])
+    clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def second_is_nan(params, max_norm):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        norm = clip(params, max_norm)
+        return norm if len(calls) != 2 else torch.tensor(float("nan"))
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", second_is_nan)
+    m = b2.step(groups)
+    assert len(calls) == 2 and m["skipped_nonfinite"] == 1.0 and m["updates"] == 1.0
+    assert torch.allclose(_weights(seq), _weights(mini), atol=1e-6, rtol=1e-5)
+    assert m["tokens_per_s"] > 0 and m["samples"] == 16
 
 
 def test_mini_batches_of_a_batch_without_sampling_logprobs_clip_against_the_policy_before_the_first(tiny: tuple) -> None:
