@@ -54,7 +54,7 @@ def demo_config(args: argparse.Namespace, single_turn: bool, run: int, out: Path
                       single_turn=single_turn, validation=args.validation, validate_every=args.validate_every,
                       engine=engine, keep_running=True, task_selection=getattr(args, "task_selection", "all"),
                       pace=getattr(args, "pace", "generation"), backlog=getattr(args, "backlog", "oldest"),
-                      updates_per_batch=getattr(args, "updates_per_batch", 1),
+                      updates_per_batch=getattr(args, "updates_per_batch", 1), mini_batches=getattr(args, "mini_batches", 1),
                       train_questions=getattr(args, "train_questions", 0), sql_reward=getattr(args, "sql_reward", "match"),
                       **credit_of(args))  # one broker for every run (each demo run recreates its topics); stopped at the end
 
@@ -86,7 +86,7 @@ def run_rolloutbus(args: argparse.Namespace, system: str, run: int, out: Path, f
             "samples": res.samples, "trained_rollouts": res.steps * cfg.groups_per_step * cfg.group_size,
             "groups": res.groups, "groups_teaching": res.groups_teaching, "task_selection": cfg.task_selection, "pace": cfg.pace,
             "group_size": cfg.group_size, "groups_per_step": cfg.groups_per_step, "temperature": cfg.temperature,
-            "backlog": cfg.backlog, "updates_per_batch": cfg.updates_per_batch, "train_questions": cfg.train_questions, "sql_reward": cfg.sql_reward, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
+            "backlog": cfg.backlog, "updates_per_batch": cfg.updates_per_batch, "mini_batches": cfg.mini_batches, "train_questions": cfg.train_questions, "sql_reward": cfg.sql_reward, "staleness": res.staleness, "skipped_backlog": res.skipped_backlog,
             # the credit settings when the row asked for them (--credit, --gamma, --reward-rules): its label names them
             **({"credit": cfg.credit, "gamma": cfg.gamma, "reward_rules": str(cfg.reward_rules) if cfg.reward_rules else None}
                if credit_of(args) else {})}
@@ -172,6 +172,7 @@ def label(system: str, r: dict[str, Any]) -> str:
             + ("" if r.get("sql_reward", "match") == "match" else f", reward {r['sql_reward']}")
             + ("" if pace == "generation" else f", paced by the {pace}") + ("" if backlog == "oldest" else f", backlog {backlog}")
             + ("" if r.get("updates_per_batch", 1) == 1 else f", {r['updates_per_batch']} updates a batch")
+            + ("" if r.get("mini_batches", 1) == 1 else f", {r['mini_batches']} mini-batches a batch")
             + credit)
 
 
@@ -261,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates-per-batch", type=Bounded(int, **setting_bounds(TrainerSettings, "updates_per_batch")),
                    default=default_of(TrainerSettings, "updates_per_batch"),
                    help="the rolloutbus rows' trainer: optimiser updates on each batch (the demo's --updates-per-batch)")
+    p.add_argument("--mini-batches", type=Bounded(int, **setting_bounds(TrainerSettings, "mini_batches")),
+                   default=default_of(TrainerSettings, "mini_batches"),
+                   help="the rolloutbus rows' trainer: optimiser steps on each pass over a batch (the demo's --mini-batches)")
     from streams.credit import CREDIT
 
     p.add_argument("--credit", choices=CREDIT.names(), help="the rolloutbus rows' credit mode (the demo's --credit; "

@@ -111,6 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--updates-per-batch", type=Bounded(int, **setting_bounds(TrainerSettings, "updates_per_batch")), default=None, metavar="N",
                    help="the trainer's optimiser updates on each batch (GRPO's mu, verl's ppo_epochs), each clipped against "
                         "the log-probs the batch was sampled with; one version per batch")
+    p.add_argument("--mini-batches", type=Bounded(int, **setting_bounds(TrainerSettings, "mini_batches")), default=None, metavar="K",
+                   help="the trainer's optimiser steps on each pass over a batch, each on its own groups (verl's "
+                        "train_batch_size / ppo_mini_batch_size; at most --groups-per-step); one version per batch")
     p.add_argument("--serve-lag", type=Bounded(int, ge=0, le=16), default=None, metavar="N",
                    help="serve the version N behind the newest, so every batch is at least N versions old: the staleness "
                         "bench's knob for --policy-loss decoupled against ppo-clip (the trainer's --max-staleness becomes N + 2; "
@@ -122,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "task's --train-layers is dropped), served by their adapters alone (rank up to 512; default 0: no LoRA)")
     # their defaults and variables from the models that declare them (the demo reads the variables too: DemoConfig)
     describe_flags(p, "streams.settings:StreamSettings", ["credit", "gamma", "advantage_estimator"])
-    describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss", "backlog", "updates_per_batch"])
+    describe_flags(p, "trainer.settings:TrainerSettings", ["policy_loss", "backlog", "updates_per_batch", "mini_batches"])
     p.add_argument("--task-selection", choices=feeder_choices("task_selection"), default=None,
                    help="which problems get groups: all, in turn, or pass-rate: a problem whose last --selection-k "
                         "rollouts (in ClickHouse) all earned the same reward, always solved or never, is passed over but for "

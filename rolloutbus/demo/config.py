@@ -88,11 +88,17 @@ class DemoConfig:
     serve_lag: int = 0  # the policy server follows the version this many behind the newest (the staleness bench)
     backlog: str = default_of(TrainerSettings, "backlog")  # the trainer's --backlog: which waiting groups a step takes
     updates_per_batch: int = default_of(TrainerSettings, "updates_per_batch")  # the trainer's: optimiser updates on each batch
+    mini_batches: int = default_of(TrainerSettings, "mini_batches")  # the trainer's: optimiser steps on each pass over a batch
 
     def serve_args(self) -> list[str]:
         from rolloutbus.runs.live import engine_args
 
         return engine_args(self.engine)
+
+    def learning_train_args(self) -> list[str]:
+        """The trainer's learning flags the demo passes on (policy loss, backlog, updates and mini-batches a batch). Pure."""
+        return ["--policy-loss", self.policy_loss, "--backlog", self.backlog, "--updates-per-batch", str(self.updates_per_batch),
+                "--mini-batches", str(self.mini_batches)]
 
     def lora_train_args(self) -> list[str]:
         """The trainer's flags for --lora-rank: adapters on every layer, so no --train-layers (the task's is undone). Pure."""
@@ -108,17 +114,20 @@ class DemoConfig:
 
     def _learning_settings(self, args: argparse.Namespace) -> None:
         """The stream worker's and the trainer's learning settings the demo passes on (credit, gamma, reward rules,
-        estimator, policy loss, backlog, updates per batch): a flag, else its ``ROLLOUTBUS_*`` variable, else the demo's default; every value
-        checked by the settings that declare it, before anything starts."""
+        estimator, policy loss, backlog, updates per batch, mini-batches): a flag, else its ``ROLLOUTBUS_*`` variable, else the
+        demo's default; every value checked by the settings that declare it (with the demo's groups a step), before anything
+        starts."""
         from streams.rewards import RewardRules
 
         flags = {"credit": "--credit", "gamma": "--gamma", "reward_rules": "--reward-rules",
                  "advantage_estimator": "--advantage-estimator"}
         given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
         stream = load_settings(StreamSettings, given, flags)
-        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog", "updates_per_batch": "--updates-per-batch"}
+        train_flags = {"policy_loss": "--policy-loss", "backlog": "--backlog", "updates_per_batch": "--updates-per-batch",
+                       "mini_batches": "--mini-batches"}
         given_train = {k: getattr(args, k) for k in train_flags if getattr(args, k, None) is not None}
-        train = load_settings(TrainerSettings, given_train, train_flags)
+        train = load_settings(TrainerSettings, {**given_train, "groups_per_step": self.groups_per_step},
+                              {**train_flags, "groups_per_step": "--groups-per-step"})
         for name, source in [*((k, stream) for k in flags), *((k, train) for k in train_flags)]:
             if name in given or name in given_train or f"ROLLOUTBUS_{name.upper()}" in os.environ:
                 setattr(self, name, getattr(source, name))

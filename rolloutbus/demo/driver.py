@@ -272,7 +272,7 @@ def _run(cfg: DemoConfig, settings: CommonSettings, stack: LocalStack, demo_dir:
         sup.start("proxy", ["proxy", "--upstream", f"http://127.0.0.1:{serve_port}/v1", "--port", str(proxy_port)])
         train_argv = ["train", "--model", str(base), "--groups-per-step", str(cfg.groups_per_step),
                       "--lr", str(cfg.lr), "--kl-beta", str(cfg.kl_beta), "--max-staleness", str(2 + cfg.serve_lag), "--threads", "1", "--seed", str(cfg.seed),
-                      "--policy-loss", cfg.policy_loss, "--backlog", cfg.backlog, "--updates-per-batch", str(cfg.updates_per_batch),
+                      *cfg.learning_train_args(),
                       *(["--nproc-per-node", str(cfg.nproc_per_node)] if cfg.nproc_per_node > 1 else []),
                       *(["--keep-checkpoints", str(3 + cfg.serve_lag)] if cfg.serve_lag else []),  # the served one kept
                       *task.train_args, *cfg.lora_train_args(), *validate_args, *(["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])]

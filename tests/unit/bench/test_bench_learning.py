@@ -67,6 +67,9 @@ def test_each_row_runs_the_demo_on_its_engine(monkeypatch: pytest.MonkeyPatch, t
     assert seen["cfg"].updates_per_batch == 1 and graded["updates_per_batch"] == 1 and "updates" not in bl.label(system, graded)
     twice = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "updates_per_batch": 2}), system, 0, tmp_path, first)
     assert seen["cfg"].updates_per_batch == 2 and bl.label(system, twice).endswith(", backlog newest, 2 updates a batch")
+    minis = bl.run_rolloutbus(argparse.Namespace(**{**vars(ARGS), "mini_batches": 2}), system, 0, tmp_path, first)
+    assert seen["cfg"].mini_batches == 2 and minis["mini_batches"] == 2
+    assert bl.label(system, minis).endswith(", backlog newest, 2 mini-batches a batch") and "mini" not in bl.label(system, graded)
 
 
 def test_train_questions_above_the_pool_are_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:

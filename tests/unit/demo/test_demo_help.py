@@ -90,6 +90,26 @@ def test_updates_per_batch_reach_the_trainer_from_the_flag_or_the_variable(monke
         _cfg("--updates-per-batch", "0")
 
 
+def test_the_trainers_learning_flags_reach_rolloutbus_train_as_given(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--mini-batches, --updates-per-batch, --backlog and --policy-loss: what the demo starts the trainer with reads back,
+    through rolloutbus train's own flags, as the values given; more mini-batches than the demo's groups a step (the SQL
+    task's 2) is one line before anything starts."""
+    import pytest
+
+    from foundation.errors import SettingError
+    from rolloutbus.cli import build_parser
+    from trainer.cli import settings_from_args
+
+    cfg = _cfg("--task", "sql", "--mini-batches", "2", "--updates-per-batch", "3", "--backlog", "newest")
+    s = settings_from_args(build_parser().parse_args(["train", "--model", "tiny", *cfg.learning_train_args()]))
+    assert (s.mini_batches, s.updates_per_batch, s.backlog, s.policy_loss) == (2, 3, "newest", "ppo-clip")
+    assert _cfg().mini_batches == 1
+    with pytest.raises(SettingError, match="3 mini-batches of a batch of 2 groups"):
+        _cfg("--task", "sql", "--mini-batches", "3")
+    monkeypatch.setenv("ROLLOUTBUS_MINI_BATCHES", "4")
+    assert _cfg().mini_batches == 4  # the calculator's 8 groups a step
+
+
 def test_lora_rank_reaches_the_trainer_on_every_layer_and_the_live_server(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """demo --lora-rank R: the trainer trains rank-R adapters on every layer (the SQL task's --train-layers undone,
     which the trainer refuses beside a rank), the live policy server loads them alone; without it, neither changes."""
