@@ -578,13 +578,13 @@ class TorchGRPOBackend:
         # its old ones are the policy's before the batch's first update (a forward pass before it, as verl's).
         ranked = self.ranks is not None
         packs = [None if ranked else self.pack(mini) for mini in minis]
+        # a later mini-batch with a sample that recorded no sampling log-probs: its old ones from a pass before any step
+        before = [k > 0 and any(smp.old_logp is None for smp in mini) for k, mini in enumerate(minis)]
         olds: list[list[tuple[torch.Tensor, torch.Tensor | None]] | None] = [
-            [] if self.updates_per_batch > 1 or (k and any(smp.old_logp is None for smp in mini)) else None
-            for k, mini in enumerate(minis)]
+            [] if self.updates_per_batch > 1 or ahead else None for ahead in before]
         collate_s = 0.0
-        for k in range(1, len(minis)):
-            if olds[k] is not None and any(smp.old_logp is None for smp in minis[k]):
-                collate_s += self._accumulate(minis[k], packs[k], olds[k], backward=False)["collate_time_s"]
+        for k in (k for k, ahead in enumerate(before) if ahead):
+            collate_s += self._accumulate(minis[k], packs[k], olds[k], backward=False)["collate_time_s"]
         passes: list[tuple[dict[str, float], float]] = []
         applied: dict[str, float] | None = None
         updates, ran = 0, 0.0
